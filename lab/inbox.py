@@ -1,0 +1,217 @@
+"""The durable inbox/outbox of the lab's clients: SQLite in WAL mode.
+
+One file per worker process holds every client of that process (rows carry the client
+ID). `accept_stream_event` calls `commit`, which writes the inbox receipt, the stream's
+watermark and the business dispatch in **one transaction**: after a crash either all of
+them are there or none is, so "received but never dispatched" and "dispatched but not
+received" cannot happen. The business layer reads the inbox only (`receipts`).
+
+Durability: WAL with `synchronous=NORMAL` — a committed transaction survives the death of
+the process (the WAL is in the OS page cache); only a power loss may roll back the last
+transactions, and then receipt and dispatch roll back together.
+
+Tables (times are Unix epoch seconds; digests are SHA-256 hex of the event's data):
+
+inbox       one row per accepted event, in order of acceptance (rowid)
+  client_id, session_generation, stream_key, event_id, message_digest  the dedup key (unique)
+  sequence          per-stream sequence decoded from an e1 event ID, NULL for opaque IDs
+  server_stream_id  the server's stream ID decoded from the event ID, NULL if unknown
+  kind              priming | request | notification | response | error
+  jsonrpc_id        the message's JSON-RPC id (as text), NULL for notifications
+  method            the message's method, NULL for responses
+  conn_id           the client's connection number that delivered it
+  accepted_at       when it was accepted
+  data              the event's data (the message)
+outbox      one row per business dispatch, unique per (client_id, dispatch_key)
+  dispatch_key      `op:<operation>` for responses, `ev:<gen>:<stream>:<event>` otherwise
+  session_generation, stream_key, event_id, message_digest  the receipt it came from
+  kind, created_at
+watermarks  last accepted event ID per (client_id, session_generation, stream_key)
+  event_id, sequence, updated_at
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from lab.protocol.acceptance import (
+    DedupKey,
+    InboxReceipt,
+    OutboxDispatch,
+    SeenEvent,
+    Watermark,
+)
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS inbox (
+    client_id TEXT NOT NULL, session_generation INTEGER NOT NULL, stream_key TEXT NOT NULL,
+    event_id TEXT NOT NULL, message_digest TEXT NOT NULL,
+    sequence INTEGER, server_stream_id TEXT, kind TEXT NOT NULL, jsonrpc_id TEXT, method TEXT,
+    conn_id INTEGER NOT NULL, accepted_at REAL NOT NULL, data TEXT NOT NULL,
+    UNIQUE (client_id, session_generation, stream_key, event_id, message_digest)
+);
+CREATE UNIQUE INDEX IF NOT EXISTS inbox_event_once
+    ON inbox (client_id, session_generation, event_id) WHERE event_id NOT LIKE '~%';
+CREATE TABLE IF NOT EXISTS outbox (
+    client_id TEXT NOT NULL, dispatch_key TEXT NOT NULL,
+    session_generation INTEGER NOT NULL, stream_key TEXT NOT NULL, event_id TEXT NOT NULL,
+    message_digest TEXT NOT NULL, kind TEXT NOT NULL, created_at REAL NOT NULL,
+    PRIMARY KEY (client_id, dispatch_key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS watermarks (
+    client_id TEXT NOT NULL, session_generation INTEGER NOT NULL, stream_key TEXT NOT NULL,
+    event_id TEXT NOT NULL, sequence INTEGER, updated_at REAL NOT NULL,
+    PRIMARY KEY (client_id, session_generation, stream_key)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+def connect(path: str | Path) -> sqlite3.Connection:
+    """Open (creating if needed) an inbox database with the lab's settings."""
+    db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute("PRAGMA busy_timeout=5000")
+    db.executescript(_SCHEMA)
+    db.execute(
+        "INSERT OR IGNORE INTO meta(name, value) VALUES ('schema', ?)",
+        (f"lab.inbox.v{SCHEMA_VERSION}",),
+    )
+    return db
+
+
+class SqliteInbox:
+    """The `InboxStore` of one client, on a shared connection.
+
+    `between_writes` is a test seam: called inside the transaction after the receipt is
+    written and before the dispatch, so a test can kill the process exactly there.
+    """
+
+    def __init__(
+        self,
+        db: sqlite3.Connection,
+        client_id: str,
+        *,
+        between_writes: Callable[[], None] | None = None,
+    ) -> None:
+        self._db = db
+        self.client_id = client_id
+        self._between_writes = between_writes
+
+    @classmethod
+    def open(cls, path: str | Path, client_id: str) -> SqliteInbox:
+        return cls(connect(path), client_id)
+
+    def has(self, key: DedupKey) -> bool:
+        row = self._db.execute(
+            "SELECT 1 FROM inbox WHERE client_id=? AND session_generation=? AND stream_key=?"
+            " AND event_id=? AND message_digest=?",
+            (self.client_id, key.session_generation, key.stream_key, key.event_id, key.message_digest),
+        ).fetchone()
+        return row is not None
+
+    def seen(self, session_generation: int, event_id: str) -> SeenEvent | None:
+        row = self._db.execute(
+            "SELECT stream_key, message_digest FROM inbox"
+            " WHERE client_id=? AND session_generation=? AND event_id=? AND event_id NOT LIKE '~%'",
+            (self.client_id, session_generation, event_id),
+        ).fetchone()
+        return None if row is None else SeenEvent(row[0], row[1])
+
+    def watermark(self, session_generation: int, stream_key: str) -> Watermark | None:
+        row = self._db.execute(
+            "SELECT event_id, sequence FROM watermarks"
+            " WHERE client_id=? AND session_generation=? AND stream_key=?",
+            (self.client_id, session_generation, stream_key),
+        ).fetchone()
+        return None if row is None else Watermark(row[0], row[1])
+
+    def dispatched(self, dispatch_key: str) -> bool:
+        row = self._db.execute(
+            "SELECT 1 FROM outbox WHERE client_id=? AND dispatch_key=?", (self.client_id, dispatch_key)
+        ).fetchone()
+        return row is not None
+
+    def commit(self, receipt: InboxReceipt, dispatch: OutboxDispatch | None) -> None:
+        k = receipt.key
+        db = self._db
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            db.execute(
+                "INSERT INTO inbox VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    self.client_id,
+                    k.session_generation,
+                    k.stream_key,
+                    k.event_id,
+                    k.message_digest,
+                    receipt.sequence,
+                    receipt.server_stream_id,
+                    receipt.kind,
+                    receipt.jsonrpc_id,
+                    receipt.method,
+                    receipt.conn_id,
+                    receipt.accepted_at,
+                    receipt.data,
+                ),
+            )
+            if not k.event_id.startswith("~"):
+                db.execute(
+                    "INSERT OR REPLACE INTO watermarks VALUES (?,?,?,?,?,?)",
+                    (
+                        self.client_id,
+                        k.session_generation,
+                        k.stream_key,
+                        k.event_id,
+                        receipt.sequence,
+                        receipt.accepted_at,
+                    ),
+                )
+            if self._between_writes is not None:
+                self._between_writes()
+            if dispatch is not None:
+                d = dispatch.key
+                db.execute(
+                    "INSERT INTO outbox VALUES (?,?,?,?,?,?,?,?)",
+                    (
+                        self.client_id,
+                        dispatch.dispatch_key,
+                        d.session_generation,
+                        d.stream_key,
+                        d.event_id,
+                        d.message_digest,
+                        dispatch.kind,
+                        dispatch.created_at,
+                    ),
+                )
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def receipts(self, since_accepted_at: float = 0.0) -> Iterator[InboxReceipt]:
+        """What the business layer reads: accepted events of this client, in order."""
+        rows = self._db.execute(
+            "SELECT session_generation, stream_key, event_id, message_digest, sequence, server_stream_id,"
+            " kind, jsonrpc_id, method, conn_id, accepted_at, data FROM inbox"
+            " WHERE client_id=? AND accepted_at>=? ORDER BY rowid",
+            (self.client_id, since_accepted_at),
+        )
+        for r in rows:
+            yield InboxReceipt(
+                client_id=self.client_id,
+                key=DedupKey(r[0], r[1], r[2], r[3]),
+                sequence=r[4],
+                server_stream_id=r[5],
+                kind=r[6],
+                jsonrpc_id=r[7],
+                method=r[8],
+                conn_id=r[9],
+                accepted_at=r[10],
+                data=r[11],
+            )

@@ -1,0 +1,39 @@
+"""Pseudonyms for secrets: no raw session ID or token is ever written anywhere.
+
+Every component of a run gets the same per-run key, so the checker can join a client's
+records with the server's and the proxy's by the pseudonym without anyone holding the
+raw value. HMAC (not a bare hash) so that pseudonyms of different runs cannot be linked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+
+class Redactor:
+    __slots__ = ("_cache", "_key")
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) < 16:
+            raise ValueError("redaction key must be at least 16 bytes")
+        self._key = key
+        self._cache: dict[str, str] = {}
+
+    def _mac(self, kind: bytes, value: str) -> str:
+        return hmac.new(self._key, kind + b"\x00" + value.encode("utf-8"), hashlib.sha256).hexdigest()[:20]
+
+    def session(self, session_id: str | None) -> str | None:
+        """`s_` + 80 bits of HMAC of the session ID (None stays None)."""
+        if session_id is None:
+            return None
+        hit = self._cache.get(session_id)
+        if hit is None:
+            if len(self._cache) > 100_000:
+                self._cache.clear()
+            hit = self._cache[session_id] = "s_" + self._mac(b"session", session_id)
+        return hit
+
+    def token(self, token: str | None) -> str | None:
+        """`t_` + 80 bits of HMAC of a bearer token."""
+        return None if token is None else "t_" + self._mac(b"token", token)

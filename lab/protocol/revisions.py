@@ -1,0 +1,67 @@
+"""The Streamable HTTP revisions the lab speaks, and the rules that differ between them.
+
+Only the session-era revisions are here: 2025-03-26 introduced Streamable HTTP with
+`Mcp-Session-Id` and resumable SSE; 2025-06-18 added the `MCP-Protocol-Version` header
+and removed JSON-RPC batching; 2025-11-25 added the priming event (an event ID with
+empty data at the start of a POST stream), server-initiated close with `retry`
+("polling"), and made 403 the answer to an invalid `Origin`. Later revisions (the
+2026-07-28 one) removed sessions and resumption and are deliberately not listed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SESSION_HEADER = "mcp-session-id"
+"""Header carrying the session ID (HTTP header names are case-insensitive; we use lower case)."""
+
+PROTOCOL_VERSION_HEADER = "mcp-protocol-version"
+LAST_EVENT_ID_HEADER = "last-event-id"
+
+
+@dataclass(frozen=True, slots=True)
+class Revision:
+    """What one protocol revision requires of the transport."""
+
+    name: str
+    version_header: bool
+    """Clients send `MCP-Protocol-Version` on every request after initialize."""
+    batching: bool
+    """A POST body may be a JSON array of messages."""
+    priming_event: bool
+    """A POST stream starts with an event that has an ID and empty data."""
+    polling_close: bool
+    """The server may close a connection mid-stream after sending `retry`."""
+    origin_403: bool
+    """An invalid `Origin` must be answered with 403 (earlier revisions only said 'validate')."""
+
+
+REVISIONS: dict[str, Revision] = {
+    r.name: r
+    for r in (
+        Revision("2025-03-26", False, True, False, False, False),
+        Revision("2025-06-18", True, False, False, False, False),
+        Revision("2025-11-25", True, False, True, True, True),
+    )
+}
+
+DEFAULT_REVISION = "2025-11-25"
+ASSUMED_WHEN_HEADER_MISSING = "2025-03-26"
+"""Spec: a server that gets no version header and cannot tell otherwise assumes 2025-03-26."""
+
+SUPPORTED_REVISIONS: tuple[str, ...] = tuple(sorted(REVISIONS))
+
+
+def revision(name: str) -> Revision:
+    """The rules of revision `name`; KeyError names what is supported."""
+    try:
+        return REVISIONS[name]
+    except KeyError:
+        raise KeyError(f"unsupported protocol revision {name!r}; supported: {', '.join(REVISIONS)}") from None
+
+
+def negotiate(requested: str, supported: tuple[str, ...] = SUPPORTED_REVISIONS) -> str:
+    """Server side of version negotiation: the requested revision if supported, else our latest."""
+    if requested in supported:
+        return requested
+    return max(supported)

@@ -1,0 +1,362 @@
+"""ClientCore against the in-memory model server: each rule of SPEC.md, one scenario each."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections import Counter
+
+import pytest
+
+from lab.protocol.acceptance import MemoryInbox
+from lab.protocol.client import ClientConfig, ClientCore
+from lab.protocol.commands import (
+    CallFinished,
+    CallOutcome,
+    LeaveFinished,
+    LeaveReceipt,
+    Purpose,
+    SendRequest,
+    SessionLost,
+)
+from lab.protocol.errors import LocalProtocolError
+from lab.protocol.reconnect import BackoffPolicy, ReconnectBudget
+from lab.protocol.records import EventRejected, HttpExchange, ReconnectAttempt, Recovery, SessionEvent
+from lab.protocol.redact import Redactor
+from lab.protocol.states import State
+from tests.protocol.model_server import Link, ModelServer
+
+
+def make(
+    *, budget: float = math.inf, server: ModelServer | None = None, **cfg: object
+) -> tuple[ClientCore, ModelServer, Link, MemoryInbox]:
+    server = server or ModelServer()
+    inbox = MemoryInbox()
+    config = ClientConfig(
+        client_id="c1",
+        token="alice",
+        auth_subject="alice",
+        backoff=BackoffPolicy(0.2, 2.0),
+        **cfg,  # type: ignore[arg-type]
+    )
+    core = ClientCore(
+        config,
+        inbox=inbox,
+        budget=ReconnectBudget(budget, now=0.0),
+        redactor=Redactor(b"r" * 32),
+        rng=random.Random(7),
+    )
+    link = Link(core, server)
+    link.run(core.connect(link.now))
+    link.settle()
+    assert core.state is State.SESSION_ACTIVE
+    return core, server, link, inbox
+
+
+def finished(core: ClientCore) -> list[CallFinished]:
+    return [n for n in core.notices if isinstance(n, CallFinished)]
+
+
+def records[T](core: ClientCore, kind: type[T]) -> list[T]:
+    return [r for r in core.records if isinstance(r, kind)]
+
+
+def post_conn(link: Link) -> int:
+    (conn,) = [c for c in link.conns(Purpose.CALL)] or link.conns(Purpose.RESUME)
+    return conn
+
+
+def test_handshake_sends_session_id_and_version_on_every_later_request() -> None:
+    core, server, link, _ = make()
+    init, *later = link.requests
+    assert init.purpose is Purpose.INITIALIZE and init.header("mcp-session-id") is None
+    assert init.header("mcp-protocol-version") is None  # the version travels in the body
+    sid = core.session_id
+    assert sid is not None and sid in server.sessions
+    assert [r.purpose for r in later] == [Purpose.INITIALIZED, Purpose.STANDALONE]
+    for r in later:
+        assert r.header("mcp-session-id") == sid
+        assert r.header("mcp-protocol-version") == "2025-11-25"
+        assert r.header("origin") == "http://127.0.0.1"
+        assert r.header("authorization") == "Bearer alice"
+    assert core.structured_ids
+
+
+def test_a_call_completes_on_its_post_stream() -> None:
+    core, server, link, inbox = make()
+    handle, cmds = core.call_tool("ledger.append", {"x": 1}, link.now, write=True)
+    link.run(cmds)
+    link.settle()
+    (done,) = finished(core)
+    assert done.outcome is CallOutcome.OK and done.call == handle
+    assert sum(server.effects.values()) == 1
+    assert [d.dispatch_key for d in inbox.dispatches if d.dispatch_key.startswith("op:")] == [
+        f"op:{handle.operation_key}"
+    ]
+    call_req = next(r for r in link.requests if r.purpose is Purpose.CALL)
+    assert call_req.body is not None and handle.operation_key.encode() in call_req.body
+
+
+def test_cut_after_the_write_resumes_with_last_event_id_and_writes_once() -> None:
+    """SPEC.md's failure story: the server wrote, the connection dropped before the response."""
+    core, server, link, inbox = make()
+    handle, cmds = core.call_tool("ledger.append", {"x": 1}, link.now, write=True)
+    link.run(cmds)
+    conn = post_conn(link)
+    link.deliver(conn, 2)  # priming + first progress; the write has happened on the server
+    assert sum(server.effects.values()) == 1
+    link.cut(conn)
+    assert not finished(core)  # a dropped connection is not a cancellation
+    wm = inbox.watermark(1, f"post:{request_id(link, conn)}")
+    assert wm is not None and wm.sequence == 1
+    link.settle()
+    resume = [r for r in link.requests if r.purpose is Purpose.RESUME]
+    assert len(resume) == 1 and resume[0].method == "GET"
+    assert resume[0].header("last-event-id") == wm.event_id
+    assert not any(r.purpose is Purpose.CANCEL for r in link.requests)
+    (done,) = finished(core)
+    assert done.outcome is CallOutcome.OK
+    assert sum(server.effects.values()) == 1
+    (rec,) = [r for r in records(core, Recovery) if r.operation_key == handle.operation_key]
+    assert rec.path == "resumed" and rec.recovered_at is not None and rec.recovered_at >= rec.lost_at
+
+
+def test_resume_uses_the_watermark_of_that_stream_only() -> None:
+    core, _server, link, inbox = make()
+    a, cmds_a = core.call_tool("echo", {}, link.now)
+    b, cmds_b = core.call_tool("echo", {}, link.now)
+    link.run(cmds_a + cmds_b)
+    ca, cb = link.conns(Purpose.CALL)
+    link.deliver(ca, 2)
+    link.deliver(cb, 1)
+    wm_a = inbox.watermark(1, f"post:{request_id(link, ca)}")
+    wm_b = inbox.watermark(1, f"post:{request_id(link, cb)}")
+    assert wm_a is not None and wm_b is not None and (wm_a.sequence, wm_b.sequence) == (1, 0)
+    link.cut(ca)
+    link.cut(cb)
+    link.settle()
+    resumes = [r.header("last-event-id") for r in link.requests if r.purpose is Purpose.RESUME]
+    assert sorted(resumes) == sorted([wm_a.event_id, wm_b.event_id])  # type: ignore[type-var]
+    assert {f.outcome for f in finished(core)} == {CallOutcome.OK}
+    assert {f.call for f in finished(core)} == {a, b}
+
+
+def request_id(link: Link, conn: int) -> int:
+    req = next(r for r in link.requests if r.conn_id == conn)
+    assert req.body is not None
+    return int(json.loads(req.body)["id"])
+
+
+def test_lost_priming_and_cut_before_any_event_resends_with_the_same_key() -> None:
+    core, server, link, _ = make()
+    handle, cmds = core.call_tool("ledger.append", {"x": 1}, link.now, write=True)
+    link.run(cmds)
+    conn = post_conn(link)
+    link.open[conn].chunks.pop(0)  # the proxy dropped the priming event
+    link.cut(conn)  # ... and the connection died before anything else: no cursor at all
+    link.settle()
+    calls = [r for r in link.requests if r.purpose is Purpose.CALL]
+    assert len(calls) == 2
+    assert calls[0].body != calls[1].body  # a new JSON-RPC request ID ...
+    assert all(handle.operation_key.encode() in c.body for c in calls if c.body)  # ... same key
+    (done,) = finished(core)
+    assert done.outcome is CallOutcome.OK
+    assert sum(server.effects.values()) == 1  # the server deduplicated the write
+
+
+def test_404_reports_unknown_and_reinitializes_without_session_id_next() -> None:
+    core, server, link, _ = make()
+    handle, cmds = core.call_tool("ledger.append", {"x": 1}, link.now, write=True)
+    link.run(cmds)
+    conn = post_conn(link)
+    link.deliver(conn, 2)
+    old_sid = core.session_id
+    assert old_sid is not None
+    server.expire(old_sid)
+    link.cut(conn)
+    link.settle()
+    lost = [n for n in core.notices if isinstance(n, SessionLost)]
+    assert len(lost) == 1 and lost[0].outcome_unknown == (handle,)
+    (done,) = finished(core)
+    assert done.outcome is CallOutcome.UNKNOWN  # never silently re-sent in the new session
+    i404 = next(i for i, r in enumerate(link.requests) if r.purpose is Purpose.RESUME)
+    nxt = link.requests[i404 + 1]
+    assert nxt.purpose is Purpose.INITIALIZE and nxt.header("mcp-session-id") is None
+    assert core.session_id != old_sid and core.generation == 2
+    # The application may retry explicitly, with the same idempotency key: no second write.
+    link.run(core.retry_call(handle, link.now))
+    link.settle()
+    assert finished(core)[-1].outcome is CallOutcome.OK
+    assert sum(server.effects.values()) == 1
+    assert [s.what for s in records(core, SessionEvent)] == ["established", "expired", "established"]
+
+
+def test_429_storm_waits_at_least_retry_after_and_respects_the_budget() -> None:
+    core, server, link, _ = make(budget=1.0)
+    server.refuse_next = [(429, "3"), (503, "2"), (503, None)]
+    t0 = link.now
+    _handle, cmds = core.call_tool("echo", {}, link.now)
+    link.run(cmds)
+    link.settle()
+    assert finished(core)[-1].outcome is CallOutcome.OK
+    resends = records(core, ReconnectAttempt)
+    assert [r.cause for r in resends] == ["http_429", "http_503", "http_503"]
+    assert resends[0].advised_delay == 3.0 and resends[0].sent_at - t0 >= 3.0
+    assert resends[1].advised_delay == 2.0
+    assert all(r.waited >= r.planned_delay for r in resends)
+    per_second = Counter(math.floor(r.sent_at) for r in resends)
+    assert max(per_second.values()) <= 1
+
+
+def test_polling_close_waits_the_retry_advice_then_resumes() -> None:
+    core, _server, link, _ = make()
+    _, cmds = core.call_tool("echo", {}, link.now)
+    link.run(cmds)
+    conn = post_conn(link)
+    link.deliver(conn, 1)
+    t_close = link.now
+    link.polling_close(conn, 1500)
+    link.settle()
+    (attempt,) = records(core, ReconnectAttempt)
+    assert attempt.cause == "server_closed" and attempt.advised_delay == 1.5
+    assert attempt.sent_at - t_close >= 1.5
+    assert finished(core)[-1].outcome is CallOutcome.OK
+
+
+def test_replay_after_ack_is_deduplicated() -> None:
+    core, _, link, inbox = make()
+    _, cmds = core.call_tool("echo", {}, link.now)
+    link.run(cmds)
+    conn = post_conn(link)
+    link.deliver(conn, 2)
+    link.replay_delivered(conn)
+    link.settle()
+    dups = [r for r in records(core, EventRejected) if r.reason == "duplicate"]
+    assert len(dups) == 1
+    assert len({(r.key.stream_key, r.key.event_id) for r in inbox.receipts}) == len(inbox.receipts)
+
+
+def test_crossed_event_of_the_standalone_stream_is_refused_on_a_post_stream() -> None:
+    core, _server, link, inbox = make()
+    sid = core.session_id
+    assert sid is not None
+    link.push(sid)
+    link.settle()  # the GET stream delivered a notification
+    _, cmds = core.call_tool("echo", {}, link.now)
+    link.run(cmds)
+    conn = post_conn(link)
+    chunk = link.foreign_chunk(sid, same_session=True, not_stream=link.stream_of(conn))
+    assert chunk is not None and b"notifications/message" in chunk
+    link.inject(conn, chunk)
+    link.settle()
+    reasons = [r.reason for r in records(core, EventRejected)]
+    assert reasons == ["crossed_stream"]
+    for r in inbox.receipts:
+        if r.key.stream_key.startswith("post:"):
+            assert "notifications/message" not in r.data
+
+
+def test_delete_405_is_not_a_deletion_receipt() -> None:
+    core, server, link, _ = make()
+    server.delete_status = 405
+    link.run(core.leave(link.now))
+    link.settle()
+    leave = [n for n in core.notices if isinstance(n, LeaveFinished)]
+    assert [n.receipt for n in leave] == [LeaveReceipt.TERMINATION_UNSUPPORTED]
+    assert "terminated" not in [s.what for s in records(core, SessionEvent)]
+    assert core.state is State.SESSION_ACTIVE
+
+
+def test_delete_confirmed() -> None:
+    core, _, link, _ = make()
+    link.run(core.leave(link.now))
+    link.settle()
+    assert [n.receipt for n in core.notices if isinstance(n, LeaveFinished)] == [LeaveReceipt.DELETED]
+    assert core.state is State.TERMINATED
+
+
+def test_lost_delete_response_is_retried_and_404_confirms_it_gone() -> None:
+    core, server, link, _ = make()
+    link.lose_next_response.add(Purpose.DELETE)  # the server deletes, the answer is lost
+    link.run(core.leave(link.now))
+    assert core.session_id is not None and not server.sessions[core.session_id].alive
+    link.settle()
+    assert [n.receipt for n in core.notices if isinstance(n, LeaveFinished)] == [LeaveReceipt.ALREADY_GONE]
+    assert [r.kind for r in records(core, ReconnectAttempt)] == ["delete"]
+
+
+def test_cancel_sends_notifications_cancelled() -> None:
+    core, _, link, _ = make()
+    handle, cmds = core.call_tool("echo", {}, link.now)
+    link.run(cmds)
+    link.run(core.cancel(handle, link.now))
+    cancel = [r for r in link.requests if r.purpose is Purpose.CANCEL]
+    assert len(cancel) == 1 and cancel[0].body is not None and b"notifications/cancelled" in cancel[0].body
+    assert finished(core)[-1].outcome is CallOutcome.CANCELLED
+
+
+def test_refused_cursor_resends_the_call() -> None:
+    core, server, link, _ = make()
+    _handle, cmds = core.call_tool("ledger.append", {}, link.now, write=True)
+    link.run(cmds)
+    conn = post_conn(link)
+    link.deliver(conn, 1)
+    link.cut(conn)
+    server.refuse_next = [(400, None)]  # the server rejects the cursor
+    link.settle()
+    assert [r.kind for r in records(core, ReconnectAttempt)] == ["resume", "resend"]
+    assert finished(core)[-1].outcome is CallOutcome.OK
+    assert sum(server.effects.values()) == 1
+
+
+def test_standalone_stream_is_resumed_after_a_cut() -> None:
+    core, _server, link, _ = make()
+    (get,) = link.conns(Purpose.STANDALONE)
+    assert core.session_id is not None
+    link.push(core.session_id)
+    link.deliver(get, 5)
+    link.cut(get)
+    link.push(core.session_id)  # sent while the client was away
+    link.settle()
+    (resume,) = [r for r in link.requests if r.purpose is Purpose.RESUME]
+    assert resume.header("last-event-id") is not None
+    (rec,) = records(core, Recovery)
+    assert rec.path == "resumed" and rec.stream_key == "get:1"
+
+
+def test_every_http_exchange_is_recorded_once() -> None:
+    core, _, link, _ = make()
+    _, cmds = core.call_tool("echo", {}, link.now)
+    link.run(cmds)
+    link.settle()
+    link.run(core.leave(link.now))
+    link.settle()
+    ex = records(core, HttpExchange)
+    assert sorted(e.conn_id for e in ex) == sorted({r.conn_id for r in link.requests})
+    assert all(e.session is None or e.session.startswith("s_") for e in ex)
+    sid = core.session_id
+    assert sid is not None and all(sid not in repr(r) for r in core.records)  # no raw session ID
+
+
+def test_misuse_is_a_local_protocol_error() -> None:
+    core, _, link, _ = make()
+    with pytest.raises(LocalProtocolError):
+        core.connect(link.now)
+    h, _cmds = core.call_tool("echo", {}, link.now, idempotency_key="k")
+    with pytest.raises(LocalProtocolError):
+        core.call_tool("echo", {}, link.now, idempotency_key="k")
+    with pytest.raises(LocalProtocolError):
+        core.retry_call(h, link.now)
+    link.run(core.leave(link.now))
+    with pytest.raises(LocalProtocolError):
+        core.call_tool("echo", {}, link.now)
+
+
+def test_a_send_request_is_self_describing() -> None:
+    core, _, link, _ = make()
+    _, cmds = core.call_tool("echo", {"text": "hé"}, link.now)
+    (send,) = cmds
+    assert isinstance(send, SendRequest)
+    assert send.method == "POST" and send.header("content-type") == "application/json"
+    assert send.header("accept") == "application/json, text/event-stream"
