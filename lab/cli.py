@@ -7,6 +7,7 @@ trio must not be imported together, and `lab --help` should be instant).
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -57,9 +58,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+SUBCOMMAND_MODULES: list[str] = []
+"""Modules with a `register(subparsers)` function adding their subcommand. They must not
+import anything heavy at module level (the work happens in the function they register)."""
+
+
 def _registrars() -> list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]]:
-    """Subcommands of other modules; each registers its parser without heavy imports."""
-    return []
+    out = []
+    for name in SUBCOMMAND_MODULES:
+        module = importlib.import_module(name)
+        out.append(module.register)
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

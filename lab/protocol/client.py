@@ -94,6 +94,8 @@ from lab.protocol.states import Machine, Role, State, Trigger
 EVENT_ID_CAPABILITY = "mcp-lab/event-ids"
 """`capabilities.experimental[EVENT_ID_CAPABILITY] = {"scheme": "e1"}` in an InitializeResult
 tells the client that event IDs are structured (`lab.protocol.event_ids`)."""
+LAB_CONN_HEADER = "x-lab-conn"
+"""`<client-id>:<conn-id>` on every request of a lab client (see docs/ledgers.md)."""
 IDEMPOTENCY_META = "mcp-lab/idempotency-key"
 """`params._meta[IDEMPOTENCY_META]` of a tools/call: the logical operation's key."""
 
@@ -445,8 +447,12 @@ class ClientCore:
     def _session_usable(self) -> bool:
         return self.session.state in (State.SESSION_ACTIVE, State.DELETE_REQUESTED)
 
-    def _headers(self, purpose: Purpose, *, with_session: bool, last_event_id: str | None) -> Headers:
-        h: list[tuple[str, str]] = []
+    def _headers(
+        self, conn_id: int, purpose: Purpose, *, with_session: bool, last_event_id: str | None
+    ) -> Headers:
+        # x-lab-conn names the connection in every ledger (tap, server, client), so the
+        # checker can join them; servers ignore headers they do not know.
+        h: list[tuple[str, str]] = [(LAB_CONN_HEADER, f"{self.config.client_id}:{conn_id}")]
         if purpose in (Purpose.STANDALONE, Purpose.RESUME):
             h.append(("accept", "text/event-stream"))
         elif purpose is not Purpose.DELETE:
@@ -478,7 +484,7 @@ class ClientCore:
         conn_id = self._next_conn
         self._next_conn += 1
         with_session = purpose is not Purpose.INITIALIZE
-        headers = self._headers(purpose, with_session=with_session, last_event_id=last_event_id)
+        headers = self._headers(conn_id, purpose, with_session=with_session, last_event_id=last_event_id)
         view = ConnectionView(conn_id, self.generation, self.protocol_version, self._subject)
         self._conns[conn_id] = _Conn(
             conn_id,

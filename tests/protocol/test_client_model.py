@@ -209,6 +209,9 @@ class ClientAgainstModel(RuleBasedStateMachine):
             assert all(n == 1 for n in seen.values()), f"client c{c} dispatched a message twice"
             keys = [d.dispatch_key for d in inbox.dispatches]
             assert len(keys) == len(set(keys))
+            # The business layer reads the inbox: a message in it twice is delivered twice.
+            received = [r.key for r in inbox.receipts]
+            assert len(received) == len(set(received)), f"client c{c} accepted an event twice"
 
     @invariant()
     def every_404_is_followed_by_a_new_handshake(self) -> None:
@@ -254,16 +257,42 @@ class ClientWithoutChecks(ClientAgainstModel):
 
 
 def test_the_invariants_catch_a_client_without_checks() -> None:
+    # Derandomized, so this shows the same thing on every run rather than usually.
     with pytest.raises(AssertionError):
         run_state_machine_as_test(
             ClientWithoutChecks,
             settings=settings(
-                max_examples=300,
+                max_examples=500,
                 stateful_step_count=40,
                 deadline=None,
                 suppress_health_check=list(HealthCheck),
                 database=None,
+                derandomize=True,
                 print_blob=False,
                 report_multiple_bugs=False,
             ),
         )
+
+
+@pytest.mark.parametrize("fault", ["foreign_event", "replay_after_ack"])
+def test_each_fault_breaks_an_invariant_of_a_client_without_checks(fault: str) -> None:
+    m = ClientWithoutChecks()
+    m.connect()
+    m.push_notification(c=0)
+    m.deliver(c=0, pick=0, n=2)  # the standalone stream delivers the notification
+    m.call(c=0, write=True)
+    post = m.links[0].conns(Purpose.CALL)[0]
+    m.links[0].deliver(post, 2)
+    if fault == "foreign_event":
+        chunk = m.links[0].foreign_chunk(
+            m.cores[0].session_id or "", same_session=True, not_stream=m.links[0].stream_of(post)
+        )
+        assert chunk is not None
+        m.links[0].inject(post, chunk)
+    else:
+        m.links[0].replay_delivered(post)
+        m.links[0].open[post].chunks.insert(0, m.links[0].open[post].delivered[-1])
+    m.links[0].deliver(post, 1)
+    with pytest.raises(AssertionError):
+        m.no_cross_stream_acceptance()
+        m.no_duplicate_dispatch()
