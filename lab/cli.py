@@ -58,7 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-SUBCOMMAND_MODULES: list[str] = []
+SUBCOMMAND_MODULES: list[str] = [
+    "lab.server.cli",
+]
 """Modules with a `register(subparsers)` function adding their subcommand. They must not
 import anything heavy at module level (the work happens in the function they register)."""
 

@@ -111,12 +111,23 @@ class EventIdCodec:
         d = hmac.new(self._key, signed.encode("ascii"), hashlib.sha256).digest()[:12]
         return base64.urlsafe_b64encode(d).decode("ascii")
 
-    def mint(self, tag: str, generation: int, stream_id: str, sequence: int, data: str) -> str:
+    def mint(
+        self,
+        tag: str,
+        generation: int,
+        stream_id: str,
+        sequence: int,
+        data: str,
+        *,
+        digest: str | None = None,
+    ) -> str:
+        """The ID of event `sequence` of a stream; `digest` (the data's `message_digest`)
+        may be passed when the caller has it already."""
         if not _STREAM_ID.fullmatch(stream_id):
             raise LocalProtocolError(f"stream ID must match [A-Za-z0-9_-]{{1,40}}: {stream_id!r}")
         if generation < 0 or sequence < 0:
             raise LocalProtocolError("generation and sequence must be >= 0")
-        dig = message_digest(data)[:DIGEST_PREFIX_LEN]
+        dig = (digest or message_digest(data))[:DIGEST_PREFIX_LEN]
         signed = f"{ID_SCHEME}.{tag}.{generation}.{stream_id}.{sequence}.{dig}"
         return f"{signed}.{self._mac(signed)}"
 

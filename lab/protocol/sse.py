@@ -217,6 +217,8 @@ def encode_event(
     if data is not None:
         if data == "":
             out.append("data:\n")
+        elif "\n" not in data and "\r" not in data:
+            out.append(f"data: {data}\n")  # the common case (compact JSON): no split needed
         else:
             out.extend(f"data: {line}\n" for line in _LINE_BREAK.split(data))
     if not out:

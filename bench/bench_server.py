@@ -1,0 +1,108 @@
+"""Events/s of the reference server vs a minimal raw SSE server, side by side, same load.
+
+    python bench/bench_server.py [--clients 200] [--events 500] [--hold 2000]
+
+Both servers run as processes of their own under uvicorn (uvloop, httptools) on
+127.0.0.1; one load client (raw asyncio sockets, bench/sse_load.py) drives each in turn:
+N concurrent sessions, each calling `ticker` with `--events` progress events as fast as
+possible (saturation); then `--hold` sessions at once, each ticking every 20 ms (all
+streams open together: peak open shows how many were held). The reference server writes its full ledger during the run, as in a real run.
+Prints figures; asserts nothing (machines are noisy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sse_load import LoadResult, run_load
+
+ROOT = Path(__file__).resolve().parents[1]
+LAB = str(Path(sys.executable).with_name("lab"))
+
+
+def start(argv: list[str], prefix: str) -> tuple[subprocess.Popen[str], str]:
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "LAB_LEDGER_KEY": "cd" * 32},
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if line.startswith(prefix):
+            return proc, line[len(prefix) :].strip()
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise SystemExit(f"could not start {argv}")
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def load(url: str, clients: int, args: dict[str, object]) -> LoadResult:
+    import uvloop
+
+    host_port = url.split("//", 1)[1].split("/", 1)[0]
+    host, port = host_port.rsplit(":", 1)
+    return uvloop.run(run_load(host, int(port), "/mcp", clients, args))
+
+
+def line(name: str, r: LoadResult) -> str:
+    return (
+        f"{name:<10} {r.clients:>6} clients {r.events:>9} events {r.seconds:7.2f} s "
+        f"{r.events_per_second:>10,.0f} ev/s  peak open {r.peak_open:>5}  failed {r.failed}"
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, default=200)
+    ap.add_argument("--events", type=int, default=500)
+    ap.add_argument("--hold", type=int, default=2000)
+    a = ap.parse_args()
+    fast: dict[str, object] = {"count": a.events, "interval_ms": 0}
+    tmp = Path(tempfile.mkdtemp(prefix="bench-server-"))
+    ref, ref_url = start(
+        [LAB, "serve", "--port", "0", "--ledger", str(tmp / "ledger.sqlite")], "lab-serve listening on "
+    )
+    raw, raw_url = start([sys.executable, str(ROOT / "bench" / "raw_sse_server.py")], "raw-sse listening on ")
+    try:
+        print(f"throughput: {a.clients} concurrent streams x {a.events} events, as fast as possible")
+        r_raw = load(raw_url, a.clients, fast)
+        r_ref = load(ref_url, a.clients, fast)
+        print(line("raw", r_raw))
+        print(line("reference", r_ref))
+        print(f"ratio reference/raw: {r_ref.events_per_second / r_raw.events_per_second:.2f}")
+        paced: dict[str, object] = {"count": 100, "interval_ms": 20}
+        print(f"concurrency: {a.hold} concurrent streams x 100 events, one per 20 ms per stream")
+        p_raw = load(raw_url, a.hold, paced)
+        p_ref = load(ref_url, a.hold, paced)
+        print(line("raw", p_raw))
+        print(line("reference", p_ref))
+        print(f"ratio reference/raw: {p_ref.events_per_second / p_raw.events_per_second:.2f}")
+        print(f"hold: {a.hold} sessions, each stream open ~10 s (10 events, 1 per second)")
+        print(line("reference", load(ref_url, a.hold, {"count": 10, "interval_ms": 1000})))
+    finally:
+        stop(ref)
+        stop(raw)
+
+
+if __name__ == "__main__":
+    main()

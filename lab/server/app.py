@@ -1,0 +1,612 @@
+"""The reference server as a plain ASGI app: the MCP endpoint, its rules, and the admin control.
+
+Order of checks for the MCP endpoint (the first failing one answers):
+
+    Host not allowed (DNS rebinding)         421
+    Origin present and not allowed           403
+    method not POST/GET/DELETE               405 (Allow: GET, POST, DELETE)
+    bearer token missing/unknown (if any)    401 (WWW-Authenticate: Bearer)
+    request rate above --max-rps             429 + Retry-After
+    MCP-Protocol-Version unsupported         400
+    POST: Content-Type not JSON 415, Accept lacks JSON+SSE 406, body too large 413,
+          bad JSON 400 (-32700), not JSON-RPC / batch where forbidden 400 (-32600)
+    GET:  Accept lacks text/event-stream     406
+    no session ID (but initialize)           400
+    unknown, expired or deleted session      404
+    token subject is not the session's       403
+    version header is not the negotiated one 400
+    too many concurrent streams              503 + Retry-After
+
+Bad input never gets a 5xx; an unexpected exception is logged and answered 500 (only
+if the response had not started), and the tests treat any 5xx for bad input as a bug.
+
+Cursor rejection policy (`--cursor-policy`, the spec leaves it open): `reject` (default)
+answers a GET whose Last-Event-ID is malformed, tampered, of another session or
+generation, of an unknown, evicted or non-resumable stream with `--cursor-reject-status`
+(400 by default; 409, 410 or 422 selectable) and a JSON-RPC error naming the verdict;
+`fresh` opens a new standalone stream instead. Either way the verdict is in the ledger
+(`requests.cursor_verdict`) and the client's state is CURSOR_REJECTED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from lab.protocol import jsonrpc
+from lab.protocol.client import EVENT_ID_CAPABILITY
+from lab.protocol.errors import RemoteProtocolError
+from lab.protocol.reconnect import ReconnectBudget
+from lab.protocol.revisions import (
+    LAST_EVENT_ID_HEADER,
+    PROTOCOL_VERSION_HEADER,
+    SESSION_HEADER,
+    negotiate,
+    revision,
+)
+from lab.server import ledger as L
+from lab.server.config import ServerConfig, matches
+from lab.server.state import LiveConn, ServerState, Session, Stream
+from lab.server.tools import TOOL_LIST, TOOLS, ToolCall, ToolError
+
+log = logging.getLogger("lab.server")
+
+type Scope = MutableMapping[str, Any]
+type Message = MutableMapping[str, Any]
+type Receive = Callable[[], Awaitable[Message]]
+type Send = Callable[[Message], Awaitable[None]]
+
+SERVER_INFO = {"name": "mcp-lab-reference", "version": "0.1.0"}
+_SSE_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    (b"cache-control", b"no-cache, no-transform"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+class Refused(Exception):
+    """A request answered with an error status (reason goes to the ledger)."""
+
+    def __init__(
+        self, status: int, reason: str, message: str = "", headers: list[tuple[bytes, bytes]] | None = None
+    ):
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        self.message = message or reason.replace("_", " ")
+        self.headers = headers or []
+
+
+class Request:
+    __slots__ = ("conn", "headers", "method", "origin_allowed", "path", "scope", "session")
+
+    def __init__(self, scope: Scope) -> None:
+        self.scope = scope
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        self.headers: dict[str, str] = {}
+        for k, v in scope["headers"]:
+            name = k.decode("latin-1").lower()
+            if name in self.headers:
+                # A repeated header we care about is ambiguous: make it unusable.
+                self.headers[name] = self.headers[name] + "," + v.decode("latin-1")
+            else:
+                self.headers[name] = v.decode("latin-1")
+        self.conn = self.headers.get("x-lab-conn")
+        self.session: Session | None = None
+        self.origin_allowed: bool | None = None
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name)
+
+
+class McpApp:
+    def __init__(self, config: ServerConfig, *, path: str = "/mcp") -> None:
+        config.check()
+        self.config = config
+        self.path = path
+        self.ledger = L.Ledger(config.ledger_path)
+        self.state = ServerState(config, self.ledger)
+        # A token bucket is a rate limiter whatever it guards; the budget class is one.
+        self.rate = ReconnectBudget(
+            config.max_rps or float("inf"), burst=max(1.0, config.max_rps), now=time.time()
+        )
+        self.open_sse = 0
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.started = False
+
+    # ------------------------------------------------------------------ ASGI entry
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        if not self.started:
+            self._start_background()
+        req = Request(scope)
+        started = False
+
+        async def tracked_send(msg: Message) -> None:
+            nonlocal started
+            if msg["type"] == "http.response.start":
+                started = True
+            await send(msg)
+
+        try:
+            if req.path == self.path:
+                await self._mcp(req, receive, tracked_send)
+            elif req.path.startswith("/lab-admin/"):
+                await self._admin(req, receive, tracked_send)
+            else:
+                await self._plain(tracked_send, 404, "not found")
+        except Refused as r:
+            self._log(req, r.status, r.reason)
+            await self._error(tracked_send, r.status, r.message, r.headers)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("internal error on %s %s", req.method, req.path)
+            self._log(req, 500, "internal_error")
+            if not started:
+                await self._plain(tracked_send, 500, "internal error")
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "lifespan.startup":
+                self._start_background()
+                await send({"type": "lifespan.startup.complete"})
+            elif msg["type"] == "lifespan.shutdown":
+                self.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    def _start_background(self) -> None:
+        self.started = True
+        self._spawn(self._sweeper())
+        if self.config.heartbeat_ms > 0:
+            self._spawn(self._heartbeat())
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def close(self) -> None:
+        """Close streams (reason shutdown) and flush the ledger."""
+        for t in list(self._tasks):
+            t.cancel()
+        self.state.shutdown(time.time())
+        self.ledger.close()
+
+    async def _sweeper(self) -> None:
+        while True:
+            await asyncio.sleep(1.0)
+            self.state.sweep(time.time())
+
+    async def _heartbeat(self) -> None:
+        period = self.config.heartbeat_ms / 1000.0
+        n = 0
+        while True:
+            await asyncio.sleep(period)
+            now = time.time()
+            for s in list(self.state.sessions.values()):
+                g = s.standalone
+                if g is not None and g.subscriber is not None:
+                    n += 1
+                    note = jsonrpc.notification(
+                        "notifications/message", {"level": "info", "data": {"heartbeat": n}}
+                    )
+                    self.state.emit(g, jsonrpc.dumps(note), "notification", None, now)
+
+    # ------------------------------------------------------------------ responses
+
+    def _log(self, req: Request, status: int, reason: str | None, cursor_verdict: str | None = None) -> None:
+        if not self.ledger.enabled:
+            return
+        version = req.header(PROTOCOL_VERSION_HEADER)
+        self.ledger.write(
+            L.INSERT_REQUEST,
+            (
+                time.time(),
+                req.method,
+                req.conn,
+                None if req.session is None else req.session.pseudonym,
+                status,
+                reason,
+                req.header("origin"),
+                None if req.origin_allowed is None else int(req.origin_allowed),
+                version,
+                req.header(LAST_EVENT_ID_HEADER),
+                cursor_verdict,
+            ),
+        )
+
+    async def _plain(
+        self, send: Send, status: int, text: str, headers: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
+        body = text.encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8"), *(headers or [])],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    async def _json(
+        self, send: Send, status: int, obj: object, headers: list[tuple[bytes, bytes]] | None = None
+    ) -> None:
+        body = jsonrpc.dumps(obj).encode()
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), *(headers or [])],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    async def _error(self, send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]]) -> None:
+        code = jsonrpc.PARSE_ERROR if message.startswith("parse error") else jsonrpc.INVALID_REQUEST
+        await self._json(send, status, jsonrpc.error(None, code, message), headers)
+
+    # ------------------------------------------------------------------ the MCP endpoint
+
+    async def _mcp(self, req: Request, receive: Receive, send: Send) -> None:
+        cfg = self.config
+        host = req.header("host")
+        if host is None or not matches(host, cfg.allowed_hosts):
+            raise Refused(421, "bad_host", "Host not allowed")
+        origin = req.header("origin")
+        if origin is not None:
+            req.origin_allowed = matches(origin, cfg.allowed_origins)
+            if not req.origin_allowed:
+                raise Refused(403, "bad_origin", "Origin not allowed")
+        if req.method not in ("POST", "GET", "DELETE"):
+            raise Refused(
+                405, "method_not_allowed", "use GET, POST or DELETE", [(b"allow", b"GET, POST, DELETE")]
+            )
+        subject = self._authenticate(req)
+        now = time.time()
+        if not self.rate.try_acquire(now):
+            raise Refused(429, "rate_limited", "too many requests", self._retry_after())
+        version = req.header(PROTOCOL_VERSION_HEADER)
+        if version is not None and version not in cfg.protocol_versions:
+            raise Refused(400, "bad_version", f"unsupported MCP-Protocol-Version {version!r}")
+        if req.method == "POST":
+            await self._post(req, receive, send, subject, now)
+        elif req.method == "GET":
+            await self._get(req, receive, send, subject, now)
+        else:
+            await self._delete(req, send, subject, now)
+
+    def _retry_after(self) -> list[tuple[bytes, bytes]]:
+        return [(b"retry-after", str(self.config.retry_after).encode())]
+
+    def _authenticate(self, req: Request) -> str | None:
+        if not self.config.tokens:
+            return None
+        auth = req.header("authorization") or ""
+        scheme, _, token = auth.partition(" ")
+        subject = self.config.tokens.get(token.strip()) if scheme.lower() == "bearer" else None
+        if subject is None:
+            raise Refused(
+                401, "bad_token", "a valid bearer token is required", [(b"www-authenticate", b"Bearer")]
+            )
+        return subject
+
+    def _session(self, req: Request, subject: str | None, now: float) -> Session:
+        sid = req.header(SESSION_HEADER)
+        if sid is None:
+            raise Refused(400, "missing_session", "MCP-Session-Id header required")
+        s = self.state.sessions.get(sid)
+        if s is None or not s.alive:
+            raise Refused(404, "unknown_session", "session not found")
+        req.session = s
+        if s.subject != subject:
+            raise Refused(403, "subject_mismatch", "the token's subject is not this session's")
+        version = req.header(PROTOCOL_VERSION_HEADER)
+        if version is not None and version != s.version:
+            raise Refused(400, "version_mismatch", f"negotiated {s.version}, got {version}")
+        s.last_seen = now
+        return s
+
+    async def _read_body(self, receive: Receive) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                raise Refused(400, "client_gone", "client went away")
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size > self.config.max_body:
+                raise Refused(413, "body_too_large", f"body larger than {self.config.max_body} bytes")
+            chunks.append(chunk)
+            if not msg.get("more_body", False):
+                return b"".join(chunks)
+
+    async def _post(
+        self, req: Request, receive: Receive, send: Send, subject: str | None, now: float
+    ) -> None:
+        ctype = (req.header("content-type") or "").split(";")[0].strip().lower()
+        if ctype != "application/json":
+            raise Refused(415, "bad_content_type", "Content-Type must be application/json")
+        accept = (req.header("accept") or "").lower()
+        if "application/json" not in accept or "text/event-stream" not in accept:
+            raise Refused(406, "bad_accept", "Accept must list application/json and text/event-stream")
+        raw = await self._read_body(receive)
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError) as e:
+            raise Refused(400, "parse_error", f"parse error: {e}") from None
+        if isinstance(body, list):
+            await self._batch(req, send, body, subject, now)
+            return
+        try:
+            msg = jsonrpc.classify(body)
+        except RemoteProtocolError as e:
+            raise Refused(400, "invalid_message", str(e)) from None
+        if msg.method == jsonrpc.INITIALIZE:
+            await self._initialize(req, send, msg, subject, now)
+            return
+        s = self._session(req, subject, now)
+        if msg.kind is not jsonrpc.MessageKind.REQUEST:
+            if msg.method == jsonrpc.CANCELLED:
+                self._cancel(s, msg, now)
+            self._log(req, 202, None)
+            await send({"type": "http.response.start", "status": 202, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        assert msg.id is not None
+        if msg.id in s.request_ids:
+            raise Refused(400, "request_id_reused", "request ID already used in this session")
+        if self.open_sse >= self.config.max_streams:
+            raise Refused(503, "overloaded", "too many concurrent streams", self._retry_after())
+        s.request_ids.add(msg.id)
+        digest = hashlib.sha256(raw).hexdigest()
+        st = self.state.open_post_stream(s, msg.id, digest, req.conn, now)
+        st.task = self._spawn(self._run_request(st, msg))
+        self._log(req, 200, None)
+        await self._stream(req, receive, send, st, None, now)
+
+    async def _batch(
+        self, req: Request, send: Send, body: list[Any], subject: str | None, now: float
+    ) -> None:
+        sid = req.header(SESSION_HEADER)
+        s = self.state.sessions.get(sid) if sid is not None else None
+        version = req.header(PROTOCOL_VERSION_HEADER) or (s.version if s is not None else "2025-03-26")
+        if not body or not revision(version).batching:
+            raise Refused(400, "batch_not_allowed", f"JSON-RPC batches are not allowed in {version}")
+        s = self._session(req, subject, now)
+        try:
+            msgs = [jsonrpc.classify(m) for m in body]
+        except RemoteProtocolError as e:
+            raise Refused(400, "invalid_message", str(e)) from None
+        if any(m.method == jsonrpc.INITIALIZE for m in msgs):
+            raise Refused(400, "invalid_message", "initialize cannot be batched")
+        out = []
+        for m in msgs:
+            if m.kind is jsonrpc.MessageKind.REQUEST and m.id is not None:
+                out.append(await self._answer_inline(s, m))
+        self._log(req, 200 if out else 202, None)
+        if out:
+            await self._json(send, 200, out)
+        else:
+            await send({"type": "http.response.start", "status": 202, "headers": []})
+            await send({"type": "http.response.body", "body": b""})
+
+    async def _answer_inline(self, s: Session, m: jsonrpc.Message) -> jsonrpc.JsonObject:
+        """A request of a 2025-03-26 batch: answered in the JSON array, not streamed."""
+        assert m.id is not None
+        if m.method == "tools/list":
+            return jsonrpc.result(m.id, {"tools": TOOL_LIST})
+        if m.method == "ping":
+            return jsonrpc.result(m.id, {})
+        return jsonrpc.error(m.id, jsonrpc.METHOD_NOT_FOUND, f"{m.method} cannot be batched here")
+
+    async def _initialize(
+        self, req: Request, send: Send, msg: jsonrpc.Message, subject: str | None, now: float
+    ) -> None:
+        if req.header(SESSION_HEADER) is not None:
+            raise Refused(400, "initialize_with_session", "initialize must not carry a session ID")
+        if msg.kind is not jsonrpc.MessageKind.REQUEST or msg.id is None:
+            raise Refused(400, "invalid_message", "initialize must be a request")
+        requested = msg.params.get("protocolVersion")
+        version = negotiate(requested if isinstance(requested, str) else "", self.config.protocol_versions)
+        result = {
+            "protocolVersion": version,
+            "capabilities": {
+                "tools": {"listChanged": False},
+                "experimental": {EVENT_ID_CAPABILITY: {"scheme": "e1"}},
+            },
+            "serverInfo": SERVER_INFO,
+        }
+        body = jsonrpc.dumps(jsonrpc.result(msg.id, result))
+        s = self.state.create_session(subject, version, body, now)
+        req.session = s
+        self._log(req, 200, None)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (SESSION_HEADER.encode(), s.sid.encode()),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": body.encode()})
+
+    def _cancel(self, s: Session, msg: jsonrpc.Message, now: float) -> None:
+        rid = msg.params.get("requestId")
+        for st in s.streams.values():
+            if st.request_id == rid and not st.complete:
+                if st.task is not None and not st.task.done():
+                    st.task.cancel()
+                self.state.close_stream(st, "cancelled", now)
+
+    async def _run_request(self, st: Stream, msg: jsonrpc.Message) -> None:
+        assert msg.id is not None
+        rid = str(msg.id)
+        try:
+            result = await self._dispatch(st, msg)
+            data, kind = jsonrpc.dumps(jsonrpc.result(msg.id, result)), "response"
+        except ToolError as e:
+            data, kind = jsonrpc.dumps(jsonrpc.error(msg.id, e.code, e.message)), "error"
+        except asyncio.CancelledError:
+            return
+        except Exception as e:
+            log.exception("tool failed")
+            data, kind = jsonrpc.dumps(jsonrpc.error(msg.id, jsonrpc.INTERNAL_ERROR, str(e))), "error"
+        if st.closed_at is None:
+            self.state.emit(st, data, kind, rid, time.time())
+
+    async def _dispatch(self, st: Stream, msg: jsonrpc.Message) -> jsonrpc.JsonObject:
+        assert msg.id is not None
+        params = msg.params
+        if msg.method == "tools/call":
+            name = params.get("name")
+            tool = TOOLS.get(name) if isinstance(name, str) else None
+            if tool is None:
+                raise ToolError(jsonrpc.INVALID_PARAMS, f"unknown tool {name!r}")
+            args = params.get("arguments") or {}
+            meta = params.get("_meta") or {}
+            if not isinstance(args, dict) or not isinstance(meta, dict):
+                raise ToolError(jsonrpc.INVALID_PARAMS, "arguments and _meta must be objects")
+            return await tool(ToolCall(self.state, st, msg.id, args, meta))
+        if msg.method == "tools/list":
+            return {"tools": TOOL_LIST}
+        if msg.method == "ping":
+            return {}
+        raise ToolError(jsonrpc.METHOD_NOT_FOUND, f"method not found: {msg.method}")
+
+    async def _get(self, req: Request, receive: Receive, send: Send, subject: str | None, now: float) -> None:
+        if "text/event-stream" not in (req.header("accept") or "").lower():
+            raise Refused(406, "bad_accept", "Accept must list text/event-stream")
+        s = self._session(req, subject, now)
+        if self.open_sse >= self.config.max_streams:
+            raise Refused(503, "overloaded", "too many concurrent streams", self._retry_after())
+        cursor = req.header(LAST_EVENT_ID_HEADER)
+        if cursor is None:
+            st = self.state.open_standalone(s, req.conn, now)
+            self._log(req, 200, None)
+            await self._stream(req, receive, send, st, None, now)
+            return
+        verdict, target, seq = self.state.resolve_cursor(s, cursor)
+        if target is None:
+            if self.config.cursor_policy == "fresh":
+                st = self.state.open_standalone(s, req.conn, now)
+                self._log(req, 200, None, verdict)
+                await self._stream(req, receive, send, st, None, now)
+                return
+            status = self.config.cursor_reject_status
+            self._log(req, status, "cursor_rejected", verdict)
+            await self._json(
+                send,
+                status,
+                jsonrpc.error(None, jsonrpc.INVALID_REQUEST, f"Last-Event-ID rejected: {verdict}"),
+            )
+            return
+        self._log(req, 200, None, verdict)
+        await self._stream(req, receive, send, target, seq, now)
+
+    async def _delete(self, req: Request, send: Send, subject: str | None, now: float) -> None:
+        s = self._session(req, subject, now)
+        if self.config.refuse_delete:
+            raise Refused(
+                405,
+                "delete_refused",
+                "this server does not let clients terminate sessions",
+                [(b"allow", b"GET, POST")],
+            )
+        self.state.end_session(s, "deleted", now)
+        self._log(req, 200, None)
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def _stream(
+        self, req: Request, receive: Receive, send: Send, st: Stream, after_seq: int | None, now: float
+    ) -> None:
+        """Stream `st` on this response: backlog after `after_seq` first, then live."""
+        live = LiveConn(req.conn)
+        self.open_sse += 1
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            self.state.attach(st, live, after_seq, now)
+            watcher = asyncio.ensure_future(self._watch_disconnect(receive, live))
+            try:
+                while True:
+                    if live.pending:
+                        await send({"type": "http.response.body", "body": live.take(), "more_body": True})
+                        continue
+                    if live.ended:
+                        break
+                    await live.wake.wait()
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            finally:
+                watcher.cancel()
+                self.state.detach(st, live, live.end_reason or "client_gone", time.time())
+        except OSError:
+            live.end("client_gone")
+            self.state.detach(st, live, "client_gone", time.time())
+        finally:
+            self.open_sse -= 1
+
+    @staticmethod
+    async def _watch_disconnect(receive: Receive, live: LiveConn) -> None:
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                live.end("client_gone")
+                return
+
+    # ------------------------------------------------------------------ admin
+
+    async def _admin(self, req: Request, receive: Receive, send: Send) -> None:
+        """Loopback-only, token-guarded controls for the fault layer (never the MCP auth path)."""
+        client = req.scope.get("client") or ("", 0)
+        token = self.config.admin_token
+        if token is None or req.method != "POST":
+            raise Refused(404, "no_admin", "not found")
+        if not str(client[0]).startswith("127.") and client[0] != "::1":
+            raise Refused(403, "admin_not_loopback", "admin control is loopback only")
+        if req.header("x-lab-admin-token") != token:
+            raise Refused(403, "bad_admin_token", "bad admin token")
+        await self._read_body(receive)
+        now = time.time()
+        if req.path == "/lab-admin/expire":
+            sid = req.header(SESSION_HEADER) or ""
+            s = self.state.sessions.get(sid)
+            if s is None:
+                raise Refused(404, "unknown_session", "session not found")
+            req.session = s
+            self.state.end_session(s, "admin_expired", now)
+            self._log(req, 200, "admin_expired")
+            await self._json(send, 200, {"expired": s.pseudonym})
+        elif req.path == "/lab-admin/rollback":
+            self.state.start_rollback()
+            self._log(req, 200, "rollback")
+            await self._json(send, 200, {"rollback": True, "generation": self.state.generation})
+        elif req.path == "/lab-admin/stats":
+            await self._json(
+                send,
+                200,
+                {
+                    "sessions": len(self.state.sessions),
+                    "open_sse": self.open_sse,
+                    "ledger_rows": self.ledger.rows_written,
+                },
+            )
+        else:
+            raise Refused(404, "no_admin", "not found")

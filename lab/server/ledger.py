@@ -1,0 +1,167 @@
+"""The reference server's ledger (`mcpServerLedger.v1`, SQLite; fields in docs/ledgers.md).
+
+Writes never block the event loop: the loop puts (sql, params) on a queue and a writer
+thread applies them in batches (executemany per statement, one transaction every
+~50 ms or 5,000 rows). Durability: WAL with synchronous=NORMAL, so a committed batch
+survives a crash of the server process. Business dispatches must be durable *before*
+the client is told they happened, so `barrier()` returns a future that resolves once
+everything queued before it is committed; `ledger.append` awaits it before answering
+(group commit: many writes share one commit).
+"""
+
+from __future__ import annotations
+
+import queue
+import sqlite3
+import threading
+from collections.abc import Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "mcpServerLedger.v1"
+
+_DDL = """
+CREATE TABLE IF NOT EXISTS sessions (
+    session TEXT PRIMARY KEY, principal TEXT, auth_subject TEXT, handshake_receipt TEXT,
+    protocol_version TEXT, origin_policy TEXT, created_at REAL, expires_at REAL,
+    generation INTEGER, resumable INTEGER, shadow INTEGER, ended_at REAL, end_reason TEXT
+);
+CREATE TABLE IF NOT EXISTS streams (
+    session TEXT, stream_id TEXT, opened_by TEXT, request_id TEXT, payload_digest TEXT, conn TEXT,
+    opened_at REAL, last_sent_event_id TEXT, last_acked_event_id TEXT, retry_ms INTEGER,
+    closed_at REAL, close_reason TEXT, PRIMARY KEY (session, stream_id)
+);
+CREATE TABLE IF NOT EXISTS events_sent (
+    session TEXT, stream_id TEXT, event_id TEXT, sequence INTEGER, digest TEXT, kind TEXT,
+    jsonrpc_id TEXT, sent_at REAL, replay INTEGER, conn TEXT
+);
+CREATE TABLE IF NOT EXISTS dispatches (
+    idempotency_key TEXT, session TEXT, auth_subject TEXT, request_id TEXT, tool TEXT,
+    effect TEXT, receipt TEXT, at REAL
+);
+CREATE TABLE IF NOT EXISTS requests (
+    at REAL, method TEXT, conn TEXT, session TEXT, status INTEGER, reason TEXT, origin TEXT,
+    origin_allowed INTEGER, protocol_version TEXT, last_event_id TEXT, cursor_verdict TEXT
+);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT);
+"""
+
+_STOP = object()
+
+
+class Ledger:
+    """Queue in, SQLite out, on a thread of its own."""
+
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = None if path is None else Path(path)
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self.rows_written = 0
+        if self.path is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            db = self._connect()
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (SCHEMA,))
+            db.commit()
+            db.close()
+            self._thread = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
+            self._thread.start()
+
+    def _connect(self) -> sqlite3.Connection:
+        assert self.path is not None
+        db = sqlite3.connect(self.path, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.executescript(_DDL)
+        return db
+
+    @property
+    def enabled(self) -> bool:
+        return self._thread is not None
+
+    def write(self, sql: str, params: Sequence[Any]) -> None:
+        if self._thread is not None:
+            self._q.put((sql, params))
+
+    def barrier(self) -> Future[None]:
+        """A future that completes when everything written before it is committed."""
+        fut: Future[None] = Future()
+        if self._thread is None:
+            fut.set_result(None)
+        else:
+            self._q.put(fut)
+        return fut
+
+    def close(self) -> None:
+        """Flush everything and stop the writer (idempotent)."""
+        if self._thread is not None:
+            self._q.put(_STOP)
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def _run(self) -> None:
+        db = self._connect()
+        stop = False
+        while not stop:
+            batch: list[Any] = []
+            try:
+                batch.append(self._q.get(timeout=0.05))
+                while len(batch) < 5000:
+                    batch.append(self._q.get_nowait())
+            except queue.Empty:
+                pass
+            if not batch:
+                continue
+            waiters: list[Future[None]] = []
+            grouped: dict[str, list[Sequence[Any]]] = {}
+            order: list[str] = []
+            for item in batch:
+                if item is _STOP:
+                    stop = True
+                elif isinstance(item, Future):
+                    waiters.append(item)
+                else:
+                    sql, params = item
+                    if sql not in grouped:
+                        grouped[sql] = []
+                        order.append(sql)
+                    grouped[sql].append(params)
+            # Statements keep their first-seen order so an UPDATE follows its INSERT.
+            with db:
+                for sql in order:
+                    db.executemany(sql, grouped[sql])
+                    self.rows_written += len(grouped[sql])
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+        db.close()
+
+
+INSERT_SESSION = "INSERT OR REPLACE INTO sessions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
+END_SESSION = "UPDATE sessions SET ended_at=?, end_reason=?, expires_at=? WHERE session=?"
+INSERT_STREAM = "INSERT OR REPLACE INTO streams VALUES (?,?,?,?,?,?,?,?,?,?,?,?)"
+CLOSE_STREAM = (
+    "UPDATE streams SET closed_at=?, close_reason=?, last_sent_event_id=?, last_acked_event_id=?, retry_ms=?"
+    " WHERE session=? AND stream_id=?"
+)
+ACK_STREAM = "UPDATE streams SET last_acked_event_id=? WHERE session=? AND stream_id=?"
+INSERT_EVENT = "INSERT INTO events_sent VALUES (?,?,?,?,?,?,?,?,?,?)"
+INSERT_DISPATCH = "INSERT INTO dispatches VALUES (?,?,?,?,?,?,?,?)"
+INSERT_REQUEST = "INSERT INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+
+
+def load_receipts(path: str | Path) -> dict[tuple[str | None, str], str]:
+    """Idempotency receipts already performed (so a restarted server still deduplicates)."""
+    p = Path(path)
+    if not p.exists():
+        return {}
+    db = sqlite3.connect(p)
+    try:
+        rows = db.execute(
+            "SELECT auth_subject, idempotency_key, receipt FROM dispatches WHERE effect='performed'"
+        ).fetchall()
+    except sqlite3.OperationalError:
+        rows = []
+    finally:
+        db.close()
+    return {(r[0], r[1]): r[2] for r in rows}

@@ -1,0 +1,183 @@
+"""The reference server's tools: read-only, streaming, and a write with idempotency.
+
+    echo           read-only: returns its text
+    clock          read-only: the server's time
+    ticker         streaming: N progress notifications at an interval on the request's
+                   POST stream; with `close_after` the server closes the connection every
+                   K events (sending `retry` first) and the client resumes with GET
+    ledger.append  write: a business side effect, once per idempotency key
+                   (params._meta["mcp-lab/idempotency-key"]); a retry with the same key, even
+                   after the first attempt's stream was cut, gets the original receipt
+
+A tool runs as a task of its own: the client's connection dropping does not stop it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from lab.protocol import jsonrpc
+from lab.protocol.client import IDEMPOTENCY_META
+from lab.server import ledger as L
+from lab.server.state import ServerState, Stream
+
+
+class ToolError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(slots=True)
+class ToolCall:
+    state: ServerState
+    stream: Stream
+    request_id: jsonrpc.JsonRpcId
+    arguments: dict[str, Any]
+    meta: dict[str, Any]
+
+    def progress(self, n: float, total: float | None = None, message: str | None = None) -> None:
+        token = self.meta.get("progressToken")
+        if token is None:
+            return
+        params: dict[str, Any] = {"progressToken": token, "progress": n}
+        if total is not None:
+            params["total"] = total
+        if message is not None:
+            params["message"] = message
+        data = jsonrpc.dumps(jsonrpc.notification(jsonrpc.PROGRESS, params))
+        self.state.emit(self.stream, data, "notification", None, time.time())
+
+
+def _text(text: str, **extra: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"content": [{"type": "text", "text": text}]}
+    if extra:
+        out["structuredContent"] = extra
+    return out
+
+
+def _int_arg(args: dict[str, Any], name: str, default: int, lo: int, hi: int) -> int:
+    v = args.get(name, default)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ToolError(jsonrpc.INVALID_PARAMS, f"{name} must be an integer within {lo}..{hi}")
+    return v
+
+
+async def echo(call: ToolCall) -> dict[str, Any]:
+    text = call.arguments.get("text", "")
+    if not isinstance(text, str):
+        raise ToolError(jsonrpc.INVALID_PARAMS, "text must be a string")
+    return _text(text)
+
+
+async def clock(call: ToolCall) -> dict[str, Any]:
+    now = time.time()
+    return _text(f"{now:.6f}", epoch=now)
+
+
+async def ticker(call: ToolCall) -> dict[str, Any]:
+    count = _int_arg(call.arguments, "count", 5, 0, 100_000)
+    interval = _int_arg(call.arguments, "interval_ms", 100, 0, 60_000) / 1000.0
+    close_after = call.arguments.get("close_after")
+    if close_after is not None:
+        call.stream.close_after = _int_arg(call.arguments, "close_after", 0, 1, 100_000)
+        call.stream.retry_ms = _int_arg(call.arguments, "retry_ms", 500, 0, 60_000)
+        if call.stream.subscriber is not None:
+            call.stream.subscriber.close_after = call.stream.close_after
+    for i in range(count):
+        if interval > 0 or i % 64 == 63:
+            await asyncio.sleep(interval)  # also yields now and then when interval is 0
+        call.progress(i + 1, count)
+    return _text(f"ticked {count}", count=count)
+
+
+async def ledger_append(call: ToolCall) -> dict[str, Any]:
+    key = call.meta.get(IDEMPOTENCY_META)
+    if not isinstance(key, str) or not key:
+        raise ToolError(jsonrpc.INVALID_PARAMS, f"a write needs params._meta[{IDEMPOTENCY_META!r}]")
+    entry = call.arguments.get("entry", "")
+    if not isinstance(entry, str):
+        raise ToolError(jsonrpc.INVALID_PARAMS, "entry must be a string")
+    state, session = call.state, call.stream.session
+    now = time.time()
+    ikey = (session.subject, key)
+    receipt = state.receipts.get(ikey)
+    effect = "replayed" if receipt is not None else "performed"
+    if receipt is None:
+        # Check-and-set without an await in between: two concurrent retries cannot both perform.
+        receipt = f"r-{secrets.token_hex(8)}"
+        state.receipts[ikey] = receipt
+    state.ledger.write(
+        L.INSERT_DISPATCH,
+        (
+            key,
+            session.pseudonym,
+            session.subject,
+            str(call.request_id),
+            "ledger.append",
+            effect,
+            receipt,
+            now,
+        ),
+    )
+    if effect == "performed":
+        # The side effect is durable before anyone is told it happened.
+        await asyncio.wrap_future(state.ledger.barrier())
+        g = session.standalone
+        if g is not None and g.closed_at is None:
+            note = jsonrpc.notification("notifications/resources/updated", {"uri": f"lab://ledger/{receipt}"})
+            state.emit(g, jsonrpc.dumps(note), "notification", None, time.time())
+    return _text(receipt, receipt=receipt, effect=effect, entry=entry)
+
+
+TOOLS: dict[str, Callable[[ToolCall], Awaitable[dict[str, Any]]]] = {
+    "echo": echo,
+    "clock": clock,
+    "ticker": ticker,
+    "ledger.append": ledger_append,
+}
+
+WRITE_TOOLS = frozenset({"ledger.append"})
+
+TOOL_LIST = [
+    {
+        "name": "echo",
+        "description": "Return the text (read-only).",
+        "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}},
+        "annotations": {"readOnlyHint": True},
+    },
+    {
+        "name": "clock",
+        "description": "The server's time, epoch seconds (read-only).",
+        "inputSchema": {"type": "object", "properties": {}},
+        "annotations": {"readOnlyHint": True},
+    },
+    {
+        "name": "ticker",
+        "description": "N progress notifications at an interval; optional server-initiated close every K events.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "count": {"type": "integer", "minimum": 0},
+                "interval_ms": {"type": "integer", "minimum": 0},
+                "close_after": {"type": ["integer", "null"], "minimum": 1},
+                "retry_ms": {"type": ["integer", "null"], "minimum": 0},
+            },
+        },
+        "annotations": {"readOnlyHint": True},
+    },
+    {
+        "name": "ledger.append",
+        "description": f"Append an entry: a business side effect, once per params._meta[{IDEMPOTENCY_META!r}].",
+        "inputSchema": {"type": "object", "properties": {"entry": {"type": "string"}}},
+        "annotations": {"readOnlyHint": False, "idempotentHint": True},
+    },
+]
