@@ -33,8 +33,10 @@ watermarks  last accepted event ID per (client_id, session_generation, stream_ke
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import astuple, fields
 from pathlib import Path
+from typing import Any
 
 from lab.protocol.acceptance import (
     DedupKey,
@@ -43,6 +45,7 @@ from lab.protocol.acceptance import (
     SeenEvent,
     Watermark,
 )
+from lab.protocol.records import LEDGER_SCHEMA, RECORD_TYPES, Record
 
 SCHEMA_VERSION = 1
 
@@ -98,10 +101,12 @@ class SqliteInbox:
         client_id: str,
         *,
         between_writes: Callable[[], None] | None = None,
+        group: InboxDatabase | None = None,
     ) -> None:
         self._db = db
         self.client_id = client_id
         self._between_writes = between_writes
+        self._group = group
 
     @classmethod
     def open(cls, path: str | Path, client_id: str) -> SqliteInbox:
@@ -138,9 +143,19 @@ class SqliteInbox:
         return row is not None
 
     def commit(self, receipt: InboxReceipt, dispatch: OutboxDispatch | None) -> None:
+        """Receipt, watermark and dispatch, all or nothing.
+
+        Alone: one transaction per call. In an `InboxDatabase` (group commit): a savepoint
+        inside the database's open transaction, committed with its batch — after a crash
+        a whole batch is gone or there, and in it every receipt goes with its dispatch.
+        """
         k = receipt.key
         db = self._db
-        db.execute("BEGIN IMMEDIATE")
+        if self._group is not None:
+            self._group.begin()
+            db.execute("SAVEPOINT accept")
+        else:
+            db.execute("BEGIN IMMEDIATE")
         try:
             db.execute(
                 "INSERT INTO inbox VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
@@ -190,9 +205,15 @@ class SqliteInbox:
                     ),
                 )
         except BaseException:
-            db.execute("ROLLBACK")
+            if self._group is not None:
+                db.execute("ROLLBACK TO accept")
+                db.execute("RELEASE accept")
+            else:
+                db.execute("ROLLBACK")
             raise
-        db.execute("COMMIT")
+        db.execute("RELEASE accept" if self._group is not None else "COMMIT")
+        if self._group is not None:
+            self._group.commits += 1
 
     def receipts(self, since_accepted_at: float = 0.0) -> Iterator[InboxReceipt]:
         """What the business layer reads: accepted events of this client, in order."""
@@ -215,3 +236,62 @@ class SqliteInbox:
                 accepted_at=r[10],
                 data=r[11],
             )
+
+
+def _sql_type(annotation: object) -> str:
+    text = str(annotation)
+    if "float" in text:
+        return "REAL"
+    if "int" in text or "bool" in text:
+        return "INTEGER"
+    return "TEXT"
+
+
+class InboxDatabase:
+    """One worker process's file: the inbox/outbox of all its clients and their client
+    ledger (`mcpClientLedger.v1`, the tables of `lab.protocol.records`), group-committed.
+
+    Everything goes into one open transaction that `flush()` commits (the worker calls it
+    every ~200 ms and at exit). A crash loses at most the last batch, whole: receipts with
+    their dispatches and watermarks, so the server replays those events on resumption.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.db = connect(self.path)
+        self._in_tx = False
+        self.commits = 0
+        """Events accepted through this file (for progress reports)."""
+        self._inserts: dict[type[Any], str] = {}
+        for rtype in RECORD_TYPES:
+            cols = [f.name for f in fields(rtype)]
+            types = {f.name: _sql_type(f.type) for f in fields(rtype)}
+            ddl = ", ".join(f"{c} {types[c]}" for c in cols)
+            self.db.execute(f"CREATE TABLE IF NOT EXISTS {rtype.table} ({ddl})")
+            self._inserts[rtype] = (
+                f"INSERT INTO {rtype.table} ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})"
+            )
+        self.db.execute("INSERT OR REPLACE INTO meta(name, value) VALUES ('ledger', ?)", (LEDGER_SCHEMA,))
+
+    def inbox(self, client_id: str) -> SqliteInbox:
+        return SqliteInbox(self.db, client_id, group=self)
+
+    def begin(self) -> None:
+        if not self._in_tx:
+            self.db.execute("BEGIN IMMEDIATE")
+            self._in_tx = True
+
+    def record(self, records: Iterable[Record]) -> None:
+        for r in records:
+            self.begin()
+            self.db.execute(self._inserts[type(r)], astuple(r))
+
+    def flush(self) -> None:
+        if self._in_tx:
+            self.db.execute("COMMIT")
+            self._in_tx = False
+
+    def close(self) -> None:
+        self.flush()
+        self.db.close()

@@ -1,0 +1,157 @@
+"""The lab's locustfile: MCP users, the distributed reconnect budget, progress to `lab run`.
+
+Started by `lab run` (never by hand): `locust -f lab/load/locustfile.py ...` with
+LAB_LOCUST_SETTINGS and LAB_LEDGER_KEY in the environment.
+
+- Every worker keeps one durable inbox/outbox + client ledger file,
+  `<run>/clients/worker-<index>.sqlite`, group-committed every 200 ms and at exit.
+- The master splits the global reconnect budget across the connected workers (whole
+  shares, `split_budget`) and re-splits when workers join or leave; each worker's token
+  bucket takes its share (`lab_budget` message). Splits are logged to
+  `<run>/budget_split.jsonl`.
+- Workers send their counters every second (`lab_progress`); the master writes the sum
+  to `<run>/progress.json` for `lab run` to show.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import gevent
+from locust import between, events, task
+from locust.env import Environment
+from locust.runners import MasterRunner, WorkerRunner
+
+from lab.inbox import InboxDatabase
+from lab.load.settings import LoadSettings, ledger_key, split_budget
+from lab.load.user import WORKER, McpUser, WorkerContext
+from lab.protocol.reconnect import ReconnectBudget
+
+SETTINGS = LoadSettings.from_env()
+logging.getLogger("httpx").setLevel(logging.WARNING)  # one log line per request is noise at load
+
+
+class LabUser(McpUser):
+    """Reads, streams and writes in the scenario's proportions."""
+
+    wait_time = between(SETTINGS.wait_min, SETTINGS.wait_max)
+
+    @task(SETTINGS.mix.read)
+    def read(self) -> None:
+        self.client.call("echo", {"text": f"hello from {self.client.client_id}"})
+
+    @task(SETTINGS.mix.stream)
+    def stream(self) -> None:
+        self.client.call("ticker", dict(SETTINGS.ticker))
+
+    @task(SETTINGS.mix.write)
+    def write(self) -> None:
+        self.client.call("ledger.append", {"entry": f"{self.client.client_id}@{time.time():.3f}"}, write=True)
+
+
+if not any((SETTINGS.mix.read, SETTINGS.mix.stream, SETTINGS.mix.write)):
+    raise RuntimeError("the task mix gives every task weight 0")
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+@events.init.add_listener  # type: ignore[untyped-decorator]
+def on_init(environment: Environment, **_: Any) -> None:
+    runner = environment.runner
+    run_dir = Path(SETTINGS.run_dir)
+    if isinstance(runner, MasterRunner):
+        _init_master(environment, runner, run_dir)
+    elif isinstance(runner, WorkerRunner):
+        _init_worker(environment, runner, run_dir)
+
+
+# -- master ------------------------------------------------------------------------------
+
+
+def _init_master(environment: Environment, runner: MasterRunner, run_dir: Path) -> None:
+    progress: dict[str, dict[str, int]] = {}
+    split_log = run_dir / "budget_split.jsonl"
+    current: dict[str, float] = {}
+
+    def on_progress(environment: Environment, msg: Any, **_: Any) -> None:
+        progress[msg.node_id] = msg.data
+
+    runner.register_message("lab_progress", on_progress)
+
+    def resplit() -> None:
+        workers = sorted(runner.clients.keys())
+        shares = split_budget(SETTINGS.reconnect_qps, workers)
+        if shares == current:
+            return
+        current.clear()
+        current.update(shares)
+        for worker, qps in shares.items():
+            runner.send_message("lab_budget", {"qps": qps}, client_id=worker)
+        with split_log.open("a", encoding="utf-8") as f:
+            f.write(
+                json.dumps(
+                    {"at": time.time(), "workers": len(workers), "shares": [shares[w] for w in workers]}
+                )
+                + "\n"
+            )
+
+    def loop() -> None:
+        while True:
+            resplit()
+            live = {k: v for k, v in progress.items() if k in runner.clients}
+            total: dict[str, Any] = {"at": time.time(), "workers": len(runner.clients)}
+            for counters in live.values():
+                for k, v in counters.items():
+                    if isinstance(v, int | float):
+                        total[k] = total.get(k, 0) + v
+            _write_json(run_dir / "progress.json", total)
+            gevent.sleep(1.0)
+
+    gevent.spawn(loop)
+
+
+# -- worker ------------------------------------------------------------------------------
+
+
+def _init_worker(environment: Environment, runner: WorkerRunner, run_dir: Path) -> None:
+    index = _worker_index()
+    db = InboxDatabase(run_dir / "clients" / f"worker-{index}.sqlite")
+    provisional = split_budget(SETTINGS.reconnect_qps, [f"{i:04d}" for i in range(max(1, SETTINGS.workers))])
+    share = provisional.get(f"{index % max(1, SETTINGS.workers):04d}", 1.0)
+    budget = ReconnectBudget(share, now=time.time())
+    ctx = WorkerContext(SETTINGS, db, budget, ledger_key(), index)
+    WORKER.append(ctx)
+
+    def on_budget(environment: Environment, msg: Any, **_: Any) -> None:
+        budget.set_rate(float(msg.data["qps"]), time.time())
+
+    runner.register_message("lab_budget", on_budget)
+
+    def loop() -> None:
+        for tick in range(1 << 62):
+            gevent.sleep(0.2)
+            db.flush()
+            if tick % 5 == 4:
+                ctx.counters["accepted"] = db.commits
+                ctx.counters["budget_qps"] = int(budget.rate)
+                runner.send_message("lab_progress", dict(ctx.counters))
+
+    gevent.spawn(loop)
+
+    @events.quitting.add_listener  # type: ignore[untyped-decorator]
+    def flush_at_exit(environment: Environment, **_: Any) -> None:
+        db.close()
+
+
+def _worker_index() -> int:
+    """A stable index per worker process: given by `lab run` (LAB_WORKER_INDEX)."""
+    return int(os.environ.get("LAB_WORKER_INDEX", "0"))

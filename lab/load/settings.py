@@ -1,0 +1,93 @@
+"""What `lab run` tells the Locust processes (master and workers): the load settings.
+
+`lab run` writes them as JSON to `<run>/locust-settings.json` and passes the path in the
+environment variable `LAB_LOCUST_SETTINGS`; the per-run HMAC key travels separately in
+`LAB_LEDGER_KEY` (hex) and is never written to disk. Pure data: no Locust import here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+SETTINGS_ENV = "LAB_LOCUST_SETTINGS"
+
+
+@dataclass(frozen=True)
+class ToolMix:
+    """Relative weights of the user's tasks (0 disables a task)."""
+
+    read: int = 3
+    stream: int = 2
+    write: int = 2
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    url: str
+    """Where clients connect: the front of the fault chain (nemesis proxy or mitmdump)."""
+    run_dir: str
+    protocol_version: str = "2025-11-25"
+    origin: str | None = "http://127.0.0.1"
+    tokens: tuple[tuple[str, str], ...] = ()
+    """(token, subject) pairs; users take them round-robin. Empty: no authentication."""
+    mix: ToolMix = field(default_factory=ToolMix)
+    ticker: dict[str, Any] = field(default_factory=lambda: {"count": 5, "interval_ms": 100})
+    wait_min: float = 0.5
+    wait_max: float = 2.0
+    reconnect_qps: float = 100.0
+    """The global reconnect budget, split across workers by the master."""
+    backoff_base: float = 0.25
+    backoff_cap: float = 10.0
+    max_attempts: int = 12
+    call_timeout: float = 30.0
+    write_retries: int = 3
+    """How often a user re-runs a write whose outcome was UNKNOWN (same idempotency key)."""
+    open_standalone_stream: bool = True
+    seed: int = 0
+    workers: int = 1
+    """Worker processes expected: each starts with its share of the budget until the
+    master's split arrives."""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @staticmethod
+    def from_json(text: str) -> LoadSettings:
+        raw = json.loads(text)
+        raw["mix"] = ToolMix(**raw.get("mix", {}))
+        raw["tokens"] = tuple(tuple(t) for t in raw.get("tokens", ()))
+        return LoadSettings(**raw)
+
+    @staticmethod
+    def from_env() -> LoadSettings:
+        path = os.environ.get(SETTINGS_ENV)
+        if not path:
+            raise RuntimeError(f"{SETTINGS_ENV} is not set: run Locust through `lab run`")
+        return LoadSettings.from_json(Path(path).read_text(encoding="utf-8"))
+
+
+def ledger_key() -> bytes:
+    key = os.environ.get("LAB_LEDGER_KEY", "")
+    if len(key) < 32:
+        raise RuntimeError("LAB_LEDGER_KEY (hex, >= 16 bytes) is not set: run Locust through `lab run`")
+    return bytes.fromhex(key)
+
+
+def split_budget(total: float, workers: list[str]) -> dict[str, float]:
+    """Split a global reconnect budget (attempts/s) across workers.
+
+    Whole-number shares that add up to floor(total), the remainder going to the first
+    workers (in sorted order), because each worker caps its attempts per calendar second
+    at floor(share): whole shares make the caps add up to the global budget exactly. With
+    fewer whole units than workers, the last workers get 0 (no reconnects at all);
+    `lab run` refuses such a scenario up front.
+    """
+    if not workers:
+        return {}
+    ordered = sorted(workers)
+    base, extra = divmod(int(total), len(ordered))
+    return {w: float(base + (1 if i < extra else 0)) for i, w in enumerate(ordered)}

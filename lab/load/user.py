@@ -1,0 +1,215 @@
+"""Locust's side of an MCP client: `McpClient` wraps ClientCore + SyncDriver, `McpUser`
+builds one per simulated user.
+
+Locust `request` events are fired for what a person running the load wants to see in
+Locust's table: handshakes, tool calls, resumptions (with the resume latency as the
+response time) and errors — not one per SSE event, which would cost a quarter of the
+CPU (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import time
+from typing import Any
+
+import httpx
+from locust import User
+from locust.env import Environment
+
+from lab.drivers.sync import SyncDriver
+from lab.inbox import InboxDatabase
+from lab.load.settings import LoadSettings
+from lab.protocol.client import ClientConfig, ClientCore
+from lab.protocol.commands import (
+    CallFinished,
+    CallHandle,
+    CallOutcome,
+    LeaveFinished,
+    Notice,
+    SessionEstablished,
+)
+from lab.protocol.reconnect import BackoffPolicy, ReconnectBudget
+from lab.protocol.records import EventRejected, ReconnectAttempt, Record, Recovery
+from lab.protocol.redact import Redactor
+from lab.protocol.states import State
+
+REQUEST_TYPE = "MCP"
+
+
+class WorkerContext:
+    """What all users of one worker process share: settings, the inbox/ledger file, the
+    reconnect budget, the HTTP client, counters for progress."""
+
+    def __init__(
+        self, settings: LoadSettings, db: InboxDatabase, budget: ReconnectBudget, key: bytes, index: int
+    ):
+        self.settings = settings
+        self.db = db
+        self.budget = budget
+        self.redactor = Redactor(key)
+        self.http = httpx.Client(
+            timeout=httpx.Timeout(connect=5.0, read=20.0, write=10.0, pool=60.0),
+            limits=httpx.Limits(max_connections=100_000, max_keepalive_connections=20_000),
+        )
+        self.index = index
+        self._ids = itertools.count(1)
+        self.counters: dict[str, int] = {
+            "users": 0,
+            "calls_ok": 0,
+            "calls_failed": 0,
+            "calls_unknown": 0,
+            "reconnects": 0,
+            "rejected": 0,
+            "duplicates": 0,
+            "recoveries": 0,
+        }
+
+    def next_client_id(self) -> str:
+        return f"w{self.index}-u{next(self._ids)}"
+
+
+class McpClient:
+    def __init__(self, environment: Environment, ctx: WorkerContext) -> None:
+        self.environment = environment
+        self.ctx = ctx
+        s = ctx.settings
+        self.client_id = ctx.next_client_id()
+        token, subject = (None, None)
+        if s.tokens:
+            token, subject = s.tokens[hash(self.client_id) % len(s.tokens)]
+        self.core = ClientCore(
+            ClientConfig(
+                client_id=self.client_id,
+                protocol_version=s.protocol_version,
+                origin=s.origin,
+                token=token,
+                auth_subject=subject,
+                open_standalone_stream=s.open_standalone_stream,
+                backoff=BackoffPolicy(s.backoff_base, s.backoff_cap),
+                max_attempts=s.max_attempts,
+            ),
+            inbox=ctx.db.inbox(self.client_id),
+            budget=ctx.budget,
+            redactor=ctx.redactor,
+            rng=random.Random(f"{s.seed}/{self.client_id}"),
+        )
+        self.finished: dict[str, CallFinished] = {}
+        self.sessions = 0
+        self.left: LeaveFinished | None = None
+        self.driver = SyncDriver(self.core, s.url, ctx.http, on_records=self._records, on_notice=self._notice)
+        self._keys = itertools.count(1)
+
+    # -- callbacks (under the driver's lock) -------------------------------------------
+
+    def _records(self, records: list[Record]) -> None:
+        self.ctx.db.record(records)
+        c = self.ctx.counters
+        for r in records:
+            if isinstance(r, ReconnectAttempt):
+                c["reconnects"] += 1
+            elif isinstance(r, EventRejected):
+                c["duplicates" if r.reason == "duplicate" else "rejected"] += 1
+            elif isinstance(r, Recovery):
+                c["recoveries"] += 1
+                ok = r.recovered_at is not None
+                self._fire(
+                    f"resume ({r.path})",
+                    ((r.recovered_at or time.time()) - r.lost_at) * 1000,
+                    None if ok else RuntimeError(f"not recovered: {r.cause}"),
+                )
+
+    def _notice(self, notice: Notice) -> None:
+        if isinstance(notice, CallFinished):
+            self.finished[notice.call.operation_key] = notice
+        elif isinstance(notice, SessionEstablished):
+            self.sessions += 1
+        elif isinstance(notice, LeaveFinished):
+            self.left = notice
+
+    def _fire(self, name: str, ms: float, error: BaseException | None) -> None:
+        self.environment.events.request.fire(  # type: ignore[no-untyped-call]
+            request_type=REQUEST_TYPE,
+            name=name,
+            response_time=ms,
+            response_length=0,
+            exception=error,
+            context={},
+        )
+
+    # -- what users do -----------------------------------------------------------------
+
+    def connect(self) -> bool:
+        t0 = time.time()
+        self.driver.call(self.core.connect)
+        ok = self.driver.wait_for(lambda: self.sessions > 0, self.ctx.settings.call_timeout)
+        self._fire("initialize", (time.time() - t0) * 1000, None if ok else TimeoutError("no session"))
+        return ok
+
+    def call(self, tool: str, arguments: dict[str, Any], *, write: bool = False) -> CallFinished | None:
+        key = f"{self.client_id}/k{next(self._keys)}" if write else None
+        t0 = time.time()
+        handle: CallHandle = self.driver.call(
+            self.core.call_tool, tool, arguments, idempotency_key=key, write=write
+        )
+        done = self._wait(handle)
+        retries = 0
+        # A write whose outcome is unknown is re-run explicitly, with the same key: the
+        # server deduplicates it. (Reads are not retried: nothing depends on them.)
+        while (
+            write
+            and done is not None
+            and done.outcome is CallOutcome.UNKNOWN
+            and retries < self.ctx.settings.write_retries
+        ):
+            retries += 1
+            self.finished.pop(handle.operation_key, None)
+            self.driver.call(self.core.retry_call, handle)
+            done = self._wait(handle)
+        c = self.ctx.counters
+        ms = (time.time() - t0) * 1000
+        if done is None:
+            c["calls_unknown"] += 1
+            self._fire(f"call {tool}", ms, TimeoutError("no outcome within the call timeout"))
+        elif done.outcome is CallOutcome.OK:
+            c["calls_ok"] += 1
+            self._fire(f"call {tool}", ms, None)
+        else:
+            c["calls_unknown" if done.outcome is CallOutcome.UNKNOWN else "calls_failed"] += 1
+            self._fire(f"call {tool}", ms, RuntimeError(f"{done.outcome}: {done.reason}"))
+        return done
+
+    def _wait(self, handle: CallHandle) -> CallFinished | None:
+        key = handle.operation_key
+        self.driver.wait_for(lambda: key in self.finished, self.ctx.settings.call_timeout)
+        return self.finished.get(key)
+
+    def leave(self, timeout: float = 5.0) -> None:
+        if self.core.state in (State.SESSION_ACTIVE,):
+            self.driver.call(self.core.leave)
+            self.driver.wait_for(lambda: self.left is not None, timeout)
+        self.driver.stop()
+
+
+WORKER: list[WorkerContext] = []
+"""The worker's shared context, set by the locustfile's init hook (one per process)."""
+
+
+class McpUser(User):
+    """A Locust user that is a full MCP client; subclasses set tasks."""
+
+    abstract = True
+
+    def __init__(self, environment: Environment) -> None:
+        super().__init__(environment)
+        assert WORKER, "the locustfile must set the worker context in its init hook"
+        self.client = McpClient(environment, WORKER[0])
+
+    def on_start(self) -> None:
+        WORKER[0].counters["users"] += 1
+        self.client.connect()
+
+    def on_stop(self) -> None:
+        WORKER[0].counters["users"] -= 1
+        self.client.leave()
