@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import ssl
 import time
 from typing import Any
 
@@ -49,10 +50,10 @@ class WorkerContext:
         self.db = db
         self.budget = budget
         self.redactor = Redactor(key)
-        self.http = httpx.Client(
-            timeout=httpx.Timeout(connect=5.0, read=20.0, write=10.0, pool=60.0),
-            limits=httpx.Limits(max_connections=100_000, max_keepalive_connections=20_000),
-        )
+        # One TLS context for the process (building one per client costs milliseconds and
+        # memory); one small connection pool per client, because httpcore scans its pool on
+        # every request and a shared pool of thousands of open streams makes that quadratic.
+        self.ssl = ssl.create_default_context()
         self.index = index
         self._ids = itertools.count(1)
         self.counters: dict[str, int] = {
@@ -65,6 +66,13 @@ class WorkerContext:
             "duplicates": 0,
             "recoveries": 0,
         }
+
+    def http_client(self) -> httpx.Client:
+        return httpx.Client(
+            verify=self.ssl,
+            timeout=httpx.Timeout(connect=5.0, read=20.0, write=10.0, pool=60.0),
+            limits=httpx.Limits(max_connections=32, max_keepalive_connections=4),
+        )
 
     def next_client_id(self) -> str:
         return f"w{self.index}-u{next(self._ids)}"
@@ -98,7 +106,10 @@ class McpClient:
         self.finished: dict[str, CallFinished] = {}
         self.sessions = 0
         self.left: LeaveFinished | None = None
-        self.driver = SyncDriver(self.core, s.url, ctx.http, on_records=self._records, on_notice=self._notice)
+        self.http = ctx.http_client()
+        self.driver = SyncDriver(
+            self.core, s.url, self.http, on_records=self._records, on_notice=self._notice
+        )
         self._keys = itertools.count(1)
 
     # -- callbacks (under the driver's lock) -------------------------------------------
@@ -190,6 +201,7 @@ class McpClient:
             self.driver.call(self.core.leave)
             self.driver.wait_for(lambda: self.left is not None, timeout)
         self.driver.stop()
+        self.http.close()
 
 
 WORKER: list[WorkerContext] = []
