@@ -1,0 +1,451 @@
+"""One proxy of the nemesis (trio): accept on 127.0.0.1, connect to the upstream, and pass
+the bytes of each direction through the proxy's toxics.
+
+Per connection ("link") and direction, a reader task stamps each chunk with the time it
+was read and queues it; a writer task takes chunks one by one through the toxics of that
+direction, in the order they were added, then writes them. Toxics are looked up per chunk,
+so adding or removing one acts on live connections at once (as in Toxiproxy). Semantics
+follow Toxiproxy's toxics (see `lab.nemesis.toxics` for the attributes):
+
+- latency: a chunk leaves `latency ± jitter` after it was read (delays are pipelined, not
+  added up chunk after chunk); several latency toxics add up.
+- bandwidth: chunks are paced to `rate` KB/s, in pieces of at most 100 ms worth of data.
+- slicer: a chunk is cut into slices of `average_size ± size_variation`, `delay` µs apart.
+- limit_data: `bytes` pass (counted per connection and toxic), then the connection closes.
+- timeout: data is dropped; the connection closes `timeout` ms after the toxic first
+  applied to it (never, for 0). Removing the toxic closes the connections it applied to
+  (Toxiproxy does the same: their byte streams have a hole).
+- reset_peer: the first chunk after the toxic applies is dropped; `timeout` ms later the
+  connection is reset (RST, SO_LINGER 0) towards the receiving side of that direction.
+- slow_close: the end of the stream (EOF) is passed on `delay` ms late.
+- toxicity: rolled once per connection and toxic version (an update rolls again).
+
+A sleep inside a toxic ends early when that toxic is removed, and the data goes on at
+once ("never drop data on the floor", as Toxiproxy puts it). Unlike Toxiproxy, the end of
+one direction is passed on as a half-close (FIN), and the connection closes when both
+directions have ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import random
+import socket
+import struct
+import sys
+import traceback
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Final
+
+import trio
+
+from lab.nemesis.proxyspec import BIND_HOST, Address, ProxyConfig
+from lab.nemesis.toxics import ToxicSpec
+
+_READ_SIZE: Final = 16 * 1024
+_QUEUE_CHUNKS: Final = 16  # per direction: at most 256 KiB waits inside the proxy
+_CONNECT_TIMEOUT_S: Final = 5.0
+_ACCEPT_ERROR_PAUSE_S: Final = 0.1
+_IO_ERRORS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+type _Onward = Callable[[bytes, float], Awaitable[bool]]
+"""The continuation a toxic hands its output to (a piece, and when it left the toxic);
+it answers False when the connection is over."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToxicEntry:
+    """A toxic in a proxy's chain. `added_id` names it from its addition to its removal
+    (per-connection state such as limit_data's count is keyed by it); `version_id`
+    changes with every update (the toxicity roll is keyed by it)."""
+
+    spec: ToxicSpec
+    added_id: int
+    version_id: int
+
+
+class ToxicChain:
+    """The toxics of one proxy, in the order they were added, and a change signal."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, ToxicEntry] = {}
+        self._ids = itertools.count(1)
+        self._changed = trio.Event()
+
+    def get(self, name: str) -> ToxicEntry | None:
+        return self._entries.get(name)
+
+    def entries(self) -> list[ToxicEntry]:
+        return list(self._entries.values())
+
+    def for_stream(self, stream: str) -> list[ToxicEntry]:
+        return [e for e in self._entries.values() if e.spec.stream == stream]
+
+    def is_current(self, entry: ToxicEntry) -> bool:
+        """The toxic is still in the chain (possibly updated since)."""
+        now = self._entries.get(entry.spec.name)
+        return now is not None and now.added_id == entry.added_id
+
+    def add(self, spec: ToxicSpec) -> ToxicEntry:
+        if spec.name in self._entries:
+            raise KeyError(spec.name)
+        entry = ToxicEntry(spec, next(self._ids), next(self._ids))
+        self._entries[spec.name] = entry
+        self._notify()
+        return entry
+
+    def update(self, spec: ToxicSpec) -> ToxicEntry:
+        old = self._entries[spec.name]
+        entry = ToxicEntry(spec, old.added_id, next(self._ids))
+        self._entries[spec.name] = entry
+        self._notify()
+        return entry
+
+    def remove(self, name: str) -> ToxicEntry:
+        entry = self._entries.pop(name)
+        self._notify()
+        return entry
+
+    def changed_event(self) -> trio.Event:
+        """An event set at the next change of the chain."""
+        return self._changed
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+
+@dataclass(slots=True)
+class _ToxicState:
+    """Per-connection state of one toxic."""
+
+    paced_until: float = -math.inf  # bandwidth: when the last paced piece may leave
+    sent: int = 0  # limit_data: bytes passed so far
+    triggered: bool = False  # reset_peer: the reset is under way
+
+
+@dataclass(eq=False, slots=True)
+class Link:
+    """One proxied connection: its toxicity rolls, per-toxic state, and how it ended."""
+
+    number: int
+    rng: random.Random
+    rolls: dict[int, bool] = field(default_factory=dict)
+    state: dict[int, _ToxicState] = field(default_factory=dict)
+    scope: trio.CancelScope | None = None
+    end_reason: str | None = None
+    reset_side: str | None = None  # "client" | "upstream": the socket to close with RST
+    ended_directions: set[str] = field(default_factory=set)
+
+    def applies(self, entry: ToxicEntry) -> bool:
+        """Whether the toxic acts on this connection (toxicity, rolled once per version)."""
+        roll = self.rolls.get(entry.version_id)
+        if roll is None:
+            roll = self.rolls[entry.version_id] = self.rng.random() < entry.spec.toxicity
+        return roll
+
+    def state_for(self, entry: ToxicEntry) -> _ToxicState:
+        return self.state.setdefault(entry.added_id, _ToxicState())
+
+    def finish(self, reason: str, reset_side: str | None = None) -> None:
+        """End the connection (the first reason wins); its sockets close once its tasks stop."""
+        if self.end_reason is None:
+            self.end_reason = reason
+            self.reset_side = reset_side
+        if self.scope is not None:
+            self.scope.cancel()
+
+    def direction_ended(self, direction: str) -> None:
+        self.ended_directions.add(direction)
+        if len(self.ended_directions) == 2:
+            self.finish("closed")
+
+
+class Proxy:
+    """A proxy: its configuration, its toxics, and (while enabled) its listener and links."""
+
+    def __init__(self, config: ProxyConfig, rng: random.Random) -> None:
+        self.config = config
+        self.toxics = ToxicChain()
+        self._rng = rng
+        self._scope: trio.CancelScope | None = None
+        self._stopped: trio.Event | None = None
+        self._links: set[Link] = set()
+        self._numbers = itertools.count(1)
+
+    @property
+    def running(self) -> bool:
+        return self._scope is not None
+
+    def open_links(self) -> int:
+        return len(self._links)
+
+    def to_json(self) -> dict[str, object]:
+        """The proxy as the API shows it (with its toxics)."""
+        return {
+            "name": self.config.name,
+            "listen": str(self.config.listen),
+            "upstream": str(self.config.upstream),
+            "enabled": self.config.enabled,
+            "toxics": [e.spec.to_json() for e in self.toxics.entries()],
+        }
+
+    async def start(self, nursery: trio.Nursery) -> None:
+        """Bind the listen address (OSError if it cannot) and serve in `nursery`."""
+        if self._scope is not None:
+            return
+        listeners = await trio.open_tcp_listeners(self.config.listen.port, host=BIND_HOST)
+        listener = listeners[0]
+        for extra in listeners[1:]:  # 127.0.0.1 gives one; never serve another address
+            await extra.aclose()
+        port = listener.socket.getsockname()[1]
+        self.config = replace(self.config, listen=Address(BIND_HOST, port))
+        await nursery.start(self._serve, listener)
+
+    async def stop(self) -> None:
+        """Stop listening and drop every connection; returns once all are closed."""
+        scope, stopped = self._scope, self._stopped
+        if scope is None or stopped is None:
+            return
+        scope.cancel()
+        await stopped.wait()
+
+    async def _serve(self, listener: trio.SocketListener, *, task_status: trio.TaskStatus[None]) -> None:
+        stopped = trio.Event()
+        self._stopped = stopped
+        try:
+            with trio.CancelScope() as scope:
+                self._scope = scope
+                async with listener, trio.open_nursery() as links:
+                    task_status.started()
+                    while True:  # until the proxy stops (its cancel scope)
+                        try:
+                            stream = await listener.accept()
+                        except OSError:  # e.g. out of file descriptors: wait, do not spin
+                            await trio.sleep(_ACCEPT_ERROR_PAUSE_S)
+                            continue
+                        links.start_soon(self._serve_link, stream)
+        finally:
+            self._scope = None
+            stopped.set()
+
+    async def _serve_link(self, client: trio.SocketStream) -> None:
+        link = Link(next(self._numbers), self._rng)
+        upstream: trio.SocketStream | None = None
+        self._links.add(link)
+        try:
+            with trio.move_on_after(_CONNECT_TIMEOUT_S):
+                upstream = await trio.open_tcp_stream(self.config.upstream.host, self.config.upstream.port)
+            if upstream is None:
+                return
+            async with trio.open_nursery() as nursery:
+                link.scope = nursery.cancel_scope
+                nursery.start_soon(self._pump, link, "upstream", client, upstream)
+                nursery.start_soon(self._pump, link, "downstream", upstream, client)
+                nursery.start_soon(self._watch_timeouts, link)
+        except OSError:
+            pass  # the upstream refused: the client sees its connection closed, as with Toxiproxy
+        except Exception:  # a bug in one connection must not take the nemesis down
+            traceback.print_exc(file=sys.stderr)
+        finally:
+            self._links.discard(link)
+            _close(client, reset=link.reset_side == "client")
+            if upstream is not None:
+                _close(upstream, reset=link.reset_side == "upstream")
+
+    async def _pump(
+        self, link: Link, direction: str, source: trio.SocketStream, sink: trio.SocketStream
+    ) -> None:
+        send, recv = trio.open_memory_channel[tuple[bytes, float]](_QUEUE_CHUNKS)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_read_chunks, source, send)
+            ended = await self._write_chunks(link, direction, recv, sink)
+            nursery.cancel_scope.cancel()
+        if ended:
+            link.direction_ended(direction)
+        else:
+            link.finish(f"{direction} peer gone")
+
+    async def _write_chunks(
+        self,
+        link: Link,
+        direction: str,
+        recv: trio.MemoryReceiveChannel[tuple[bytes, float]],
+        sink: trio.SocketStream,
+    ) -> bool:
+        """Pass every chunk on, then the end of stream; False if the sink broke."""
+        async with recv:
+            async for data, read_at in recv:  # until the source ends
+                chain = [e for e in self.toxics.for_stream(direction) if link.applies(e)]
+                if not await self._through(link, direction, chain, 0, data, read_at, sink):
+                    return False
+        for entry in self.toxics.for_stream(direction):
+            if entry.spec.kind == "slow_close" and link.applies(entry):
+                await self._sleep_while_present(
+                    entry, trio.current_time() + entry.spec.attribute("delay") / 1000
+                )
+        try:
+            await sink.send_eof()
+        except _IO_ERRORS:
+            return False
+        return True
+
+    async def _through(
+        self,
+        link: Link,
+        direction: str,
+        chain: list[ToxicEntry],
+        index: int,
+        data: bytes,
+        read_at: float,
+        sink: trio.SocketStream,
+    ) -> bool:
+        """Take `data` through toxics `chain[index:]`, then write it; False ends the pump."""
+        if index == len(chain):
+            try:
+                await sink.send_all(data)
+            except _IO_ERRORS:
+                return False
+            return True
+        entry = chain[index]
+        spec = entry.spec
+
+        async def onward(piece: bytes, at: float) -> bool:
+            return await self._through(link, direction, chain, index + 1, piece, at, sink)
+
+        if spec.kind == "latency":
+            await self._sleep_while_present(entry, read_at + self._latency_s(spec))
+            return await onward(data, trio.current_time())
+        if spec.kind == "bandwidth":
+            return await self._pace(link, entry, data, onward)
+        if spec.kind == "slicer":
+            return await self._slice(entry, data, read_at, onward)
+        if spec.kind == "limit_data":
+            state = link.state_for(entry)
+            limit = spec.attribute("bytes")
+            piece = data[: max(0, limit - state.sent)]
+            if piece:
+                if not await onward(piece, read_at):
+                    return False
+                state.sent += len(piece)
+            if state.sent >= limit:
+                link.finish("limit_data")
+                return False
+            return True
+        if spec.kind == "timeout":
+            return True  # dropped; `_watch_timeouts` closes the connection when it is time
+        if spec.kind == "reset_peer":
+            state = link.state_for(entry)
+            if state.triggered:
+                return True
+            state.triggered = True  # this chunk is dropped; the reset follows
+            if await self._sleep_while_present(entry, trio.current_time() + spec.attribute("timeout") / 1000):
+                link.finish("reset_peer", "client" if direction == "downstream" else "upstream")
+                return False
+            state.triggered = False
+            return True
+        return await onward(data, read_at)  # slow_close acts at the end of the stream
+
+    def _latency_s(self, spec: ToxicSpec) -> float:
+        jitter = spec.attribute("jitter")
+        delay_ms = spec.attribute("latency") + (self._rng.randint(-jitter, jitter) if jitter else 0)
+        return max(0, delay_ms) / 1000
+
+    async def _pace(self, link: Link, entry: ToxicEntry, data: bytes, onward: _Onward) -> bool:
+        state = link.state_for(entry)
+        rate = entry.spec.attribute("rate") * 1000  # bytes per second
+        step = max(1, rate // 10)  # at most 100 ms worth of data per write keeps the rate smooth
+        for offset in range(0, len(data), step):
+            piece = data[offset : offset + step]
+            state.paced_until = max(trio.current_time(), state.paced_until) + len(piece) / rate
+            if not await self._sleep_while_present(entry, state.paced_until):
+                return await onward(data[offset:], trio.current_time())  # removed: the rest goes now
+            if not await onward(piece, trio.current_time()):
+                return False
+        return True
+
+    async def _slice(self, entry: ToxicEntry, data: bytes, read_at: float, onward: _Onward) -> bool:
+        delay_s = entry.spec.attribute("delay") / 1_000_000
+        bounds = list(_slice_bounds(len(data), entry.spec, self._rng))
+        for i, (start, end) in enumerate(bounds):
+            if not await onward(data[start:end], read_at):
+                return False
+            last = i + 1 == len(bounds)
+            if not last and not await self._sleep_while_present(entry, trio.current_time() + delay_s):
+                return await onward(data[end:], read_at)  # removed: the rest goes now
+        return True
+
+    async def _sleep_while_present(self, entry: ToxicEntry, until: float) -> bool:
+        """Sleep until `until` (trio clock); False as soon as the toxic leaves the chain."""
+        while True:  # bounded: each pass waits for a change, and the wait ends at `until`
+            if not self.toxics.is_current(entry):
+                return False
+            if trio.current_time() >= until:
+                return True
+            changed = self.toxics.changed_event()
+            with trio.move_on_at(until):
+                await changed.wait()
+
+    async def _watch_timeouts(self, link: Link) -> None:
+        """Close the connection when a timeout toxic's time is up, or when one that applied
+        to it is removed."""
+        since: dict[int, float] = {}  # added_id -> when the toxic first applied to this link
+        while True:  # until the connection ends (its cancel scope)
+            now = trio.current_time()
+            present = {e.added_id: e for e in self.toxics.entries() if e.spec.kind == "timeout"}
+            if any(added_id not in present for added_id in since):
+                link.finish("timeout toxic removed")
+                return
+            deadline = math.inf
+            for added_id, entry in present.items():
+                if not link.applies(entry):
+                    since.pop(added_id, None)
+                    continue
+                start = since.setdefault(added_id, now)
+                if entry.spec.attribute("timeout") > 0:
+                    deadline = min(deadline, start + entry.spec.attribute("timeout") / 1000)
+            if now >= deadline:
+                link.finish("timeout")
+                return
+            changed = self.toxics.changed_event()
+            with trio.move_on_at(deadline):
+                await changed.wait()
+
+
+async def _read_chunks(source: trio.SocketStream, send: trio.MemorySendChannel[tuple[bytes, float]]) -> None:
+    """Queue what the source sends, stamped with the time it was read; closing `send`
+    tells the writer the stream ended (EOF, or the source broke: both end the direction)."""
+    async with send:
+        while True:  # until EOF or an error on the source
+            try:
+                data = await source.receive_some(_READ_SIZE)
+            except _IO_ERRORS:
+                return
+            if not data:
+                return
+            try:
+                await send.send((data, trio.current_time()))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return  # the writer has stopped: the connection is ending
+
+
+def _slice_bounds(size: int, spec: ToxicSpec, rng: random.Random) -> Iterator[tuple[int, int]]:
+    average, variation = spec.attribute("average_size"), spec.attribute("size_variation")
+    start = 0
+    while start < size:  # each slice is at least 1 byte long
+        length = max(1, average + (rng.randint(-variation, variation) if variation else 0))
+        end = min(size, start + length)
+        yield start, end
+        start = end
+
+
+def _close(stream: trio.SocketStream, *, reset: bool) -> None:
+    """Close now (no checkpoint, so it also works in a cancelled scope); with `reset`, the
+    peer gets RST instead of FIN (SO_LINGER with a zero timeout)."""
+    if reset:
+        with contextlib.suppress(OSError):
+            stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    stream.socket.close()
