@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 SUBCOMMAND_MODULES: list[str] = [
     "lab.server.cli",
     "lab.nemesis.cli",
+    "lab.run.cli",
 ]
 """Modules with a `register(subparsers)` function adding their subcommand. They must not
 import anything heavy at module level (the work happens in the function they register)."""

@@ -212,7 +212,7 @@ class SqliteInbox:
                 db.execute("ROLLBACK")
             raise
         db.execute("RELEASE accept" if self._group is not None else "COMMIT")
-        if self._group is not None:
+        if self._group is not None and receipt.kind != "priming":
             self._group.commits += 1
 
     def receipts(self, since_accepted_at: float = 0.0) -> Iterator[InboxReceipt]:
@@ -262,7 +262,7 @@ class InboxDatabase:
         self.db = connect(self.path)
         self._in_tx = False
         self.commits = 0
-        """Events accepted through this file (for progress reports)."""
+        """Messages accepted through this file (priming events not counted), for progress."""
         self._inserts: dict[type[Any], str] = {}
         for rtype in RECORD_TYPES:
             cols = [f.name for f in fields(rtype)]

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import gevent
-from locust import between, events, task
+from locust import LoadTestShape, between, events, task
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
@@ -52,6 +52,20 @@ class LabUser(McpUser):
     @task(SETTINGS.mix.write)
     def write(self) -> None:
         self.client.call("ledger.append", {"entry": f"{self.client.client_id}@{time.time():.3f}"}, write=True)
+
+
+if SETTINGS.stages:
+
+    class ScenarioShape(LoadTestShape):
+        """The scenario's stages (phases or one ramp): users to reach by each `until`;
+        the run ends after the last stage (or earlier, when `lab run` stops it)."""
+
+        def tick(self) -> tuple[int, float] | None:
+            t = self.get_run_time()  # type: ignore[no-untyped-call]
+            for until, users, rate in SETTINGS.stages:
+                if t < until:
+                    return int(users), float(rate)
+            return None
 
 
 if not any((SETTINGS.mix.read, SETTINGS.mix.stream, SETTINGS.mix.write)):
@@ -107,9 +121,9 @@ def _init_master(environment: Environment, runner: MasterRunner, run_dir: Path) 
     def loop() -> None:
         while True:
             resplit()
-            live = {k: v for k, v in progress.items() if k in runner.clients}
+            # Workers that quit keep their last report: the totals never go backwards.
             total: dict[str, Any] = {"at": time.time(), "workers": len(runner.clients)}
-            for counters in live.values():
+            for counters in progress.values():
                 for k, v in counters.items():
                     if isinstance(v, int | float):
                         total[k] = total.get(k, 0) + v
@@ -127,7 +141,7 @@ def _init_worker(environment: Environment, runner: WorkerRunner, run_dir: Path) 
     db = InboxDatabase(run_dir / "clients" / f"worker-{index}.sqlite")
     provisional = split_budget(SETTINGS.reconnect_qps, [f"{i:04d}" for i in range(max(1, SETTINGS.workers))])
     share = provisional.get(f"{index % max(1, SETTINGS.workers):04d}", 1.0)
-    budget = ReconnectBudget(share, now=time.time())
+    budget = ReconnectBudget(share, burst=max(1.0, SETTINGS.reconnect_burst), now=time.time())
     ctx = WorkerContext(SETTINGS, db, budget, ledger_key(), index)
     WORKER.append(ctx)
 

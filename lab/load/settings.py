@@ -40,6 +40,8 @@ class LoadSettings:
     wait_max: float = 2.0
     reconnect_qps: float = 100.0
     """The global reconnect budget, split across workers by the master."""
+    reconnect_burst: float = 1.0
+    """Token-bucket depth of each worker's share (the per-second cap holds regardless)."""
     backoff_base: float = 0.25
     backoff_cap: float = 10.0
     max_attempts: int = 12
@@ -51,6 +53,9 @@ class LoadSettings:
     workers: int = 1
     """Worker processes expected: each starts with its share of the budget until the
     master's split arrives."""
+    stages: tuple[tuple[float, int, float], ...] = ()
+    """The load shape: (until seconds, users, spawn rate) — reach `users` by `until`.
+    Empty: Locust's -u/-r/-t decide."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -60,6 +65,7 @@ class LoadSettings:
         raw = json.loads(text)
         raw["mix"] = ToolMix(**raw.get("mix", {}))
         raw["tokens"] = tuple(tuple(t) for t in raw.get("tokens", ()))
+        raw["stages"] = tuple(tuple(t) for t in raw.get("stages", ()))
         return LoadSettings(**raw)
 
     @staticmethod

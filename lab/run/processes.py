@@ -7,6 +7,7 @@ nothing a run started outlives it. What was started and how it ended goes into r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -92,17 +93,17 @@ class ProcessGroup:
                     child.ready = line[len(prefix) :].strip()
                     return child.ready
             if not child.alive():
-                raise StartError(f"{child.name} exited with {child.proc.returncode} before it was ready:\n{child.tail()}")
+                raise StartError(
+                    f"{child.name} exited with {child.proc.returncode} before it was ready:\n{child.tail()}"
+                )
             time.sleep(0.05)
         raise StartError(f"{child.name} was not ready within {timeout:.0f}s:\n{child.tail()}")
 
     def stop(self, child: Child, *, grace: float = 10.0, sig: int = signal.SIGTERM) -> int:
         """Stop one child by PID (SIGTERM, then SIGKILL of its process group)."""
         if child.alive():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(child.pid, sig)
-            except ProcessLookupError:
-                pass
             try:
                 child.proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
@@ -116,10 +117,8 @@ class ProcessGroup:
 
     @staticmethod
     def _kill_group(child: Child) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(child.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
 
     def stop_all(self, grace: float = 10.0) -> None:
         """Stop every child, newest first (the load before the proxy before the server)."""

@@ -71,6 +71,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
+    import signal
     import socket
 
     import uvicorn
@@ -111,6 +112,12 @@ def run(args: argparse.Namespace) -> int:
         timeout_keep_alive=30,
         backlog=4096,
     )
-    Server(uv).run(sockets=[sock])
-    app.close()
+    # uvicorn re-raises SIGINT/SIGTERM once it has shut down gracefully; answer that with a
+    # clean exit, so that a stop by signal reads as exit 0 (it was not a crash).
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: sys.exit(0))
+    try:
+        Server(uv).run(sockets=[sock])
+    finally:
+        app.close()
     return 0

@@ -1,0 +1,1 @@
+"""`lab run`: the orchestrator of a whole run (processes, progress, run.json, the report)."""

@@ -1,0 +1,184 @@
+"""`lab run` with every real part: the ledgers of a short run, an interrupted run, refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.livesrv import LAB, ROOT
+
+pytestmark = pytest.mark.live
+HERE = Path(__file__).resolve().parent
+
+
+def run_folders(out: Path) -> list[Path]:
+    return sorted(p for p in out.iterdir() if p.is_dir()) if out.exists() else []
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purposes (its parent just has not reaped it).
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_bad_scenario_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('seed = "x"\n[load]\nusers = -3\n[[faults]]\nkind = "drop_priming"\nrate = 7\n')
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [LAB, "run", str(bad), "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 3
+    assert str(bad) in proc.stderr and "nothing was started" in proc.stderr
+    for key in ("seed", "load.users", "faults[0].rate"):
+        assert key in proc.stderr, f"the error should name {key}"
+    assert run_folders(out) == []
+
+
+def test_budget_below_the_workers_is_refused(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [LAB, "run", str(HERE / "mini.toml"), "--workers", "11", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 3 and "budget_qps" in proc.stderr
+    assert run_folders(out) == []
+
+
+@pytest.fixture(scope="module")
+def short_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    out = tmp_path_factory.mktemp("run") / "results"
+    proc = subprocess.run(
+        [LAB, "run", str(HERE / "mini.toml"), "--workers", "2", "--out", str(out), "--no-report"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    (folder,) = run_folders(out)
+    return folder, proc
+
+
+def test_short_run_completes_and_stops_everything(
+    short_run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    folder, proc = short_run
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = json.loads((folder / "run.json").read_text())
+    assert run["schema"] == "mcpLabRun.v1" and run["complete"] is True and run["end_reason"] == "duration"
+    names = {p["name"] for p in run["processes"]}
+    assert {"server", "mitmdump", "nemesis", "locust-master", "locust-worker-0", "locust-worker-1"} == names
+    for p in run["processes"]:
+        assert p["exit_code"] == 0, p
+        assert not pid_alive(p["pid"]), f"{p['name']} ({p['pid']}) is still running"
+    assert "[" in proc.stdout and "events" in proc.stdout  # progress lines were shown
+
+
+def test_two_workers_split_the_budget(short_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:
+    folder, _ = short_run
+    run = json.loads((folder / "run.json").read_text())
+    splits = run["budget_split"]
+    assert any(s["workers"] == 2 and s["shares"] == [5.0, 5.0] for s in splits), splits
+
+
+def test_ledgers_show_every_part_of_the_protocol(
+    short_run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    folder, _ = short_run
+    rows: list[tuple[str, str, int | None, int, str | None, float, float, str]] = []
+    for db_path in sorted((folder / "clients").glob("worker-*.sqlite")):
+        db = sqlite3.connect(db_path)
+        rows += db.execute(
+            "SELECT client_id, purpose, status, carried_session, last_event_id, started_at, ended_at, method"
+            " FROM http_exchanges"
+        ).fetchall()
+    purposes = {r[1] for r in rows}
+    assert {"initialize", "initialized", "standalone", "call", "resume", "delete"} <= purposes
+    assert any(r[1] == "resume" and r[4] and r[7] == "GET" for r in rows), (
+        "a resume is a GET with Last-Event-ID"
+    )
+    assert any(r[1] == "delete" and r[2] == 200 for r in rows), "clients DELETE their sessions when they stop"
+    # A 404 to a request that carried a session ID is followed by a new initialize.
+    by_client: dict[str, list[tuple[float, str, int | None, int]]] = {}
+    for r in rows:
+        by_client.setdefault(r[0], []).append((r[5], r[1], r[2], r[3]))
+    saw_404 = 0
+    for exchanges in by_client.values():
+        exchanges.sort()
+        for i, (t, purpose, status, carried) in enumerate(exchanges):
+            if status == 404 and carried and purpose != "delete":
+                saw_404 += 1
+                later = [e for e in exchanges[i + 1 :] if e[0] >= t]
+                assert later and later[0][1] == "initialize" and later[0][3] == 0
+    assert saw_404 > 0
+    server = sqlite3.connect(folder / "server" / "ledger.sqlite")
+    assert server.execute("SELECT COUNT(*) FROM sessions WHERE end_reason = 'deleted'").fetchone()[0] > 0
+    assert server.execute("SELECT COUNT(*) FROM events_sent WHERE replay = 1").fetchone()[0] > 0
+    tap = [json.loads(line) for line in (folder / "proxy" / "tap.jsonl").read_text().splitlines()]
+    fired = {f["fault"] for rec in tap if rec["type"] == "flow" for f in rec.get("faults") or ()}
+    fired |= {rec.get("fault") for rec in tap if rec["type"] in ("forwarded", "dropped", "fault")}
+    assert {"cut_stream", "expiry_race"} <= fired
+
+
+def test_interrupted_run_stops_everything_and_keeps_its_ledgers(tmp_path: Path) -> None:
+    out = tmp_path / "results"
+    proc = subprocess.Popen(
+        [LAB, "run", str(HERE / "long.toml"), "--out", str(out), "--no-report"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            folders = run_folders(out)
+            if folders and (folders[0] / "progress.json").exists():
+                progress = json.loads((folders[0] / "progress.json").read_text() or "{}")
+                if progress.get("accepted", 0) > 20:
+                    break
+            time.sleep(0.5)
+        else:
+            pytest.fail("the run did not get going")
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 2, output[-3000:]
+    assert "SIGINT" in output
+    (folder,) = run_folders(out)
+    run = json.loads((folder / "run.json").read_text())
+    assert run["complete"] is False and run["end_reason"] == "interrupted"
+    for p in run["processes"]:
+        assert not pid_alive(p["pid"]), f"{p['name']} ({p['pid']}) was left behind"
+    client = sqlite3.connect(next((folder / "clients").glob("worker-*.sqlite")))
+    assert client.execute("SELECT COUNT(*) FROM inbox").fetchone()[0] > 0
+    assert client.execute("SELECT COUNT(*) FROM http_exchanges").fetchone()[0] > 0
+    server = sqlite3.connect(folder / "server" / "ledger.sqlite")
+    assert server.execute("SELECT COUNT(*) FROM events_sent").fetchone()[0] > 0
+    assert (folder / "proxy" / "tap.jsonl").stat().st_size > 0
+
+
+def test_lab_run_help() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "lab.cli", "run", "--help"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert out.returncode == 0 and "exit with the verdict" in out.stdout.replace("\n", " ")
