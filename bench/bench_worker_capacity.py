@@ -42,7 +42,7 @@ def worker(url: str, clients: int, steps: int, tmp: str) -> None:
 
     settings = LoadSettings(url=url, run_dir=tmp, reconnect_qps=1000.0)
     db = InboxDatabase(Path(tmp) / "worker.sqlite")
-    ctx = WorkerContext(settings, db, ReconnectBudget(1000.0), b"k" * 32, 0)
+    ctx = WorkerContext(settings, db, ReconnectBudget(1000.0), b"k" * 32, "0")
     env = Environment()
     held: list[McpClient] = []
     base = rss_kib()

@@ -4,7 +4,8 @@ Started by `lab run` (never by hand): `locust -f lab/load/locustfile.py ...` wit
 LAB_LOCUST_SETTINGS and LAB_LEDGER_KEY in the environment.
 
 - Every worker keeps one durable inbox/outbox + client ledger file,
-  `<run>/clients/worker-<index>.sqlite`, group-committed every 200 ms and at exit.
+  `<run>/clients/worker-<name>.sqlite` (the index `lab run` gives, or the host name),
+  group-committed every 200 ms and at exit.
 - The master splits the global reconnect budget across the connected workers (whole
   shares, `split_budget`) and re-splits when workers join or leave; each worker's token
   bucket takes its share (`lab_budget` message). Splits are logged to
@@ -18,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -137,12 +139,12 @@ def _init_master(environment: Environment, runner: MasterRunner, run_dir: Path) 
 
 
 def _init_worker(environment: Environment, runner: WorkerRunner, run_dir: Path) -> None:
-    index = _worker_index()
-    db = InboxDatabase(run_dir / "clients" / f"worker-{index}.sqlite")
-    provisional = split_budget(SETTINGS.reconnect_qps, [f"{i:04d}" for i in range(max(1, SETTINGS.workers))])
-    share = provisional.get(f"{index % max(1, SETTINGS.workers):04d}", 1.0)
+    name = _worker_name()
+    db = InboxDatabase(run_dir / "clients" / f"worker-{name}.sqlite")
+    # Until the master's split arrives, a worker takes an even whole share (never more).
+    share = float(max(1, int(SETTINGS.reconnect_qps) // max(1, SETTINGS.workers)))
     budget = ReconnectBudget(share, burst=max(1.0, SETTINGS.reconnect_burst), now=time.time())
-    ctx = WorkerContext(SETTINGS, db, budget, ledger_key(), index)
+    ctx = WorkerContext(SETTINGS, db, budget, ledger_key(), name)
     WORKER.append(ctx)
 
     def on_budget(environment: Environment, msg: Any, **_: Any) -> None:
@@ -166,6 +168,7 @@ def _init_worker(environment: Environment, runner: WorkerRunner, run_dir: Path) 
         db.close()
 
 
-def _worker_index() -> int:
-    """A stable index per worker process: given by `lab run` (LAB_WORKER_INDEX)."""
-    return int(os.environ.get("LAB_WORKER_INDEX", "0"))
+def _worker_name() -> str:
+    """Names this worker's ledger file and prefixes its client IDs (unique in the run):
+    LAB_WORKER_INDEX from `lab run`, else the host name (a compose replica's container)."""
+    return os.environ.get("LAB_WORKER_INDEX") or socket.gethostname()

@@ -44,7 +44,7 @@ class WorkerContext:
     reconnect budget, the HTTP client, counters for progress."""
 
     def __init__(
-        self, settings: LoadSettings, db: InboxDatabase, budget: ReconnectBudget, key: bytes, index: int
+        self, settings: LoadSettings, db: InboxDatabase, budget: ReconnectBudget, key: bytes, name: str
     ):
         self.settings = settings
         self.db = db
@@ -54,7 +54,7 @@ class WorkerContext:
         # memory); one small connection pool per client, because httpcore scans its pool on
         # every request and a shared pool of thousands of open streams makes that quadratic.
         self.ssl = ssl.create_default_context()
-        self.index = index
+        self.name = name
         self._ids = itertools.count(1)
         self.counters: dict[str, int] = {
             "users": 0,
@@ -75,7 +75,7 @@ class WorkerContext:
         )
 
     def next_client_id(self) -> str:
-        return f"w{self.index}-u{next(self._ids)}"
+        return f"w{self.name}-u{next(self._ids)}"
 
 
 class McpClient:

@@ -126,12 +126,14 @@ class Run:
         self._toxics_thread: threading.Thread | None = None
         self.client_url = ""
         self.locust_master: Child | None = None
+        self.client_tokens: tuple[tuple[str, str], ...] = tuple(sorted(self.sc.target.tokens.items()))
         self.essential: list[Child] = []
 
     # ------------------------------------------------------------------ checks
 
-    def check(self) -> None:
-        """What can be refused before anything starts."""
+    def check(self, *, compose: bool = False) -> None:
+        """What can be refused before anything starts. In compose mode the parts are other
+        containers, reached by service name: the loopback rule is the engine's network's."""
         if self.workers < 1:
             raise RunError("--workers must be at least 1")
         if self.sc.reconnect.budget_qps < self.workers:
@@ -139,6 +141,8 @@ class Run:
                 f"{self.sc.path}: reconnect.budget_qps is {self.sc.reconnect.budget_qps:g}, below the number of "
                 f"workers ({self.workers}): each worker needs a whole reconnect per second of the budget"
             )
+        if compose:
+            return
         if self.target != "reference" and not _is_loopback(self.target):
             raise RunError(f"target {self.target}: this lab only sends traffic to 127.0.0.1 (loopback)")
         if self.target != "reference" and any(str(r.kind) == "expiry_race" for r in self.sc.faults):
@@ -345,7 +349,7 @@ class Run:
             run_dir=str(self.dir),
             protocol_version=self.sc.target.protocol_version,
             origin=_client_origin(self.sc.target.allowed_origins),
-            tokens=tuple(sorted(self.sc.target.tokens.items())),
+            tokens=self.client_tokens,
             mix=ToolMix(**{k: int(v) for k, v in load.mix.items()}),
             ticker=ticker,
             wait_min=load.wait_min,
@@ -477,6 +481,30 @@ class Run:
         tmp = self.dir / "run.json.tmp"
         tmp.write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
         os.replace(tmp, self.dir / "run.json")
+
+    def prepare(self, client_url: str, *, run_schedule: bool) -> int:
+        """Compose mode: containers run the parts; this writes their inputs into the run
+        folder (fault plan, Locust settings, run.json) and, given a Toxiproxy API, carries
+        out the scenario's toxics schedule until the scenario's horizon."""
+        self.check(compose=True)
+        for sub in ("clients", "server", "proxy", "logs"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        self.client_url = client_url
+        self.run_start = time.time()
+        self.end_reason = "compose"
+        self._write_plan(self.dir / "proxy" / "plan.json", self.run_start)
+        (self.dir / "locust-settings.json").write_text(self._load_settings().to_json(), encoding="utf-8")
+        self._write_run_json()
+        self.say(f"prepared {self.dir}")
+        if run_schedule and self.opts.toxiproxy is not None:
+            from lab.nemesis.client import ToxiproxyClient, wait_until_up
+
+            self.toxiproxy = ToxiproxyClient(self.opts.toxiproxy)
+            wait_until_up(self.toxiproxy, within=60.0)
+            self._start_toxics()
+            if self._toxics_thread is not None:
+                self._toxics_thread.join(timeout=self.sc.horizon + 30)
+        return 0
 
     def _report(self) -> int:
         self.say("checking the ledgers ...")
