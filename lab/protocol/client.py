@@ -21,8 +21,12 @@ Rules it keeps (SPEC.md):
 - a lost stream is resumed with GET + `Last-Event-ID` = the inbox watermark of *that*
   stream, after checking the cursor belongs to this session and stream; never earlier
   than the server's `retry` / `Retry-After`, with backoff and jitter otherwise, and only
-  when the shared `ReconnectBudget` grants a token;
+  when the shared `ReconnectBudget` grants a token. A call whose stream cannot be resumed
+  (no cursor, or the server refused it) is re-sent with the same idempotency key;
 - DELETE on leave; 405 means "termination unsupported", never a deletion receipt.
+
+Every reconnect — resume, new handshake, re-sent call, reopened standalone stream,
+repeated DELETE — is a `PendingReconnect`: planned, then let through by the budget.
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ from lab.protocol.event_ids import (
     post_stream_id,
     session_tag,
 )
-from lab.protocol.reconnect import BackoffPolicy, ReconnectBudget, parse_retry_after, plan_reconnect
+from lab.protocol.reconnect import BackoffPolicy, PendingReconnect, ReconnectBudget, parse_retry_after
 from lab.protocol.records import (
     EventRejected,
     HttpExchange,
@@ -102,6 +106,9 @@ IDEMPOTENCY_META = "mcp-lab/idempotency-key"
 _RETRY_STATUSES = frozenset({429, 503})
 _UNKNOWN_STATUSES = frozenset({502, 504})
 _CURSOR_REFUSED_STATUSES = frozenset({400, 405, 409, 410, 422})
+_UNTRUSTED_CONNECTION = frozenset(
+    {RejectReason.CURSOR_GAP, RejectReason.PROTOCOL_VERSION_MISMATCH, RejectReason.SUBJECT_MISMATCH}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +134,17 @@ class ClientConfig:
             raise LocalProtocolError("max_attempts must be >= 1")
 
 
+@dataclass(slots=True)
+class _Recovery:
+    """A call's recovery, from its first loss to its next accepted message (or its end)."""
+
+    stream_key: str
+    cause: str
+    lost_at: float
+    attempts: int = 0
+    reinitialized: bool = False
+
+
 @dataclass(eq=False, slots=True)
 class _Call:
     handle: CallHandle
@@ -136,19 +154,10 @@ class _Call:
     attempts: int = 0
     request_id: int | None = None
     stream_key: str | None = None
-    generation: int = 0
     queued: bool = True
     done: bool = False
-    resend_at: float | None = None
-    resend_cause: str = ""
-    resend_advised: float | None = None
-    resend_planned: float = 0.0
-    resend_attempt: int = 0
-    lost_at: float | None = None
-    recovery_cause: str = ""
-    recovery_stream: str | None = None
-    recovery_reinit: bool = False
-    recovery_attempts: int = 0
+    resend: PendingReconnect = field(default_factory=PendingReconnect)
+    recovery: _Recovery | None = None
 
 
 @dataclass(eq=False, slots=True)
@@ -162,12 +171,7 @@ class _Stream:
     conn_id: int | None
     ended: bool = False
     retry_ms: int | None = None
-    lost_at: float | None = None
-    cause: str = ""
-    attempt: int = 0
-    next_at: float | None = None
-    advised: float | None = None
-    planned: float = 0.0
+    resume: PendingReconnect = field(default_factory=PendingReconnect)
 
     @property
     def state(self) -> State:
@@ -228,30 +232,14 @@ class ClientCore:
         self._next_request = 1
         self._next_standalone = 1
         self._standalone: str | None = None
-        self._standalone_pending = False
-        self._standalone_refused = False
-        self._reinit_at: float | None = None
-        self._reinit_cause = ""
-        self._reinit_lost_at = 0.0
-        self._reinit_attempt = 0
-        self._reinit_advised: float | None = None
-        self._reinit_planned = 0.0
-        self._reinit_counts = False
-        self._leaving = False
-        self._delete_at: float | None = None
-        self._delete_attempt = 0
-        self._delete_lost_at = 0.0
-        self._delete_cause = ""
-        self._delete_advised: float | None = None
-        self._delete_planned = 0.0
         self._pending_session_id: str | None = None
-        self._reopen_at: float | None = None
-        self._reopen_lost_at: float | None = None
+        self._reinit = PendingReconnect()
+        self._after_loss = False
+        """The handshake in progress replaces a session that was lost (not the first one)."""
+        self._reopen = PendingReconnect()
         self._reopen_from: str | None = None
-        self._reopen_cause = ""
-        self._reopen_attempt = 0
-        self._reopen_advised: float | None = None
-        self._reopen_planned = 0.0
+        self._leaving = False
+        self._delete = PendingReconnect()
 
     # ------------------------------------------------------------------ public API
 
@@ -274,7 +262,7 @@ class ClientCore:
 
     def connect(self, now: float) -> list[Command]:
         """Start the first handshake."""
-        if self.session.state is not State.REINITIALIZE_REQUIRED or self._reinit_at is not None:
+        if self.session.state is not State.REINITIALIZE_REQUIRED or self._reinit.at is not None:
             raise LocalProtocolError(f"connect() in {self.session.state}")
         return self._send_initialize(now)
 
@@ -295,7 +283,7 @@ class ClientCore:
             raise LocalProtocolError(f"operation {key!r} already exists; use retry_call()")
         call = _Call(CallHandle(key, name), dict(arguments), write, now)
         self.calls[key] = call
-        return call.handle, self._send_call_if_possible(call, now)
+        return call.handle, self._send_call(call, now)
 
     def retry_call(self, handle: CallHandle, now: float) -> list[Command]:
         """Explicitly re-run an operation whose outcome was UNKNOWN (same idempotency key)."""
@@ -303,8 +291,8 @@ class ClientCore:
         if not call.done:
             raise LocalProtocolError(f"operation {handle.operation_key!r} is still running")
         call.done = False
-        call.queued = True
-        return self._send_call_if_possible(call, now)
+        call.resend = PendingReconnect()
+        return self._send_call(call, now)
 
     def cancel(self, handle: CallHandle, now: float, reason: str = "cancelled by user") -> list[Command]:
         """Cancel = `notifications/cancelled`, never just a dropped connection."""
@@ -318,53 +306,52 @@ class ClientCore:
         st = self.streams.get(call.stream_key or "")
         if st is not None and st.machine.can(Trigger.CANCELLED):
             st.machine.process(Trigger.CANCELLED)
-            cmds.extend(self._close_stream_conn(st, now, "cancelled"))
+            cmds += self._close_stream_conn(st, now, "cancelled")
         self._finish_call(call, CallOutcome.CANCELLED, now, reason=reason)
         return cmds
 
     def leave(self, now: float) -> list[Command]:
         """Close streams and DELETE the session."""
         self._leaving = True
+        self._reopen.cancel()
         cmds: list[Command] = []
         for st in list(self.streams.values()):
-            if st.call is None and not st.machine.is_terminal:
-                if st.machine.can(Trigger.CANCELLED):
-                    st.machine.process(Trigger.CANCELLED)
-                cmds.extend(self._close_stream_conn(st, now, "leaving"))
+            if st.call is None and st.machine.can(Trigger.CANCELLED):
+                st.machine.process(Trigger.CANCELLED)
+                cmds += self._close_stream_conn(st, now, "leaving")
         if self.session.state is State.SESSION_ACTIVE and self.session_id is not None:
             self.session.process(Trigger.DELETE_SENT)
-            self._delete_lost_at = now
+            self._delete.lose(now, "leaving")
             cmds.append(self._open(Purpose.DELETE, "DELETE", now))
         elif self.session.state is State.SESSION_ACTIVE:
             self.notices.append(LeaveFinished(LeaveReceipt.NO_SESSION, now))
         return cmds
 
+    def _pendings(self) -> list[PendingReconnect]:
+        out = [self._reinit, self._delete, self._reopen]
+        out += [st.resume for st in self.streams.values()]
+        out += [c.resend for c in self.calls.values()]
+        return out
+
     def next_wakeup(self) -> float | None:
-        times = [st.next_at for st in self.streams.values() if st.next_at is not None]
-        times += [c.resend_at for c in self.calls.values() if c.resend_at is not None]
-        if self._reinit_at is not None:
-            times.append(self._reinit_at)
-        if self._delete_at is not None:
-            times.append(self._delete_at)
-        if self._reopen_at is not None:
-            times.append(self._reopen_at)
+        times = [p.at for p in self._pendings() if p.at is not None]
         return min(times) if times else None
 
     def tick(self, now: float) -> list[Command]:
         """Run whatever is due at `now` (reconnects held by backoff or the budget)."""
         cmds: list[Command] = []
-        if self._reinit_at is not None and now >= self._reinit_at:
-            cmds.extend(self._due_reinit(now))
-        if self._delete_at is not None and now >= self._delete_at:
-            cmds.extend(self._due_delete(now))
-        if self._reopen_at is not None and now >= self._reopen_at:
-            cmds.extend(self._due_reopen(now))
+        if self._reinit.due(now):
+            cmds += self._go_reinit(now)
+        if self._delete.due(now):
+            cmds += self._go_delete(now)
+        if self._reopen.due(now):
+            cmds += self._go_reopen(now)
         for st in list(self.streams.values()):
-            if st.next_at is not None and now >= st.next_at:
-                cmds.extend(self._due_resume(st, now))
+            if st.resume.due(now):
+                cmds += self._go_resume(st, now)
         for call in list(self.calls.values()):
-            if call.resend_at is not None and now >= call.resend_at:
-                cmds.extend(self._due_resend(call, now))
+            if call.resend.due(now):
+                cmds += self._go_resend(call, now)
         return cmds
 
     # ------------------------------------------------------------------ driver events
@@ -414,7 +401,7 @@ class ClientCore:
             return []
         cmds: list[Command] = []
         for ev in conn.decoder.feed(data):
-            cmds.extend(self._on_event(conn, ev, now))
+            cmds += self._on_event(conn, ev, now)
             if conn_id not in self._conns:
                 break
         return cmds
@@ -486,16 +473,9 @@ class ClientCore:
         with_session = purpose is not Purpose.INITIALIZE
         headers = self._headers(conn_id, purpose, with_session=with_session, last_event_id=last_event_id)
         view = ConnectionView(conn_id, self.generation, self.protocol_version, self._subject)
+        carried = with_session and self.session_id is not None
         self._conns[conn_id] = _Conn(
-            conn_id,
-            purpose,
-            method,
-            view,
-            now,
-            stream_key,
-            call,
-            with_session and self.session_id is not None,
-            last_event_id,
+            conn_id, purpose, method, view, now, stream_key, call, carried, last_event_id
         )
         data = None if body is None else jsonrpc.dumps(body).encode("utf-8")
         return SendRequest(conn_id, purpose, method, headers, data)
@@ -527,33 +507,67 @@ class ClientCore:
         self._end(conn, now, reason)
         return [CloseConnection(conn.conn_id)]
 
+    def _attempted(
+        self, kind: str, stream_key: str | None, p: PendingReconnect, now: float, conn_id: int
+    ) -> None:
+        """Write the reconnect that `p` just let through (before counting it)."""
+        lost = p.lost_at if p.lost_at is not None else now
+        self.records.append(
+            ReconnectAttempt(
+                self.config.client_id,
+                kind,
+                stream_key,
+                p.cause,
+                p.advised,
+                p.planned,
+                lost,
+                now,
+                now - lost,
+                p.attempt,
+                conn_id,
+                self.generation,
+            )
+        )
+        p.went(now)
+
+    def _session_event(self, what: str, now: float, *, version: str | None = None) -> None:
+        self.records.append(
+            SessionEvent(self.config.client_id, self.session_pseudonym, self.generation, what, version, now)
+        )
+
     # ------------------------------------------------------------------ handshake
 
     def _send_initialize(self, now: float) -> list[Command]:
         self.session.process(Trigger.INITIALIZE_SENT)
         self.session_id = None
         self._pending_session_id = None
-        rid = self._new_request_id()
-        body = jsonrpc.request(
-            rid,
-            jsonrpc.INITIALIZE,
-            {
-                "protocolVersion": self.config.protocol_version,
-                "capabilities": {},
-                "clientInfo": {"name": self.config.client_name, "version": "1"},
-            },
-        )
+        params = {
+            "protocolVersion": self.config.protocol_version,
+            "capabilities": {},
+            "clientInfo": {"name": self.config.client_name, "version": "1"},
+        }
+        body = jsonrpc.request(self._new_request_id(), jsonrpc.INITIALIZE, params)
         return [self._open(Purpose.INITIALIZE, "POST", now, body=body)]
 
     def _initialize_body(self, conn: _Conn, now: float) -> list[Command]:
         self._end(conn, now, "")
-        if conn.status != 200:
-            return self._initialize_failed(conn, now, f"http_{conn.status}", ended=True)
         try:
             msg = jsonrpc.parse_message(bytes(conn.body))
         except RemoteProtocolError as e:
             return self._initialize_failed(conn, now, f"bad_initialize_result: {e}", ended=True)
         return self._initialize_result(conn, msg, now)
+
+    def _initialize_event(self, conn: _Conn, ev: SseEvent, now: float) -> list[Command]:
+        """The InitializeResult creates the session, so it cannot go through the session's door."""
+        if not ev.is_message:
+            return []
+        try:
+            init = jsonrpc.parse_message(ev.data)
+        except RemoteProtocolError:
+            return []
+        if not init.kind.is_response:
+            return []
+        return self._abort(conn, now, "") + self._initialize_result(conn, init, now)
 
     def _initialize_result(self, conn: _Conn, msg: jsonrpc.Message, now: float) -> list[Command]:
         result = msg.body.get("result")
@@ -572,31 +586,19 @@ class ClientCore:
         self.protocol_version = str(version)
         self.structured_ids = isinstance(ids, dict) and ids.get("scheme") == "e1" and self._tag is not None
         self.server_generation = None
-        self._standalone_refused = False
-        reinit = self._reinit_counts
-        self._reinit_attempt = 0
-        self._reinit_counts = False
-        self.records.append(
-            SessionEvent(
-                self.config.client_id,
-                self.session_pseudonym,
-                self.generation,
-                "established",
-                self.protocol_version,
-                now,
-            )
-        )
+        after_loss, self._after_loss = self._after_loss, False
+        self._reinit.recovered()
+        self._session_event("established", now, version=self.protocol_version)
         self.notices.append(SessionEstablished(self.generation, self.protocol_version, now))
-        cmds: list[Command] = [
-            self._open(Purpose.INITIALIZED, "POST", now, body=jsonrpc.notification(jsonrpc.INITIALIZED))
-        ]
+        initialized = jsonrpc.notification(jsonrpc.INITIALIZED)
+        cmds: list[Command] = [self._open(Purpose.INITIALIZED, "POST", now, body=initialized)]
         if self.config.open_standalone_stream and not self._leaving:
             cmds.append(self._open_standalone(now))
         for call in self.calls.values():
-            if reinit and call.lost_at is not None:
-                call.recovery_reinit = True
-            if call.queued and not call.done and call.resend_at is None:
-                cmds.extend(self._send_call_if_possible(call, now))
+            if after_loss and call.recovery is not None:
+                call.recovery.reinitialized = True
+            if call.queued and not call.done and call.resend.at is None:
+                cmds += self._send_call(call, now)
         return cmds
 
     def _initialize_failed(
@@ -608,51 +610,19 @@ class ClientCore:
         self.records.append(
             SessionEvent(self.config.client_id, None, self.generation, "initialize_failed", None, now)
         )
-        if self._reinit_attempt == 0 and not self._reinit_counts:
-            self._reinit_lost_at = now
-        self._schedule_reinit(now, cause, conn.retry_after)
+        self._reinit.lose(now, cause)
+        self._reinit.schedule(now, self.config.backoff, self.rng, retry_after=conn.retry_after)
         return cmds
 
-    def _schedule_reinit(self, now: float, cause: str, retry_after: float | None) -> None:
-        plan = plan_reconnect(
-            now, self._reinit_attempt, self.config.backoff, self.rng, retry_after=retry_after
-        )
-        self._reinit_at = plan.at
-        self._reinit_cause = cause
-        self._reinit_advised = plan.advised_delay
-        self._reinit_planned = plan.delay
-
-    def _due_reinit(self, now: float) -> list[Command]:
-        if not self.budget.try_acquire(now):
-            self._reinit_at = self._budget_retry_time(now)
+    def _go_reinit(self, now: float) -> list[Command]:
+        if not self._reinit.acquire(now, self.budget, self.rng):
             return []
-        self._reinit_at = None
         cmds = self._send_initialize(now)
         send = cmds[0]
         assert isinstance(send, SendRequest)
-        self.records.append(
-            ReconnectAttempt(
-                self.config.client_id,
-                "reinitialize",
-                None,
-                self._reinit_cause,
-                self._reinit_advised,
-                self._reinit_planned,
-                self._reinit_lost_at,
-                now,
-                now - self._reinit_lost_at,
-                self._reinit_attempt,
-                send.conn_id,
-                self.generation,
-            )
-        )
-        self._reinit_attempt += 1
-        self._reinit_counts = True
+        self._attempted("reinitialize", None, self._reinit, now, send.conn_id)
+        self._after_loss = True
         return cmds
-
-    def _budget_retry_time(self, now: float) -> float:
-        # A little jitter so that every stream held by the budget does not fire at the same instant.
-        return self.budget.next_available(now) + self.rng.random() * 0.05
 
     def _session_not_found(self, conn: _Conn, now: float) -> list[Command]:
         """404 to a request that carried the session ID: the session is gone."""
@@ -664,47 +634,41 @@ class ClientCore:
         if self.session.state is not State.SESSION_ACTIVE:
             return cmds
         self.session.process(Trigger.SESSION_NOT_FOUND)
-        self.records.append(
-            SessionEvent(self.config.client_id, self.session_pseudonym, self.generation, "expired", None, now)
-        )
-        cmds.extend(self._drop_session_streams(now, "session_not_found"))
+        self._session_event("expired", now)
+        cmds += self._drop_session_streams(now, "session_not_found")
         self.session.process(Trigger.REINITIALIZE)
-        self._reinit_lost_at = now
-        self._reinit_attempt = 0
-        self._reinit_counts = True
         if self._leaving:
             self.notices.append(LeaveFinished(LeaveReceipt.ALREADY_GONE, now))
             return cmds
         # The new handshake is the very next request: at once, but as a reconnect it still
         # waits for the budget (nothing else is sent meanwhile: the session is not active).
-        self._reinit_at = now
-        self._reinit_cause = "session_not_found"
-        self._reinit_advised = None
-        self._reinit_planned = 0.0
-        return cmds + self._due_reinit(now)
+        self._reinit.lose(now, "session_not_found")
+        self._reinit.schedule(now, self.config.backoff, self.rng, immediate=True)
+        return cmds + self._go_reinit(now)
 
     def _drop_session_streams(self, now: float, reason: str) -> list[Command]:
         """End every stream of the lost session; calls in flight become outcome-UNKNOWN."""
         cmds: list[Command] = []
-        unknown: list[CallHandle] = []
         for st in list(self.streams.values()):
             if st.machine.can(Trigger.SESSION_GONE):
                 st.machine.process(Trigger.SESSION_GONE)
-            st.next_at = None
-            cmds.extend(self._close_stream_conn(st, now, reason))
+            cmds += self._close_stream_conn(st, now, reason)
         for conn in list(self._conns.values()):
             if conn.view.session_generation == self.generation and conn.purpose is not Purpose.INITIALIZE:
-                cmds.extend(self._abort(conn, now, reason))
+                cmds += self._abort(conn, now, reason)
+        unknown: list[CallHandle] = []
         for call in self.calls.values():
-            if not call.done and not call.queued:
+            if call.done:
+                continue
+            if call.resend.at is not None:
+                # A re-send held back (429/503) was never processed: it waits for the new session.
+                call.resend.cancel()
+                call.queued = True
+            elif not call.queued:
                 unknown.append(call.handle)
                 self._finish_call(call, CallOutcome.UNKNOWN, now, reason=reason)
-            elif not call.done and call.resend_at is not None:
-                # A re-send held back (429/503) was never processed: it can wait for the new session.
-                call.resend_at = None
-                call.queued = True
         self._standalone = None
-        self._standalone_pending = False
+        self._reopen.recovered()
         self.notices.append(SessionLost(self.generation, now, reason, tuple(unknown)))
         return cmds
 
@@ -715,114 +679,82 @@ class ClientCore:
         self._next_request += 1
         return rid
 
-    def _send_call_if_possible(self, call: _Call, now: float) -> list[Command]:
+    def _send_call(self, call: _Call, now: float) -> list[Command]:
+        """Send an attempt of the call now if the session is active; else it stays queued."""
         if self.session.state is not State.SESSION_ACTIVE or self._leaving:
             call.queued = True
             return []
         call.queued = False
         call.attempts += 1
-        call.generation = self.generation
         rid = self._new_request_id()
         call.request_id = rid
-        key = f"post:{rid}"
-        call.stream_key = key
+        call.stream_key = key = f"post:{rid}"
         meta: dict[str, Any] = {"progressToken": rid, IDEMPOTENCY_META: call.handle.operation_key}
-        body = jsonrpc.request(
-            rid, "tools/call", {"name": call.handle.tool, "arguments": call.arguments, "_meta": meta}
-        )
+        params = {"name": call.handle.tool, "arguments": call.arguments, "_meta": meta}
+        body = jsonrpc.request(rid, "tools/call", params)
         return [self._open(Purpose.CALL, "POST", now, body=body, stream_key=key, call=call)]
+
+    def _new_stream(
+        self, conn: _Conn, request_id: int | None, call: _Call | None, sid: str | None
+    ) -> _Stream:
+        assert conn.stream_key is not None
+        st = _Stream(
+            conn.stream_key, Machine(Role.STREAM), self.generation, request_id, call, sid, conn.conn_id
+        )
+        self.streams[st.key] = st
+        return st
 
     def _call_head(self, conn: _Conn, now: float) -> list[Command]:
         call = conn.call
-        assert call is not None and conn.stream_key is not None
+        assert call is not None
         status = conn.status or 0
         if status == 200:
             if conn.sse:
-                sid = (
-                    post_stream_id(self._tag, call.request_id or 0)
-                    if self.structured_ids and self._tag
-                    else None
-                )
-                st = _Stream(
-                    conn.stream_key,
-                    Machine(Role.STREAM),
-                    self.generation,
-                    call.request_id,
-                    call,
-                    sid,
-                    conn.conn_id,
-                )
-                self.streams[st.key] = st
+                structured = self.structured_ids and self._tag is not None
+                sid = post_stream_id(self._tag or "", call.request_id or 0) if structured else None
+                self._new_stream(conn, call.request_id, call, sid)
             return []
+        cmds = self._abort(conn, now, f"http_{status}")
         if status in _RETRY_STATUSES or status in _UNKNOWN_STATUSES:
             # 429/503: refused before processing; 502/504: unknown, safe to re-send only
             # because the idempotency key travels with the new request.
-            cmds = self._abort(conn, now, f"http_{status}")
             self._schedule_resend(call, now, f"http_{status}", conn.retry_after)
-            return cmds
-        cmds = self._abort(conn, now, f"http_{status}")
-        self._finish_call(call, CallOutcome.ERROR, now, reason=f"http_{status}")
+        else:
+            self._finish_call(call, CallOutcome.ERROR, now, reason=f"http_{status}")
         return cmds
 
     def _json_call_body(self, conn: _Conn, now: float) -> list[Command]:
         """A request answered with `application/json`: one message, no event ID, no cursor."""
         call = conn.call
-        assert call is not None and conn.stream_key is not None
-        st = _Stream(
-            conn.stream_key, Machine(Role.STREAM), self.generation, call.request_id, call, None, conn.conn_id
-        )
-        self.streams[st.key] = st
-        ev = SseEvent(data=bytes(conn.body).decode("utf-8", errors="replace"))
-        cmds = self._on_event(conn, ev, now)
+        assert call is not None
+        self._new_stream(conn, call.request_id, call, None)
+        cmds = self._on_event(conn, SseEvent(data=bytes(conn.body).decode("utf-8", errors="replace")), now)
         if conn.conn_id in self._conns:
-            cmds.extend(self._connection_over(conn, now, "server_closed"))
+            cmds += self._connection_over(conn, now, "server_closed")
         return cmds
 
     def _schedule_resend(self, call: _Call, now: float, cause: str, retry_after: float | None) -> None:
-        if call.lost_at is None:
-            call.lost_at = now
-            call.recovery_cause = cause
-        plan = plan_reconnect(
-            now, call.resend_attempt, self.config.backoff, self.rng, retry_after=retry_after
-        )
-        call.resend_at = plan.at
-        call.resend_cause = cause
-        call.resend_advised = plan.advised_delay
-        call.resend_planned = plan.delay
-        call.recovery_attempts += 1
-        if call.resend_attempt >= self.config.max_attempts:
-            call.resend_at = None
+        if call.recovery is None:
+            call.recovery = _Recovery(call.stream_key or "", cause, now)
+        call.recovery.attempts += 1
+        call.resend.lose(now, cause)
+        if call.resend.attempt >= self.config.max_attempts:
+            call.resend.cancel()
             self._finish_call(call, CallOutcome.UNKNOWN, now, reason=f"gave_up_after_{cause}")
+            return
+        call.resend.schedule(now, self.config.backoff, self.rng, retry_after=retry_after)
 
-    def _due_resend(self, call: _Call, now: float) -> list[Command]:
+    def _go_resend(self, call: _Call, now: float) -> list[Command]:
         if self.session.state is not State.SESSION_ACTIVE:
-            call.resend_at = None
+            call.resend.cancel()
             call.queued = True
             return []
-        if not self.budget.try_acquire(now):
-            call.resend_at = self._budget_retry_time(now)
+        if not call.resend.acquire(now, self.budget, self.rng):
             return []
-        call.resend_at = None
-        cmds = self._send_call_if_possible(call, now)
+        cmds = self._send_call(call, now)
         send = cmds[0]
         assert isinstance(send, SendRequest)
-        self.records.append(
-            ReconnectAttempt(
-                self.config.client_id,
-                "resend",
-                call.stream_key,
-                call.resend_cause,
-                call.resend_advised,
-                call.resend_planned,
-                call.lost_at or now,
-                now,
-                now - (call.lost_at or now),
-                call.resend_attempt,
-                send.conn_id,
-                self.generation,
-            )
-        )
-        call.resend_attempt += 1
+        self._attempted("resend", call.stream_key, call.resend, now, send.conn_id)
         return cmds
 
     def _finish_call(
@@ -839,19 +771,10 @@ class ClientCore:
             return
         call.done = True
         call.queued = False
-        call.resend_at = None
-        if call.lost_at is not None:
-            recovered = outcome in (CallOutcome.OK, CallOutcome.ERROR)
-            self._record_recovery(
-                call.recovery_stream or call.stream_key or "",
-                call,
-                call.recovery_cause,
-                call.lost_at,
-                now if recovered else None,
-                "retried" if recovered else "abandoned",
-                call.recovery_attempts,
-                call.recovery_reinit,
-            )
+        call.resend.recovered()
+        if call.recovery is not None:
+            ok = outcome in (CallOutcome.OK, CallOutcome.ERROR)
+            self._close_recovery(call, now if ok else None, "retried" if ok else "abandoned")
         self.records.append(
             OperationRecord(
                 self.config.client_id,
@@ -870,35 +793,33 @@ class ClientCore:
             CallFinished(call.handle, outcome, now, result=result, error=error, reason=reason)
         )
 
-    def _record_recovery(
-        self,
-        stream_key: str,
-        call: _Call | None,
-        cause: str,
-        lost_at: float,
-        recovered_at: float | None,
-        path: str,
-        attempts: int,
-        reinit: bool,
-    ) -> None:
+    def _close_recovery(self, call: _Call, recovered_at: float | None, path: str) -> None:
+        r = call.recovery
+        assert r is not None
+        op = call.handle.operation_key
         self.records.append(
             Recovery(
                 self.config.client_id,
-                stream_key,
-                None if call is None else call.handle.operation_key,
-                cause,
-                lost_at,
+                r.stream_key,
+                op,
+                r.cause,
+                r.lost_at,
                 recovered_at,
                 path,
-                attempts,
-                reinit,
+                r.attempts,
+                r.reinitialized,
             )
         )
-        if call is not None:
-            call.lost_at = None
-            call.recovery_stream = None
-            call.recovery_reinit = False
-            call.recovery_attempts = 0
+        call.recovery = None
+
+    def _record_stream_recovery(self, st: _Stream, now: float | None, path: str) -> None:
+        p = st.resume
+        op = None if st.call is None else st.call.handle.operation_key
+        assert p.lost_at is not None
+        self.records.append(
+            Recovery(self.config.client_id, st.key, op, p.first_cause, p.lost_at, now, path, p.attempt, False)
+        )
+        p.recovered()
 
     # ------------------------------------------------------------------ standalone stream
 
@@ -906,112 +827,70 @@ class ClientCore:
         key = f"get:{self._next_standalone}"
         self._next_standalone += 1
         self._standalone = key
-        self._standalone_pending = True
         return self._open(Purpose.STANDALONE, "GET", now, stream_key=key)
 
     def _standalone_head(self, conn: _Conn, now: float) -> list[Command]:
-        assert conn.stream_key is not None
-        self._standalone_pending = False
         if conn.sse:
-            st = _Stream(
-                conn.stream_key, Machine(Role.STREAM), self.generation, None, None, None, conn.conn_id
-            )
-            self.streams[st.key] = st
-            if self._reopen_lost_at is not None:
-                self._record_recovery(
-                    self._reopen_from or st.key,
-                    None,
-                    self._reopen_cause,
-                    self._reopen_lost_at,
-                    now,
-                    "reopened",
-                    self._reopen_attempt,
-                    False,
+            st = self._new_stream(conn, None, None, None)
+            p = self._reopen
+            if p.lost_at is not None:
+                self.records.append(
+                    Recovery(
+                        self.config.client_id,
+                        self._reopen_from or st.key,
+                        None,
+                        p.first_cause,
+                        p.lost_at,
+                        now,
+                        "reopened",
+                        p.attempt,
+                        False,
+                    )
                 )
-            self._reopen_lost_at = None
-            self._reopen_attempt = 0
+            p.recovered()
             return []
         cmds = self._abort(conn, now, f"http_{conn.status}")
         self._standalone = None
-        if conn.status == 405:
-            self._standalone_refused = True  # the server offers no GET stream: fine, not an error
-            return cmds
-        self._schedule_reopen(now, f"http_{conn.status}", conn.retry_after, now, 0)
+        if conn.status != 405:  # 405: the server offers no GET stream; fine, not an error
+            self._schedule_reopen(now, f"http_{conn.status}", conn.retry_after)
         return cmds
 
-    def _schedule_reopen(
-        self, now: float, cause: str, retry_after: float | None, lost_at: float, attempts: int
-    ) -> None:
+    def _schedule_reopen(self, now: float, cause: str, retry_after: float | None) -> None:
         """Plan a fresh standalone GET stream (the old one is gone and had no usable cursor)."""
         if self.session.state is not State.SESSION_ACTIVE or self._leaving:
             return
-        if self._reopen_lost_at is None:
-            self._reopen_lost_at = lost_at
-            self._reopen_cause = cause
-            self._reopen_attempt = attempts
-        if self._reopen_attempt >= self.config.max_attempts:
-            self._record_recovery(
-                "get",
-                None,
-                self._reopen_cause,
-                self._reopen_lost_at,
-                None,
-                "abandoned",
-                self._reopen_attempt,
-                False,
+        p = self._reopen
+        p.lose(now, cause)
+        if p.attempt >= self.config.max_attempts:
+            assert p.lost_at is not None
+            self.records.append(
+                Recovery(
+                    self.config.client_id,
+                    self._reopen_from or "get",
+                    None,
+                    p.first_cause,
+                    p.lost_at,
+                    None,
+                    "abandoned",
+                    p.attempt,
+                    False,
+                )
             )
-            self._reopen_lost_at = None
-            self._reopen_at = None
+            p.recovered()
             return
-        plan = plan_reconnect(
-            now, self._reopen_attempt, self.config.backoff, self.rng, retry_after=retry_after
-        )
-        self._reopen_at = plan.at
-        self._reopen_advised = plan.advised_delay
-        self._reopen_planned = plan.delay
+        p.schedule(now, self.config.backoff, self.rng, retry_after=retry_after)
 
-    def _due_reopen(self, now: float) -> list[Command]:
+    def _go_reopen(self, now: float) -> list[Command]:
         if self.session.state is not State.SESSION_ACTIVE or self._leaving or self._standalone is not None:
-            self._reopen_at = None
+            self._reopen.cancel()
             return []
-        if not self.budget.try_acquire(now):
-            self._reopen_at = self._budget_retry_time(now)
+        if not self._reopen.acquire(now, self.budget, self.rng):
             return []
-        self._reopen_at = None
-        lost_at = self._reopen_lost_at if self._reopen_lost_at is not None else now
         send = self._open_standalone(now)
-        self.records.append(
-            ReconnectAttempt(
-                self.config.client_id,
-                "reopen",
-                self._standalone,
-                self._reopen_cause,
-                self._reopen_advised,
-                self._reopen_planned,
-                lost_at,
-                now,
-                now - lost_at,
-                self._reopen_attempt,
-                send.conn_id,
-                self.generation,
-            )
-        )
-        self._reopen_attempt += 1
+        self._attempted("reopen", self._standalone, self._reopen, now, send.conn_id)
         return [send]
 
     # ------------------------------------------------------------------ events
-
-    def _initialize_event(self, conn: _Conn, ev: SseEvent, now: float) -> list[Command]:
-        """The InitializeResult creates the session, so it cannot go through the session's door."""
-        if not ev.is_message:
-            return []
-        try:
-            init = jsonrpc.parse_message(ev.data)
-        except RemoteProtocolError:
-            return []
-        if not init.kind.is_response:
-            return []
-        return self._abort(conn, now, "") + self._initialize_result(conn, init, now)
 
     def _on_event(self, conn: _Conn, ev: SseEvent, now: float) -> list[Command]:
         if conn.purpose is Purpose.INITIALIZE:
@@ -1034,7 +913,7 @@ class ClientCore:
             client_id=self.config.client_id,
             session=SessionView(
                 self.generation,
-                self.session.state is State.SESSION_ACTIVE or self.session.state is State.DELETE_REQUESTED,
+                self._session_usable(),
                 self.protocol_version,
                 self._subject,
                 self._tag,
@@ -1061,44 +940,29 @@ class ClientCore:
             st.server_stream_id = result.bound_server_stream_id
         if result.bound_server_generation is not None:
             self.server_generation = result.bound_server_generation
-        cmds: list[Command] = []
-        if st.lost_at is not None and (result.message is not None or call is None):
-            self._record_recovery(st.key, call, st.cause, st.lost_at, now, "resumed", st.attempt, False)
-            st.lost_at = None
-            st.attempt = 0
-        elif call is not None and call.lost_at is not None and result.message is not None:
-            # The first message of a retry attempt ends the recovery of the operation.
-            self._record_recovery(
-                call.recovery_stream or st.key,
-                call,
-                call.recovery_cause,
-                call.lost_at,
-                now,
-                "retried",
-                call.recovery_attempts,
-                call.recovery_reinit,
-            )
         msg = result.message
-        if msg is not None and call is not None:
-            if msg.method == jsonrpc.PROGRESS:
-                p = msg.params.get("progress")
-                self.notices.append(
-                    Progress(call.handle, float(p) if isinstance(p, int | float) else None, now)
-                )
-            if result.ends_stream:
-                st.ended = True
-                st.machine.process(Trigger.COMPLETED)
-                cmds.extend(self._abort(conn, now, ""))
-                st.conn_id = None
-                if msg.kind is jsonrpc.MessageKind.RESPONSE:
-                    res = msg.body.get("result")
-                    self._finish_call(
-                        call, CallOutcome.OK, now, result=res if isinstance(res, dict) else None
-                    )
-                else:
-                    self._finish_call(
-                        call, CallOutcome.ERROR, now, error=msg.body.get("error"), reason="jsonrpc_error"
-                    )
+        if st.resume.lost_at is not None and (msg is not None or call is None):
+            self._record_stream_recovery(st, now, "resumed")
+        elif call is not None and call.recovery is not None and msg is not None:
+            self._close_recovery(call, now, "retried")  # the first message of a retry attempt
+        if msg is None or call is None:
+            return []
+        if msg.method == jsonrpc.PROGRESS:
+            p = msg.params.get("progress")
+            self.notices.append(Progress(call.handle, float(p) if isinstance(p, int | float) else None, now))
+        if not result.ends_stream:
+            return []
+        st.ended = True
+        st.machine.process(Trigger.COMPLETED)
+        st.conn_id = None
+        cmds = self._abort(conn, now, "")
+        if msg.kind is jsonrpc.MessageKind.RESPONSE:
+            res = msg.body.get("result")
+            self._finish_call(call, CallOutcome.OK, now, result=res if isinstance(res, dict) else None)
+        else:
+            self._finish_call(
+                call, CallOutcome.ERROR, now, error=msg.body.get("error"), reason="jsonrpc_error"
+            )
         return cmds
 
     def _not_accepted(self, conn: _Conn, st: _Stream, result: Acceptance, now: float) -> list[Command]:
@@ -1115,17 +979,16 @@ class ClientCore:
                 now,
             )
         )
-        if result.reason in (
-            RejectReason.CURSOR_GAP,
-            RejectReason.PROTOCOL_VERSION_MISMATCH,
-            RejectReason.SUBJECT_MISMATCH,
-        ):
-            # Something between us and the server lost events or changed identity: this
-            # connection cannot be trusted further; resume from the watermark on a new one.
-            cmds = self._abort(conn, now, str(result.reason))
-            st.conn_id = None
-            return cmds + self._stream_lost(st, now, str(result.reason), retry_after=None)
-        return []
+        if result.reason not in _UNTRUSTED_CONNECTION:
+            return []
+        # Something between us and the server lost events or changed identity: this
+        # connection cannot be trusted further; resume from the watermark on a new one.
+        cmds = self._abort(conn, now, str(result.reason))
+        st.conn_id = None
+        if st.machine.can(Trigger.CONNECTION_LOST):
+            st.machine.process(Trigger.CONNECTION_LOST)
+            cmds += self._stream_lost(st, now, str(result.reason))
+        return cmds
 
     # ------------------------------------------------------------------ losses and resumption
 
@@ -1140,47 +1003,32 @@ class ClientCore:
         if st is not None and st.conn_id == conn.conn_id:
             st.conn_id = None
             if st.state is State.STREAM_OPEN and not st.ended:
-                trig = Trigger.SERVER_CLOSED if cause == "server_closed" else Trigger.CONNECTION_LOST
-                st.machine.process(trig)
-                return self._stream_lost(st, now, cause, retry_after=None, triggered=True)
+                st.machine.process(
+                    Trigger.SERVER_CLOSED if cause == "server_closed" else Trigger.CONNECTION_LOST
+                )
+                return self._stream_lost(st, now, cause)
             return []
         if conn.purpose is Purpose.CALL and conn.call is not None and st is None and conn.status is None:
             # Lost before any response head: the request may or may not have arrived.
-            call = conn.call
-            if not call.done:
-                self._schedule_resend(call, now, cause, None)
+            if not conn.call.done:
+                self._schedule_resend(conn.call, now, cause, None)
             return []
         if conn.purpose is Purpose.STANDALONE and st is None and self._standalone == conn.stream_key:
-            self._standalone_pending = False
             self._standalone = None
-            self._schedule_reopen(now, cause, None, now, 0)
+            self._schedule_reopen(now, cause, None)
         return []
 
-    def _stream_lost(
-        self, st: _Stream, now: float, cause: str, *, retry_after: float | None, triggered: bool = False
-    ) -> list[Command]:
-        if not triggered:
-            if not st.machine.can(Trigger.CONNECTION_LOST):
-                return []
-            st.machine.process(Trigger.CONNECTION_LOST)
-        if st.lost_at is None:
-            st.lost_at = now
-            st.cause = cause
-            st.attempt = 0
+    def _stream_lost(self, st: _Stream, now: float, cause: str) -> list[Command]:
+        """The stream is DISCONNECTED: resume it if a valid cursor exists, else fall back."""
+        st.resume.lose(now, cause)
         if self._leaving or self.session.state is not State.SESSION_ACTIVE:
             st.machine.process(Trigger.CANCELLED)
             return []
-        cursor = self._valid_cursor(st)
-        if cursor is None:
+        if self._valid_cursor(st) is None:
             st.machine.process(Trigger.NO_VALID_CURSOR)
             return self._unresumable(st, now, "no_valid_cursor")
-        plan = plan_reconnect(
-            now, st.attempt, self.config.backoff, self.rng, retry_ms=st.retry_ms, retry_after=retry_after
-        )
+        st.resume.schedule(now, self.config.backoff, self.rng, retry_ms=st.retry_ms)
         st.machine.process(Trigger.RESUME_SCHEDULED)
-        st.next_at = plan.at
-        st.advised = plan.advised_delay
-        st.planned = plan.delay
         return []
 
     def _valid_cursor(self, st: _Stream) -> str | None:
@@ -1203,37 +1051,19 @@ class ClientCore:
             verdict = classify_opaque(st.key, None if seen is None else seen.stream_key)
         return wm.event_id if verdict is CursorVerdict.VALID else None
 
-    def _due_resume(self, st: _Stream, now: float) -> list[Command]:
+    def _go_resume(self, st: _Stream, now: float) -> list[Command]:
         if st.state is not State.RESUME_PENDING or st.conn_id is not None:
-            st.next_at = None
+            st.resume.cancel()
             return []
-        if not self.budget.try_acquire(now):
-            st.next_at = self._budget_retry_time(now)
+        if not st.resume.acquire(now, self.budget, self.rng):
             return []
-        st.next_at = None
         cursor = self._valid_cursor(st)
         if cursor is None:
             st.machine.process(Trigger.CURSOR_REFUSED)
             return self._unresumable(st, now, "no_valid_cursor")
         send = self._open(Purpose.RESUME, "GET", now, stream_key=st.key, call=st.call, last_event_id=cursor)
         st.conn_id = send.conn_id
-        self.records.append(
-            ReconnectAttempt(
-                self.config.client_id,
-                "resume",
-                st.key,
-                st.cause,
-                st.advised,
-                st.planned,
-                st.lost_at or now,
-                now,
-                now - (st.lost_at or now),
-                st.attempt,
-                send.conn_id,
-                self.generation,
-            )
-        )
-        st.attempt += 1
+        self._attempted("resume", st.key, st.resume, now, send.conn_id)
         return [send]
 
     def _resume_head(self, conn: _Conn, now: float) -> list[Command]:
@@ -1242,11 +1072,9 @@ class ClientCore:
             return self._abort(conn, now, "stale_resume")
         if conn.sse:
             st.machine.process(Trigger.RESUMED)
-            if st.call is None and st.lost_at is not None:
+            if st.call is None and st.resume.lost_at is not None:
                 # A standalone stream may stay silent: it has recovered once it is open again.
-                self._record_recovery(st.key, None, st.cause, st.lost_at, now, "resumed", st.attempt, False)
-                st.lost_at = None
-                st.attempt = 0
+                self._record_stream_recovery(st, now, "resumed")
             return []
         status = conn.status or 0
         cmds = self._abort(conn, now, f"http_{status}")
@@ -1255,49 +1083,43 @@ class ClientCore:
             st.machine.process(Trigger.CURSOR_REFUSED)
             return cmds + self._unresumable(st, now, f"cursor_refused_http_{status}")
         st.machine.process(Trigger.RESUME_FAILED)
-        return cmds + self._retry_resume(st, now, f"http_{status}", conn.retry_after)
-
-    def _retry_resume(self, st: _Stream, now: float, cause: str, retry_after: float | None) -> list[Command]:
-        if st.attempt >= self.config.max_attempts:
+        st.resume.lose(now, f"http_{status}")
+        if st.resume.attempt >= self.config.max_attempts:
             st.machine.process(Trigger.CANCELLED)
             if st.call is not None:
-                self._finish_call(st.call, CallOutcome.UNKNOWN, now, reason=f"gave_up_resuming_after_{cause}")
-            elif st.lost_at is not None:
-                self._record_recovery(
-                    st.key, None, st.cause, st.lost_at, None, "abandoned", st.attempt, False
+                self._finish_call(
+                    st.call, CallOutcome.UNKNOWN, now, reason=f"gave_up_resuming_after_http_{status}"
                 )
-            return []
-        plan = plan_reconnect(now, st.attempt, self.config.backoff, self.rng, retry_after=retry_after)
+            elif st.resume.lost_at is not None:
+                self._record_stream_recovery(st, None, "abandoned")
+            return cmds
+        st.resume.schedule(now, self.config.backoff, self.rng, retry_after=conn.retry_after)
         st.machine.process(Trigger.RESUME_SCHEDULED)
-        st.next_at = plan.at
-        st.advised = plan.advised_delay
-        st.planned = plan.delay
-        st.cause = cause if st.cause == "" else st.cause
-        return []
+        return cmds
 
     def _unresumable(self, st: _Stream, now: float, reason: str) -> list[Command]:
         """No cursor to resume from (or the server refused it)."""
-        call = st.call
+        call, p = st.call, st.resume
+        st.resume = PendingReconnect()
         if call is not None:
             if not call.done:
-                if call.lost_at is None and st.lost_at is not None:
-                    call.lost_at = st.lost_at
-                    call.recovery_cause = st.cause
-                    call.recovery_stream = st.key
-                    call.recovery_attempts = st.attempt
+                if call.recovery is None and p.lost_at is not None:
+                    call.recovery = _Recovery(st.key, p.first_cause, p.lost_at, p.attempt)
                 # The operation may have been performed: re-send it with the same idempotency
                 # key (a new request ID, as JSON-RPC requires), never as a new operation.
                 self._schedule_resend(call, now, reason, None)
             return []
-        # A standalone stream: open a fresh one (nothing is owed on it that a cursor could replay).
         if st.key == self._standalone:
+            # A standalone stream: open a fresh one (nothing is owed on it that a cursor could replay).
             self._standalone = None
             self._reopen_from = st.key
-            self._schedule_reopen(now, st.cause or reason, None, st.lost_at or now, st.attempt)
+            self._reopen.lose(p.lost_at if p.lost_at is not None else now, p.first_cause or reason)
+            self._reopen.attempt = p.attempt
+            self._schedule_reopen(now, reason, None)
         return []
 
     def _close_stream_conn(self, st: _Stream, now: float, reason: str) -> list[Command]:
-        st.next_at = None
+        st.resume.cancel()
         if st.conn_id is None:
             return []
         conn = self._conns.get(st.conn_id)
@@ -1313,16 +1135,7 @@ class ClientCore:
             return cmds + self._leave_done(LeaveReceipt.DELETED, now, "terminated")
         if status == 405:
             self.session.process(Trigger.DELETE_REFUSED)
-            self.records.append(
-                SessionEvent(
-                    self.config.client_id,
-                    self.session_pseudonym,
-                    self.generation,
-                    "termination_unsupported",
-                    self.protocol_version,
-                    now,
-                )
-            )
+            self._session_event("termination_unsupported", now, version=self.protocol_version)
             self.notices.append(LeaveFinished(LeaveReceipt.TERMINATION_UNSUPPORTED, now))
             return cmds
         return cmds + self._delete_unanswered(now, f"http_{status}", conn.retry_after)
@@ -1330,55 +1143,24 @@ class ClientCore:
     def _delete_unanswered(self, now: float, cause: str, retry_after: float | None = None) -> list[Command]:
         if self.session.state is not State.DELETE_REQUESTED:
             return []
-        if self._delete_attempt + 1 >= self.config.max_delete_attempts:
+        p = self._delete
+        p.cause = cause
+        if p.attempt + 1 >= self.config.max_delete_attempts:
             self.session.process(Trigger.DELETE_ABANDONED)
-            self.records.append(
-                SessionEvent(
-                    self.config.client_id,
-                    self.session_pseudonym,
-                    self.generation,
-                    "delete_unconfirmed",
-                    self.protocol_version,
-                    now,
-                )
-            )
+            self._session_event("delete_unconfirmed", now, version=self.protocol_version)
             self.notices.append(LeaveFinished(LeaveReceipt.UNCONFIRMED, now))
             return []
-        plan = plan_reconnect(
-            now, self._delete_attempt, self.config.backoff, self.rng, retry_after=retry_after
-        )
-        self._delete_at = plan.at
-        self._delete_cause = cause
-        self._delete_advised = plan.advised_delay
-        self._delete_planned = plan.delay
+        p.schedule(now, self.config.backoff, self.rng, retry_after=retry_after)
         return []
 
-    def _due_delete(self, now: float) -> list[Command]:
+    def _go_delete(self, now: float) -> list[Command]:
         if self.session.state is not State.DELETE_REQUESTED:
-            self._delete_at = None
+            self._delete.cancel()
             return []
-        if not self.budget.try_acquire(now):
-            self._delete_at = self._budget_retry_time(now)
+        if not self._delete.acquire(now, self.budget, self.rng):
             return []
-        self._delete_at = None
-        self._delete_attempt += 1
         send = self._open(Purpose.DELETE, "DELETE", now)
-        self.records.append(
-            ReconnectAttempt(
-                self.config.client_id,
-                "delete",
-                None,
-                self._delete_cause,
-                self._delete_advised,
-                self._delete_planned,
-                self._delete_lost_at,
-                now,
-                now - self._delete_lost_at,
-                self._delete_attempt - 1,
-                send.conn_id,
-                self.generation,
-            )
-        )
+        self._attempted("delete", None, self._delete, now, send.conn_id)
         return [send]
 
     def _leave_done(self, receipt: LeaveReceipt, now: float, what: str) -> list[Command]:
@@ -1386,15 +1168,6 @@ class ClientCore:
             self.session.process(
                 Trigger.DELETE_CONFIRMED if receipt is LeaveReceipt.DELETED else Trigger.SESSION_NOT_FOUND
             )
-        self.records.append(
-            SessionEvent(
-                self.config.client_id,
-                self.session_pseudonym,
-                self.generation,
-                what,
-                self.protocol_version,
-                now,
-            )
-        )
+        self._session_event(what, now, version=self.protocol_version)
         self.notices.append(LeaveFinished(receipt, now))
         return []

@@ -1,0 +1,86 @@
+"""What every driver does the same way: call the core with the time, carry out its commands,
+hand its ledger records and notices to whoever listens. Only starting and closing a
+connection, and waking waiters, differ between the sync and the trio driver."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from lab.protocol.client import ClientCore
+from lab.protocol.commands import CloseConnection, Command, Notice, SendRequest
+from lab.protocol.records import Record
+
+READ_IDLE_TIMEOUT = 20.0
+"""Seconds without a byte before a connection counts as lost (a `timeout` toxic holds data
+forever; without this the client would never notice)."""
+
+
+class DriverBase:
+    def __init__(
+        self,
+        core: ClientCore,
+        url: str,
+        *,
+        on_records: Callable[[list[Record]], None] | None = None,
+        on_notice: Callable[[Notice], None] | None = None,
+    ) -> None:
+        self.core = core
+        self.url = url
+        self.on_records = on_records
+        self.on_notice = on_notice
+        self._closed: set[int] = set()
+        self._stopped = False
+
+    def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run a core method (it takes `now` after its positional arguments and returns
+        commands, or a pair whose second item is the commands); carry out the commands."""
+        out = fn(*args, time.time(), **kwargs)
+        self._after(out[1] if isinstance(out, tuple) else out)
+        return out[0] if isinstance(out, tuple) else None
+
+    def _after(self, cmds: list[Command]) -> None:
+        for cmd in cmds:
+            if isinstance(cmd, CloseConnection):
+                self._closed.add(cmd.conn_id)
+                self._close(cmd.conn_id)
+            elif not self._stopped:
+                self._start(cmd)
+        if self.core.records and self.on_records is not None:
+            records, self.core.records = self.core.records, []
+            self.on_records(records)
+        while self.core.notices:
+            notice = self.core.notices.popleft()
+            if self.on_notice is not None:
+                self.on_notice(notice)
+        self._signal()
+
+    def _feed(self, fn: Callable[..., list[Command]], conn_id: int, *args: Any) -> bool:
+        """Tell the core something about a connection; False once the core has closed it."""
+        if conn_id in self._closed:
+            return False
+        self._after(fn(conn_id, *args, time.time()))
+        return conn_id not in self._closed
+
+    def _lost(self, conn_id: int, error: BaseException) -> None:
+        if conn_id not in self._closed and not self._stopped:
+            self._after(self.core.connection_failed(conn_id, time.time(), type(error).__name__))
+
+    def _due(self) -> float | None:
+        """Run the core's timers if they are due; else how long to sleep (at most 1 s)."""
+        wake = self.core.next_wakeup()
+        now = time.time()
+        if wake is not None and now >= wake:
+            self._after(self.core.tick(now))
+            return None
+        return 1.0 if wake is None else min(1.0, wake - now)
+
+    def _start(self, cmd: SendRequest) -> None:
+        raise NotImplementedError
+
+    def _close(self, conn_id: int) -> None:
+        raise NotImplementedError
+
+    def _signal(self) -> None:
+        raise NotImplementedError
