@@ -27,7 +27,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
@@ -36,7 +36,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from lab import __version__
-from lab.load.settings import SETTINGS_ENV, LoadSettings, ToolMix
+from lab.load.settings import SETTINGS_ENV, LoadSettings
 from lab.run.processes import Child, ProcessGroup, StartError
 from lab.run.progress import NemesisCounter, ProgressLine, TapCounter, read_progress
 from lab.scenario import Scenario
@@ -340,31 +340,12 @@ class Run:
         os.replace(tmp, path)
 
     def _load_settings(self) -> LoadSettings:
-        load, rc, t = self.sc.load, self.sc.reconnect, self.sc.load.ticker
-        ticker: dict[str, Any] = {"count": t.count, "interval_ms": int(t.interval * 1000)}
-        if t.close_after:
-            ticker.update(close_after=t.close_after, retry_ms=int(t.retry * 1000))
-        return LoadSettings(
-            url=self.client_url,
-            run_dir=str(self.dir),
-            protocol_version=self.sc.target.protocol_version,
+        settings = self.sc.load_settings(self.client_url, str(self.dir))
+        return replace(
+            settings,
             origin=_client_origin(self.sc.target.allowed_origins),
             tokens=self.client_tokens,
-            mix=ToolMix(**{k: int(v) for k, v in load.mix.items()}),
-            ticker=ticker,
-            wait_min=load.wait_min,
-            wait_max=load.wait_max,
-            reconnect_qps=rc.budget_qps,
-            reconnect_burst=rc.burst,
-            backoff_base=rc.backoff_base,
-            backoff_cap=rc.backoff_cap,
-            max_attempts=rc.max_attempts,
-            open_standalone_stream=load.open_standalone,
-            seed=self.sc.seed,
             workers=self.workers,
-            stages=tuple(
-                (float(s["until"]), int(s["users"]), float(s["spawn_rate"])) for s in self.sc.stages()
-            ),
         )
 
     def _start_toxics(self) -> None:

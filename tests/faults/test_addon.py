@@ -1,0 +1,552 @@
+"""The addon under mitmproxy's test context: options, each of the 13 faults, the tap, plan changes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mcp_faults_io
+import pytest
+from mitmproxy import exceptions
+
+from lab.protocol.sse import encode_comment, encode_event
+from tests.faults.harness import Harness, call, decode, rpc, sse_stream
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+# ---------------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"mcpfaults_plan": '{"seed": 1, "rules": [{"kind": "storm", "rate": 2}]}'}, "rules[0].rate"),
+        ({"mcpfaults_plan": '{"seed": 1, "rules": [{"kind": "nope", "rate": 1}]}'}, "unknown fault 'nope'"),
+        ({"mcpfaults_plan": "/no/such/plan.json"}, "cannot read the fault plan"),
+        ({"mcpfaults_plan": "{not json"}, "not JSON"),
+        ({"mcpfaults_key": "zz"}, "must be hex"),
+        ({"mcpfaults_key": "abcd"}, "at least 16 bytes"),
+        ({"mcpfaults_run_start": "soon"}, "mcpfaults_run_start must be a number"),
+        ({"mcpfaults_poll": "0"}, "mcpfaults_poll must be a finite number of seconds > 0"),
+        ({"mcpfaults_admin_timeout": "-1"}, "mcpfaults_admin_timeout"),
+        ({"mcpfaults_admin_url": "ftp://x"}, "must be an http:// URL"),
+        ({"mcpfaults_allowed_origins": "127.0.0.1"}, "needs a scheme"),
+    ],
+)
+async def test_bad_options_are_refused_with_a_clear_message(
+    tmp_path: Path, options: dict[str, str], message: str
+) -> None:
+    h = Harness(tmp_path, [])
+    with pytest.raises(exceptions.OptionsError, match=None) as e:
+        h.configure(**options)
+    assert message in str(e.value)
+
+
+async def test_plan_from_a_file_and_the_plan_record(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(
+        json.dumps({"seed": 3, "run_start": 500.0, "rules": [{"kind": "cut_stream", "rate": 0.5}]})
+    )
+    h = Harness(tmp_path, None, mcpfaults_plan=str(plan), mcpfaults_run_start="")
+    [rec] = h.tap(type="plan")
+    assert (
+        rec["source"] == str(plan) and rec["seed"] == 3 and rec["run_start"] == 500.0 and rec["error"] is None
+    )
+    assert rec["rules"] == [{"id": "cut_stream#0", "kind": "cut_stream", "rate": 0.5}]
+
+
+def test_parse_functions_are_pure() -> None:
+    assert mcp_faults_io.parse_seconds("x", "", default=2.0) == 2.0
+    assert mcp_faults_io.parse_seconds("x", "1.5", default=0.0) == 1.5
+    assert mcp_faults_io.parse_origin_patterns(" http://a:*, http://b ") == ("http://a:*", "http://b")
+    assert mcp_faults_io.parse_key("ab" * 16) == bytes.fromhex("ab" * 16)
+    plan, path = mcp_faults_io.read_plan("")
+    assert plan.rules == () and path is None
+
+
+# ---------------------------------------------------------------------- pass-through and the tap
+
+
+async def test_pass_through_records_sent_and_forwarded(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [])
+    f = h.request(h.flow(body=call("ticker", 5, key="k-1"), headers={"origin": "http://127.0.0.1:1"}))
+    h.respond(f)
+    chunks = sse_stream("pS", 2, rid=5)
+    out = await h.stream(f, chunks)
+    assert decode(out) == decode(b"".join(chunks))
+    [flow] = h.tap(type="flow")
+    assert flow["conn"] == "c1:1" and flow["jsonrpc_id"] == 5 and flow["tool"] == "ticker"
+    assert flow["idempotency_key"] == "k-1" and flow["session"].startswith("s_") and flow["stream"] == "post"
+    assert flow["status"] == 200 and flow["answered_by"] == "server" and flow["faults"] == []
+    assert flow["origin_allowed_out"] is None  # no allow-list given: unknown
+    sent, fwd = h.tap(type="sent"), h.tap(type="forwarded")
+    assert [s["index"] for s in sent] == [0, 1, 2, 3] and sent[0]["priming"] and not sent[1]["priming"]
+    assert all(s["stream_id"] == "pS" for s in sent)
+    assert [(x["index"], x["source"]["index"], x["fault"]) for x in fwd] == [(i, i, None) for i in range(4)]
+    assert [x["digest"] for x in fwd] == [s["digest"] for s in sent]
+    assert h.tap(type="flow_end") == [
+        {"type": "flow_end", "flow": f.id, "t": pytest.approx(1000, abs=1), "reason": "complete"}
+    ]
+    assert f.metadata["mcp_lab"]["faults"] == [] and f.metadata["mcp_lab"]["key"] == "c1:1"
+
+
+async def test_a_partial_event_is_held_back_not_ended(tmp_path: Path) -> None:
+    # Regression: returning b"" from a stream callable makes mitmproxy write an empty HTTP/1.1
+    # chunk — the end of a chunked body. Half an event must yield nothing at all.
+    h = Harness(tmp_path, [])
+    f = h.request(h.flow(body=call("echo")))
+    h.respond(f)
+    assert f.response is not None and callable(f.response.stream)
+    assert f.response.stream(b"data: hal") == []
+    assert f.response.stream(b"f\n\n") == [b"data: half\n\n"]
+
+
+async def test_keepalive_comments_pass_on(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [])
+    f = h.request(h.flow("GET", body=None))
+    h.respond(f)
+    assert f.response is not None and callable(f.response.stream)
+    assert f.response.stream(encode_comment("ping")) == [b":\n\n"]
+
+
+async def test_flow_end_reasons(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [])
+    gone = h.request(h.flow("GET", conn="c1:1"))
+    h.respond(gone)
+    h.error(gone, "Client disconnected.")
+    server = h.request(h.flow("GET", conn="c1:2"))
+    h.error(server, "server closed connection")
+    open_ = h.request(h.flow("GET", conn="c1:3"))
+    h.respond(open_)
+    h.addon.done()
+    reasons = {r["flow"]: r["reason"] for r in h.tap(type="flow_end")}
+    assert reasons == {gone.id: "client_gone", server.id: "server_gone", open_.id: "proxy_stopped"}
+    no_head = [r for r in h.tap(type="flow") if r["flow"] == server.id]
+    assert no_head[0]["status"] is None
+
+
+# ---------------------------------------------------------------------- 1..4, 13: SSE event faults
+
+
+async def test_1_drop_priming(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [{"kind": "drop_priming", "rate": 1.0}])
+    f = h.request(h.flow(body=call("echo")))
+    h.respond(f)
+    out = decode(await h.stream(f, sse_stream("pA", 1)))
+    assert not out[0].is_priming and len(out) == 2
+    [d] = h.tap(type="dropped")
+    assert d["index"] == 0 and d["fault"] == "drop_priming" and d["rule"] == "drop_priming#0"
+    assert f.metadata["mcp_lab"]["faults"] == []  # event faults are in the event records
+
+
+async def test_2_cross_ids_takes_an_id_of_another_stream_of_the_session(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [{"kind": "cross_ids", "rate": 1.0, "match": {"tools": ["ticker"]}}])
+    get = h.request(h.flow("GET", conn="c1:1"))
+    h.respond(get)
+    await h.stream(get, sse_stream("g1", 1, rid=99, priming=False), end=False)
+    f = h.request(h.flow(body=call("ticker", 2), conn="c1:2"))
+    h.respond(f)
+    out = decode(await h.stream(f, sse_stream("pB", 2, rid=2)))
+    get_ids = {s["event_id"] for s in h.tap(type="sent", flow=get.id)}
+    crossed = [e for e in out if e.id in get_ids]
+    assert len(crossed) == 3  # both progress events and the response; never the priming event
+    assert all(x["fault"] == "cross_ids" for x in h.tap(type="forwarded", flow=f.id)[1:])
+
+
+async def test_3_replay_after_ack_resends_forwarded_events(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [{"kind": "replay_after_ack", "rate": 1.0, "params": {"depth": 2}}])
+    f = h.request(h.flow(body=call("ticker", 3)))
+    h.respond(f)
+    out = decode(await h.stream(f, sse_stream("pR", 2, rid=3)))
+    ids = [e.id for e in out]
+    sent = [s["event_id"] for s in h.tap(type="sent")]
+    # priming, m1, [m1] m2, [m1 m2] response
+    assert ids == [sent[0], sent[1], sent[1], sent[2], sent[1], sent[2], sent[3]]
+    replays = [x for x in h.tap(type="forwarded") if x["fault"] == "replay_after_ack"]
+    assert [x["source"]["index"] for x in replays] == [1, 1, 2]
+
+
+async def test_3_replay_reaches_across_a_resumption(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [{"kind": "replay_after_ack", "rate": 1.0, "match": {"streams": ["resume"]}}])
+    first = h.request(h.flow(body=call("ticker", 1), conn="c1:1"))
+    h.respond(first)
+    chunks = sse_stream("pX", 3, rid=1)
+    await h.stream(first, chunks[:3], end=False)
+    h.error(first, "Client disconnected.")
+    acked = decode(chunks[2])[0].id
+    assert acked is not None
+    resume = h.request(h.flow("GET", conn="c1:2", headers={"last-event-id": acked}))
+    h.respond(resume)
+    out = decode(await h.stream(resume, chunks[3:]))
+    assert out[0].id == acked, "the acknowledged event should come again first"
+
+
+async def test_4_inject_foreign_event_from_another_session(tmp_path: Path) -> None:
+    rules = [
+        {
+            "kind": "inject_foreign",
+            "rate": 1.0,
+            "params": {"source": "other_session"},
+            "match": {"tools": ["b"]},
+        }
+    ]
+    h = Harness(tmp_path, rules)
+    a = h.request(h.flow(body=call("a"), conn="a:1", session="sess-a"))
+    h.respond(a)
+    await h.stream(a, sse_stream("pA", 0, tag="TAGAAAAAAAA"))
+    b = h.request(h.flow(body=call("b"), conn="b:1", session="sess-b"))
+    h.respond(b)
+    out = decode(await h.stream(b, sse_stream("pB", 0, tag="TAGBBBBBBBB")))
+    assert any(e.id and ".TAGAAAAAAAA." in e.id for e in out)
+    [inj] = [x for x in h.tap(type="forwarded", flow=b.id) if x["fault"] == "inject_foreign"]
+    assert inj["source"]["flow"] == a.id
+
+
+async def test_13_cut_stream_cuts_after_the_forwarded_bytes(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [{"kind": "cut_stream", "rate": 1.0, "params": {"min_index": 2}}])
+    f = h.request(h.flow(body=call("ticker")))
+    h.respond(f)
+    chunks = sse_stream("pC", 3)
+    out = await h.stream(f, [b"".join(chunks[:3]), chunks[3]], end=False)
+    assert len(decode(out)) == 2
+    assert h.cuts == [f]
+    assert [(d["index"], d["fault"]) for d in h.tap(type="dropped")] == [(2, "cut_stream"), (3, "cut_stream")]
+    assert [r["reason"] for r in h.tap(type="flow_end")] == ["cut_by_fault"]
+    assert f.metadata["mcp_lab"]["cut"] is True
+
+
+async def test_13_a_cut_happens_before_the_end_of_the_body(tmp_path: Path) -> None:
+    # When the end of the body is processed in the same event, the cut must not wait for
+    # the scheduled callback (mitmproxy would write the end of the body first).
+    h = Harness(tmp_path, [{"kind": "cut_stream", "rate": 1.0, "params": {"min_index": 1}}])
+    f = h.request(h.flow(body=call("ticker")))
+    h.respond(f)
+    assert f.response is not None and callable(f.response.stream)
+    f.response.stream(b"".join(sse_stream("pE", 1)))
+    assert h.cuts == []
+    f.response.stream(b"")
+    assert h.cuts == [f]
+
+
+# ---------------------------------------------------------------------- 5, 9, 10, 11: requests
+
+
+async def test_5_rewrite_origin(tmp_path: Path) -> None:
+    h = Harness(
+        tmp_path,
+        [{"kind": "rewrite_origin", "rate": 1.0, "params": {"origin": "http://evil.example"}}],
+        mcpfaults_allowed_origins="http://127.0.0.1:*",
+    )
+    f = h.request(h.flow(body=call("echo"), headers={"origin": "http://127.0.0.1:8000"}))
+    assert f.request.headers["origin"] == "http://evil.example"
+    h.respond(f, 403, sse=False)
+    [rec] = h.tap(type="flow")
+    assert rec["origin_in"] == "http://127.0.0.1:8000" and rec["origin_out"] == "http://evil.example"
+    assert rec["origin_allowed_out"] is False and rec["status"] == 403
+    assert rec["faults"][0]["fault"] == "rewrite_origin"
+
+
+async def test_origin_allowed_out_follows_the_allow_list(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [], mcpfaults_allowed_origins="http://127.0.0.1:*")
+    ok = h.request(h.flow(body=call("echo"), conn="c:1", headers={"origin": "http://127.0.0.1:8000"}))
+    bad = h.request(
+        h.flow(body=call("echo"), conn="c:2", headers={"origin": "http://127.0.0.1:80.evil.example"})
+    )
+    for f in (ok, bad):
+        h.respond(f, sse=False)
+    assert [r["origin_allowed_out"] for r in h.tap(type="flow")] == [True, False]
+
+
+async def test_9_strip_protocol_version(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [{"kind": "strip_protocol_version", "rate": 1.0}])
+    f = h.request(h.flow(body=call("echo")))
+    assert "mcp-protocol-version" not in f.request.headers
+    h.respond(f, 400, sse=False)
+    [rec] = h.tap(type="flow")
+    assert rec["protocol_version_in"] == "2025-11-25" and rec["protocol_version_out"] is None
+
+
+@pytest.mark.parametrize("to", ["garbage", "tampered", "other_stream", "other_session"])
+async def test_10_rewrite_last_event_id(tmp_path: Path, to: str) -> None:
+    h = Harness(tmp_path, [{"kind": "rewrite_last_event_id", "rate": 1.0, "params": {"to": to}}])
+    # Earlier traffic the proxy remembers: another stream of this session, and another session.
+    for conn, session, stream in (("c:1", "sess-1", "pO"), ("x:1", "sess-2", "pX"), ("c:2", "sess-1", "pM")):
+        f = h.request(h.flow(body=call("ticker"), conn=conn, session=session))
+        h.respond(f)
+        await h.stream(f, sse_stream(stream, 1, tag="T" + session[-1] * 10))
+    mine = [s["event_id"] for s in h.tap(type="sent") if s["stream_id"] == "pM"][-1]
+    r = h.request(h.flow("GET", conn="c:3", headers={"last-event-id": mine}))
+    out = r.request.headers["last-event-id"]
+    assert out != mine
+    if to == "garbage":
+        assert out.startswith("garbage-d_")
+    elif to == "tampered":
+        assert out[:-1] == mine[:-1]
+    elif to == "other_stream":
+        assert ".pO." in out
+    else:
+        assert ".pX." in out
+    h.respond(r, 400, sse=False)
+    [rec] = [x for x in h.tap(type="flow") if x["conn"] == "c:3"]
+    assert rec["last_event_id_in"] == mine and rec["last_event_id_out"] == out
+    assert rec["faults"][0]["detail"] == {"to": to}
+
+
+async def test_11_old_token_from_an_earlier_session(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [{"kind": "old_token", "rate": 1.0, "match": {"methods": ["tools/call"]}}])
+    for conn, token, sid in (("a:1", "tok-alice", "sess-a"), ("b:1", "tok-bob", "sess-b")):
+        init = h.request(
+            h.flow(
+                body=rpc("initialize"), conn=conn, session=None, headers={"authorization": f"Bearer {token}"}
+            )
+        )
+        h.respond(init, sse=False, headers={"mcp-session-id": sid})
+        await h.finish(init)
+    f = h.request(
+        h.flow(body=call("echo"), conn="b:2", session="sess-b", headers={"authorization": "Bearer tok-bob"})
+    )
+    assert f.request.headers["authorization"] == "Bearer tok-alice"
+    h.respond(f, 403, sse=False)
+    rec = next(x for x in h.tap(type="flow") if x["conn"] == "b:2")
+    assert rec["auth_in"] != rec["auth_out"] and rec["faults"][0]["detail"]["token"] == rec["auth_out"]
+    assert "tok-alice" not in h.tap_path.read_text(), "a raw token reached the tap"
+
+
+async def test_11_old_token_needs_an_earlier_token(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [{"kind": "old_token", "rate": 1.0}])
+    f = h.request(h.flow(body=call("echo"), headers={"authorization": "Bearer only-one"}))
+    assert f.request.headers["authorization"] == "Bearer only-one"
+    assert f.metadata["mcp_lab"]["faults"] == []
+
+
+# ---------------------------------------------------------------------- 6: storms
+
+
+async def test_6_storm_is_answered_by_the_proxy(tmp_path: Path) -> None:
+    rules = [{"kind": "storm", "rate": 1.0, "params": {"status": 429, "retry_after": 2.5}}]
+    h = Harness(tmp_path, rules)
+    f = h.request(h.flow(body=call("echo", 4)))
+    assert f.response is not None and f.response.status_code == 429
+    assert f.response.headers["retry-after"] == "3"
+    assert json.loads(f.response.content or b"")["id"] == 4
+    h.respond(f)  # no-op: mitmproxy does not call responseheaders for an addon's answer
+    await h.finish(f)
+    [rec] = h.tap(type="flow")
+    assert rec["answered_by"] == "proxy" and rec["status"] == 429
+    assert rec["faults"][0]["detail"] == {"status": 429, "shape": "sustained"}
+    assert f.metadata["mcp_lab"]["answered_by"] == "proxy"
+    assert [r["reason"] for r in h.tap(type="flow_end")] == ["complete"]
+
+
+async def test_6_a_storm_answers_alone(tmp_path: Path) -> None:
+    rules = [{"kind": "rewrite_origin", "rate": 1.0}, {"kind": "storm", "rate": 1.0}]
+    h = Harness(tmp_path, rules)
+    f = h.request(h.flow(body=call("echo"), headers={"origin": "http://127.0.0.1:1"}))
+    assert f.response is not None and f.response.status_code == 503
+    assert [x["fault"] for x in f.metadata["mcp_lab"]["faults"]] == ["storm"]
+    assert f.request.headers["origin"] == "http://127.0.0.1:1"
+
+
+async def test_6_storm_shapes_follow_the_clock(tmp_path: Path) -> None:
+    rules = [
+        {
+            "kind": "storm",
+            "rate": 1.0,
+            "window": {"start": 10, "end": 40},
+            "params": {"shape": "burst", "period": 10, "burst": 2, "send_retry_after": False},
+        }
+    ]
+    h = Harness(tmp_path, rules)
+    answered = []
+    for t in (5.0, 10.5, 13.0, 20.5, 29.0, 41.0):
+        h.clock.now = 1000.0 + t
+        f = h.request(h.flow(body=call("echo"), conn=f"c:{t}"))
+        answered.append(f.response is not None)
+        if f.response is not None:
+            assert "retry-after" not in f.response.headers
+    assert answered == [False, True, False, True, False, False]
+
+
+# ---------------------------------------------------------------------- 7, 8, 12: lost answers
+
+
+async def test_7_executed_then_lost_drops_the_response_and_cuts(tmp_path: Path) -> None:
+    h = Harness(
+        tmp_path, [{"kind": "executed_then_lost", "rate": 1.0, "match": {"tools": ["ledger.append"]}}]
+    )
+    f = h.request(h.flow(body=call("ledger.append", 7, key="k")))
+    h.respond(f)
+    chunks = sse_stream("pW", 1, rid=7)
+    out = decode(await h.stream(f, [b"".join(chunks)]))  # response and end of body together
+    assert [e.is_priming for e in out] == [True, False]
+    assert not any('"result"' in e.data for e in out)
+    assert h.cuts == [f]
+    [d] = h.tap(type="dropped")
+    assert d["index"] == 2 and d["fault"] == "executed_then_lost"
+
+
+async def test_7_executed_then_lost_on_a_json_answer_kills_the_flow(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [{"kind": "executed_then_lost", "rate": 1.0}])
+    f = h.request(h.flow(body=call("ledger.append")))
+    h.respond(f, sse=False)
+    assert f.error is not None and f.error.msg == "Connection killed."
+    h.addon.error(f)
+    assert [r["reason"] for r in h.tap(type="flow_end")] == ["cut_by_fault"]
+
+
+async def test_7_not_for_notifications(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [{"kind": "executed_then_lost", "rate": 1.0}])
+    f = h.request(h.flow(body=rpc("notifications/initialized", None)))
+    h.respond(f, 202, sse=False)
+    assert f.error is None
+
+
+async def test_7_8_a_refusal_is_not_lost(tmp_path: Path) -> None:
+    h = Harness(
+        tmp_path, [{"kind": "lose_delete_response", "rate": 1.0}, {"kind": "executed_then_lost", "rate": 1.0}]
+    )
+    for f in (h.request(h.flow("DELETE", conn="c:1")), h.request(h.flow(body=call("echo"), conn="c:2"))):
+        h.respond(f, 404, sse=False)
+        assert f.error is None and f.metadata["mcp_lab"]["faults"] == []
+
+
+async def test_8_lose_delete_response(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [{"kind": "lose_delete_response", "rate": 1.0}])
+    f = h.request(h.flow("DELETE"))
+    h.respond(f, 200, sse=False)
+    assert f.error is not None
+    h.addon.error(f)
+    [rec] = h.tap(type="flow")
+    assert rec["status"] == 200 and rec["faults"][0]["fault"] == "lose_delete_response"
+    assert [r["reason"] for r in h.tap(type="flow_end")] == ["cut_by_fault"]
+
+
+async def test_12_expiry_race_expires_before_the_response_passes(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [{"kind": "expiry_race", "rate": 1.0}])
+    f = h.request(h.flow(body=call("echo", 3), session="raw-session-id"))
+    h.respond(f)
+    assert f.response is not None and callable(f.response.stream)
+    chunks = sse_stream("pZ", 0, rid=3)
+    assert f.response.stream(chunks[0]) == [chunks[0]]
+    assert h.expired == []
+    f.response.stream(chunks[1])
+    assert [c.session_id for c in h.expired] == ["raw-session-id"]
+    assert h.expired[0].url == "http://127.0.0.1:9/lab-admin/expire" and h.expired[0].token == "admin-token"
+    [fault] = h.tap(type="fault")
+    assert fault["fault"] == "expiry_race" and fault["detail"]["admin_status"] == 200
+    assert "raw-session-id" not in h.tap_path.read_text()
+
+
+async def test_12_expiry_race_on_a_json_answer(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [{"kind": "expiry_race", "rate": 1.0}])
+    f = h.request(h.flow(body=call("echo")))
+    h.respond(f, sse=False)
+    await h.finish(f)
+    assert len(h.expired) == 1 and h.tap(type="fault")[0]["detail"]["order"] == "before"
+
+
+async def test_12_concurrent_order_expires_off_the_loop(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [{"kind": "expiry_race", "rate": 1.0, "params": {"order": "concurrent"}}])
+    f = h.request(h.flow(body=call("echo", 1)))
+    h.respond(f)
+    out = await h.stream(f, sse_stream("pQ", 0), end=False)
+    assert len(decode(out)) == 2
+    import asyncio
+
+    for _ in range(200):
+        if h.tap(type="fault"):
+            break
+        await asyncio.sleep(0.01)
+    assert h.tap(type="fault")[0]["detail"]["order"] == "concurrent"
+
+
+async def test_12_without_an_admin_token_nothing_fires(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [{"kind": "expiry_race", "rate": 1.0}], mcpfaults_admin_token="")
+    f = h.request(h.flow(body=call("echo")))
+    h.respond(f)
+    await h.stream(f, sse_stream("pN", 0))
+    assert h.expired == []
+
+
+# ---------------------------------------------------------------------- decisions and changes
+
+
+async def test_decisions_do_not_depend_on_arrival_order(tmp_path: Path) -> None:
+    rules = [{"kind": "cut_stream", "rate": 0.3, "params": {"min_index": 0}}]
+    conns = [f"c{i}:1" for i in range(30)]
+
+    async def run(order: list[str], where: Path) -> dict[str, list[str]]:
+        h = Harness(where, rules, seed=42)
+        for conn in order:
+            f = h.request(h.flow(body=call("ticker"), conn=conn))
+            h.respond(f)
+            await h.stream(f, sse_stream("pD", 3))
+        flows = {r["flow"]: r["conn"] for r in h.tap(type="flow")}
+        out: dict[str, list[str]] = {}
+        for d in h.tap(type="dropped"):
+            out.setdefault(flows[d["flow"]], []).append(f"{d['index']}:{d['decision']}")
+        return out
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    forward = await run(conns, tmp_path / "a")
+    backward = await run(list(reversed(conns)), tmp_path / "b")
+    assert forward == backward and 0 < len(forward) < len(conns)
+
+
+async def test_plan_file_changes_are_picked_up_and_bad_ones_refused(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"seed": 1, "rules": []}))
+    h = Harness(tmp_path, None, mcpfaults_plan=str(plan), mcpfaults_poll="0.5")
+    tmp = tmp_path / "plan.tmp"
+    tmp.write_text(json.dumps({"seed": 1, "rules": [{"kind": "storm", "rate": 1.0}]}))
+    tmp.replace(plan)
+    h.clock.now += 1.0
+    f = h.request(h.flow(body=call("echo"), conn="c:1"))
+    assert f.response is not None and f.response.status_code == 503
+    plan.write_text("{broken")
+    h.clock.now += 1.0
+    g = h.request(h.flow(body=call("echo"), conn="c:2"))
+    assert g.response is not None, "the last good plan keeps running"
+    records = h.tap(type="plan")
+    assert [r["version"] for r in records if r["error"] is None] == [1, 2]
+    assert "not JSON" in records[-1]["error"]
+
+
+async def test_set_command_changes_the_plan(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [])
+    h.configure(
+        mcpfaults_plan=json.dumps({"seed": 1, "rules": [{"kind": "strip_protocol_version", "rate": 1}]})
+    )
+    f = h.request(h.flow(body=call("echo")))
+    assert "mcp-protocol-version" not in f.request.headers
+
+
+async def test_window_limits_a_fault_in_time(tmp_path: Path) -> None:
+    rules = [{"kind": "strip_protocol_version", "rate": 1.0, "window": {"start": "5s", "end": "10s"}}]
+    h = Harness(tmp_path, rules)
+    stripped = []
+    for t in (1.0, 6.0, 11.0):
+        h.clock.now = 1000.0 + t
+        f = h.request(h.flow(body=call("echo"), conn=f"c:{t}"))
+        stripped.append("mcp-protocol-version" not in f.request.headers)
+    assert stripped == [False, True, False]
+
+
+async def test_event_type_and_retry_survive_reframing(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [])
+    f = h.request(h.flow("GET"))
+    h.respond(f)
+    raw = encode_event("x", id="1", event="message", retry=250) + encode_event(None, retry=1000)
+    out = decode(await h.stream(f, [raw]))
+    assert [(e.id, e.event, e.retry, e.data, e.has_data) for e in out] == [
+        ("1", "message", 250, "x", True),
+        (None, None, 1000, "", False),
+    ]
+    assert [s["retry"] for s in h.tap(type="sent")] == [250, 1000]

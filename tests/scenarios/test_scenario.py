@@ -1,0 +1,421 @@
+"""Scenario files: every shipped one loads, and every kind of mistake is named with file and key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lab.faults.plan import FaultKind, parse_plan
+from lab.scenario import SCENARIO_DIR, ScenarioError, load_scenario, scenario_names
+
+REQUIRED = {"smoke", "gate-100k", "storm", "chaos-day", "capacity", "clients-2000", "tcp-toxics"}
+BUDGET_KEYS = {
+    "reconnect_qps",
+    "resume_p99_s",
+    "cross_stream_max",
+    "duplicate_dispatch_max",
+    "missing_rehandshake_max",
+    "origin_reject_rate",
+    "min_events",
+    "min_recoveries",
+    "min_404",
+    "min_illegal_origin",
+}
+
+MINIMAL = """
+seed = 1
+load = { users = 5, duration = "10s" }
+"""
+
+
+def family_scenario(kind: FaultKind) -> str:
+    return "storm" if kind is FaultKind.STORM else kind.value.replace("_", "-")
+
+
+# ---------------------------------------------------------------------- shipped scenarios
+
+
+@pytest.mark.parametrize("name", scenario_names())
+def test_every_shipped_scenario_loads_and_is_bounded(name: str) -> None:
+    sc = load_scenario(name)
+    assert sc.name == name and sc.path == SCENARIO_DIR / f"{name}.toml"
+    assert sc.load.duration is not None or sc.load.event_target is not None
+    assert sc.load.hard_timeout >= (sc.load.duration or 0)
+    assert set(sc.budgets()) == BUDGET_KEYS
+    json.dumps(sc.to_dict())  # run.json takes it as is
+    plan = parse_plan(sc.fault_plan_json(1_000.0))
+    assert plan.rules == sc.faults and plan.run_start == 1_000.0 and plan.seed == sc.seed
+    for w in sc.fault_windows(1_000.0):
+        assert 1_000.0 <= w["start"] < w["end"] <= 1_000.0 + sc.horizon
+    assert sc.stages()[-1]["until"] == pytest.approx(sc.horizon)
+
+
+def test_the_required_scenarios_and_one_per_fault_family() -> None:
+    names = set(scenario_names())
+    assert names >= REQUIRED
+    for kind in FaultKind:
+        sc = load_scenario(family_scenario(kind))
+        assert kind in {r.kind for r in sc.faults}, f"{sc.name} does not exercise {kind}"
+
+
+def test_smoke_is_small_and_short() -> None:
+    sc = load_scenario("smoke")
+    assert 10 <= sc.load.users <= 30 and sc.duration is not None and sc.duration < 60
+    assert 1 <= len(sc.faults) <= 6
+
+
+def test_gate_100k_has_every_family_and_enough_events() -> None:
+    sc = load_scenario("gate-100k")
+    assert {r.kind for r in sc.faults} == set(FaultKind)
+    assert sc.toxics and sc.load.event_target is not None and sc.load.event_target >= 100_000
+    assert sc.budgets()["min_events"] >= 100_000
+
+
+def test_storm_has_every_shape_and_a_budget() -> None:
+    sc = load_scenario("storm")
+    shapes = {getattr(r.params, "shape", None) for r in sc.faults if r.kind is FaultKind.STORM}
+    assert shapes == {"burst", "sustained", "ramp"}
+    assert sc.budgets()["reconnect_qps"] == sc.reconnect.budget_qps
+
+
+def test_chaos_day_is_a_timeline_with_faults_only_in_fault_phases() -> None:
+    sc = load_scenario("chaos-day")
+    assert {p.kind for p in sc.phases} >= {"steady", "faults", "recovery", "quiet"}
+    fault_phases = [(p.start, p.end) for p in sc.phases if p.kind == "faults"]
+    for r in sc.faults:
+        assert r.window is not None and (r.window.start, r.window.end) in fault_phases
+
+
+def test_capacity_ramps_and_2000_clients() -> None:
+    users = [s["users"] for s in load_scenario("capacity").stages()]
+    assert users == sorted(users) and users[-1] > users[0]
+    assert load_scenario("clients-2000").load.users >= 2000
+
+
+def test_toxics_schedule_is_plain_data() -> None:
+    sched = load_scenario("tcp-toxics").toxics_schedule()
+    assert {t["kind"] for t in sched} == {
+        "latency",
+        "bandwidth",
+        "slicer",
+        "slow_close",
+        "limit_data",
+        "reset_peer",
+        "timeout",
+    }
+    first = sched[0]
+    assert first == {
+        "name": "latency-0",
+        "kind": "latency",
+        "stream": "downstream",
+        "toxicity": 1.0,
+        "attributes": {"latency": 150, "jitter": 50},
+        "at": 10.0,
+        "until": 30.0,
+    }
+    assert [t["at"] for t in sched] == sorted(t["at"] for t in sched)
+
+
+def test_serve_args_follow_the_target() -> None:
+    args = load_scenario("old-token").serve_args()
+    assert "--tokens" in args and "alice-token=alice" in args[args.index("--tokens") + 1]
+
+
+# ---------------------------------------------------------------------- mistakes
+
+
+def load_text(tmp_path: Path, text: str, name: str = "bad") -> list[str]:
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(path)
+    assert e.value.path == str(path)
+    for line in str(e.value).splitlines()[1:]:
+        assert line.startswith(f"{path}: "), line
+    return [str(p) for p in e.value.problems]
+
+
+def test_minimal_is_valid(tmp_path: Path) -> None:
+    path = tmp_path / "mini.toml"
+    path.write_text(MINIMAL)
+    sc = load_scenario(path)
+    assert sc.load.hard_timeout == 80.0 and sc.load.spawn_rate == 5.0 and sc.faults == ()
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ('colour = "red"', "colour: unknown key"),
+        ("seeed = 2", "seeed: unknown key (did you mean 'seed'?)"),
+        ('[target]\nkind = "remote"', "target.kind: expected one of 'reference', 'url', got 'remote'"),
+        ('[target]\nkind = "url"', "target.url: required when kind = 'url'"),
+        (
+            '[target]\nkind = "url"\nurl = "http://x/mcp"\ndelete = "refuse"',
+            "target.delete: only for kind = 'reference'",
+        ),
+        ('[target]\nurl = "http://x/mcp"', "target.url: only for kind = 'url'"),
+        (
+            '[target]\nprotocol_version = "2026-07-28"',
+            "target.protocol_version: expected one of '2025-03-26'",
+        ),
+        ('[target.tokens]\n"bad token" = "x"', "target.tokens.bad token: expected a bearer token"),
+        ("[reconnect]\nbudget_qps = 0", "reconnect.budget_qps: expected a number > 0, got 0"),
+        (
+            '[reconnect]\nbackoff_base = "2s"\nbackoff_cap = "1s"',
+            "reconnect.backoff_cap: must be >= backoff_base",
+        ),
+        (
+            "[budgets]\norigin_reject_rate = 1.5",
+            "budgets.origin_reject_rate: expected a number in 0..1, got 1.5",
+        ),
+        ('[budgets]\nresume_p99_s = "fast"', "budgets.resume_p99_s: expected a duration like"),
+        ("[budgets]\nmin_events = -1", "budgets.min_events: expected an integer >= 0, got -1"),
+        ('[[faults]]\nkind = "storm"\nrate = 1.5', "faults[0].rate: expected a number in 0..1, got 1.5"),
+        (
+            '[[faults]]\nkind = "storm"\nrate = "often"',
+            "faults[0].rate: expected a number in 0..1, got 'often'",
+        ),
+        ('[[faults]]\nkind = "meteor"\nrate = 0.1', "faults[0].kind: unknown fault 'meteor'"),
+        (
+            '[[faults]]\nkind = "storm"\nrate = 0.1\nwindow = { start = "5 seconds" }',
+            "faults[0].window.start: expected a duration like '30s'",
+        ),
+        (
+            '[[faults]]\nkind = "storm"\nrate = 0.1\nwindow = { start = "20s" }',
+            "faults[0].window: never active: it starts at 20s and the run lasts 10s",
+        ),
+        (
+            '[[faults]]\nkind = "storm"\nrate = 0.1\nphase = "x"',
+            "faults[0].phase: unknown phase 'x' (phases: none",
+        ),
+        (
+            '[[faults]]\nkind = "cut_stream"\nrate = 0.1\nparams = { min_index = "one" }',
+            "faults[0].params.min_index: expected an integer >= 0, got 'one'",
+        ),
+        (
+            '[[faults]]\nkind = "expiry_race"\nrate = 0.1\n[target]\nkind = "url"\nurl = "http://127.0.0.1:1/mcp"',
+            "faults[0].kind: expiry_race needs the reference server",
+        ),
+        (
+            '[[faults]]\nkind = "old_token"\nrate = 0.1',
+            "faults[0].kind: old_token needs target.tokens with at least two subjects",
+        ),
+        ('[[toxics]]\nkind = "latency"', "toxics[0].attributes.latency: required for a latency toxic"),
+        (
+            '[[toxics]]\nkind = "latency"\nattributes = { latency = 5, jiter = 1 }',
+            "toxics[0].attributes.jiter: unknown key (did you mean 'jitter'?)",
+        ),
+        (
+            '[[toxics]]\nkind = "latency"\ntoxicity = 0\nattributes = { latency = 5 }',
+            "toxics[0].toxicity: 0 is not allowed",
+        ),
+        ('[[toxics]]\nkind = "earthquake"', "toxics[0].kind: expected one of 'latency'"),
+        (
+            '[[toxics]]\nkind = "slicer"\nattributes = { average_size = 4, size_variation = 4 }',
+            "toxics[0].attributes: slicer.size_variation (4) must be smaller than slicer.average_size (4)",
+        ),
+        (
+            '[[toxics]]\nkind = "bandwidth"\nstream = "sideways"\nattributes = { rate = 1 }',
+            "toxics[0].stream: expected one of 'downstream', 'upstream'",
+        ),
+        (
+            '[[toxics]]\nkind = "timeout"\nat = "5s"\nuntil = "2s"\nattributes = { timeout = 1 }',
+            "toxics[0].until: must be after at",
+        ),
+    ],
+)
+def test_each_mistake_is_named(tmp_path: Path, extra: str, expected: str) -> None:
+    got = load_text(tmp_path, MINIMAL + "\n" + extra + "\n")
+    assert any(p.startswith(expected) for p in got), got
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('[load]\nusers = 5\nduration = "10s"', "seed: required"),
+        ('seed = 1\n[load]\nusers = "5"\nduration = "10s"', "load.users: expected an integer >= 1, got '5'"),
+        (
+            'seed = 1\n[load]\nusers = true\nduration = "10s"',
+            "load.users: expected an integer >= 1, got true",
+        ),
+        ("seed = 1\n[load]\nusers = 5", "load.duration: give a duration, an event_target, or both"),
+        (
+            'seed = 1\n[load]\nusers = 5\nduration = "1m"\nhard_timeout = "30s"',
+            "load.hard_timeout: must be >= the duration",
+        ),
+        (
+            'seed = 1\n[load]\nusers = 5\nduration = "1m"\nworkers = 9',
+            "load.workers: more workers (9) than users (5)",
+        ),
+        (
+            'seed = 1\n[load]\nusers = 5\nduration = "1m"\n[load.mix]\nread = 0\nstream = 0\nwrite = 0',
+            "load.mix.read: the task mix needs",
+        ),
+        (
+            'seed = 1\nname = "other"\n[load]\nusers = 5\nduration = "1m"',
+            "name: must match the file name 'bad'",
+        ),
+        ("seed = 1\n[load\nusers = 5", "not valid TOML"),
+        ("seed = 1\nload = 5", "load: expected a table, got 5"),
+        ("seed = 1\n[[faults]]\n[load]\nusers = 5\nduration = '1m'", "faults[0].kind: required"),
+    ],
+)
+def test_whole_file_mistakes(tmp_path: Path, text: str, expected: str) -> None:
+    got = load_text(tmp_path, text)
+    assert any(p.startswith(expected) for p in got), got
+
+
+def test_contradicting_fault_windows(tmp_path: Path) -> None:
+    text = (
+        MINIMAL
+        + """
+[[faults]]
+kind = "storm"
+rate = 0.2
+window = { start = "0s", end = "6s" }
+[[faults]]
+kind = "storm"
+rate = 0.9
+window = { start = "5s", end = "8s" }
+"""
+    )
+    got = load_text(tmp_path, text)
+    assert got == [
+        "faults[1].window: overlaps faults[0] ('storm#0'): two storm rules with the same match and overlapping "
+        "windows contradict each other; make the windows disjoint or the matches different"
+    ]
+
+
+def test_faults_in_a_quiet_phase_contradict_it(tmp_path: Path) -> None:
+    text = """
+seed = 1
+[load]
+users = 5
+[[phases]]
+name = "calm"
+kind = "steady"
+duration = "10s"
+[[phases]]
+name = "chaos"
+kind = "faults"
+duration = "10s"
+[[faults]]
+kind = "cut_stream"
+rate = 0.1
+[[faults]]
+kind = "drop_priming"
+rate = 0.1
+phase = "chaos"
+[[toxics]]
+kind = "latency"
+at = "5s"
+attributes = { latency = 10 }
+[[toxics]]
+kind = "latency"
+phase = "chaos"
+attributes = { latency = 10 }
+"""
+    got = load_text(tmp_path, text)
+    assert any(
+        p.startswith("faults[0].window: active during the steady phase 'calm' (0s..10s)") for p in got
+    ), got
+    assert any(p.startswith("toxics[0].at: active during the steady phase 'calm'") for p in got), got
+    assert any(p.startswith("toxics[1].at: overlaps toxics[0] ('latency-0')") for p in got), got
+    assert not any(p.startswith("faults[1]") for p in got), got
+
+
+def test_phases_set_the_duration(tmp_path: Path) -> None:
+    text = """
+seed = 1
+[load]
+users = 5
+duration = "30s"
+[[phases]]
+kind = "steady"
+duration = "10s"
+[[phases]]
+kind = "warp"
+duration = "10s"
+users = 50
+"""
+    got = load_text(tmp_path, text)
+    assert (
+        "phases[1].kind: expected one of 'steady', 'ramp', 'faults', 'recovery', 'quiet', got 'warp'" in got
+    )
+    assert any(p.startswith("load.duration: 30s disagrees with the phases (20s in all)") for p in got), got
+    assert any(p.startswith("load.users: a phase asks for 50 users") for p in got), got
+
+
+def test_all_problems_at_once(tmp_path: Path) -> None:
+    text = """
+colour = 1
+[load]
+users = 0
+duration = "forever"
+[[faults]]
+kind = "storm"
+rate = 7
+[[faults]]
+kind = "nope"
+rate = 0.5
+[[toxics]]
+kind = "latency"
+toxicity = 0
+"""
+    got = load_text(tmp_path, text)
+    keys = {p.split(": ", 1)[0] for p in got}
+    assert keys >= {
+        "colour",
+        "seed",
+        "load.users",
+        "load.duration",
+        "faults[0].rate",
+        "faults[1].kind",
+        "toxics[0].toxicity",
+        "toxics[0].attributes.latency",
+    }
+
+
+def test_a_name_resolves_to_the_scenarios_folder_and_unknown_names_list_the_known(tmp_path: Path) -> None:
+    with pytest.raises(ScenarioError) as e:
+        load_scenario("no-such-scenario")
+    assert "no such scenario file (known scenarios: " in str(e.value) and "smoke" in str(e.value)
+    assert str(e.value).count("scenarios/no-such-scenario.toml") >= 1
+
+
+@pytest.mark.parametrize("name", [n for n in scenario_names() if load_scenario(n).toxics])
+def test_toxics_are_ones_the_nemesis_accepts(name: str) -> None:
+    from lab.nemesis.schedule import ScheduledToxic, plan_steps
+    from lab.nemesis.toxics import make_toxic
+
+    entries = [
+        ScheduledToxic(
+            "mcp",
+            make_toxic(
+                t["kind"], stream=t["stream"], name=t["name"], toxicity=t["toxicity"], **t["attributes"]
+            ),
+            t["at"],
+            t["until"],
+        )
+        for t in load_scenario(name).toxics_schedule()
+    ]
+    assert plan_steps(entries)
+
+
+def test_load_settings_for_the_locust_processes() -> None:
+    from lab.load.settings import LoadSettings
+
+    sc = load_scenario("chaos-day")
+    settings = sc.load_settings("http://127.0.0.1:1/mcp", "/tmp/run")
+    assert LoadSettings.from_json(settings.to_json()) == settings
+    assert settings.ticker == {"count": 40, "interval_ms": 50, "close_after": 15, "retry_ms": 500}
+    assert settings.tokens == (("alice-token", "alice"), ("bob-token", "bob"))
+    assert settings.stages[-1] == (630.0, 0, 1.0) and settings.reconnect_qps == 60
+    assert load_scenario("smoke").ticker_arguments()["close_after"] is None
+
+
+def test_fault_windows_name_toxics_as_the_checker_counts_them() -> None:
+    windows = load_scenario("gate-100k").fault_windows(0.0)
+    assert {"toxic:latency", "toxic:limit_data", "toxic:reset_peer"} <= {w["fault"] for w in windows}
