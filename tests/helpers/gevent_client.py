@@ -48,9 +48,11 @@ def main() -> None:
             ("ticker", {"count": 9, "interval_ms": 30, "close_after": 3, "retry_ms": 50}),
         ):
             handle: CallHandle = driver.call(core.call_tool, tool, args)
-            driver.wait_for(
-                lambda h=handle: any(isinstance(n, CallFinished) and n.call == h for n in notices), 20
-            )
+
+            def finished(h: CallHandle = handle) -> bool:
+                return any(isinstance(n, CallFinished) and n.call == h for n in notices)
+
+            driver.wait_for(finished, 20)
             outcomes += [str(n.outcome) for n in notices if isinstance(n, CallFinished) and n.call == handle]
         driver.call(core.leave)
         driver.wait_for(lambda: any(isinstance(n, LeaveFinished) for n in notices), 10)
