@@ -1,0 +1,91 @@
+"""Time series for the figures, computed from a loaded run folder (`RunData`).
+
+Every series is indexed by the whole second it covers (epoch seconds, int: the bin is
+[s, s+1)), values are counts. `origin` is the zero of the figures' time axis.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from lab.checker.gate_reconnect import per_second
+from lab.checker.load import RunData
+
+
+def origin(data: RunData) -> float | None:
+    """run.json started_at, else the earliest time in the ledgers, else None."""
+    started = (data.run or {}).get("started_at")
+    if isinstance(started, int | float) and not isinstance(started, bool):
+        return float(started)
+    candidates: list[float] = []
+    if data.tap is not None and len(data.tap["flow"]):
+        candidates.append(float(data.tap["flow"]["t"].min()))
+    if data.client is not None and len(data.client["http_exchanges"]):
+        candidates.append(float(data.client["http_exchanges"]["started_at"].min()))
+    finite = [c for c in candidates if math.isfinite(c)]
+    return min(finite) if finite else None
+
+
+def _bins(times: pd.Series) -> pd.Series:
+    if not len(times):
+        return pd.Series(dtype="int64")
+    seconds = np.floor(times.astype("float64").dropna().to_numpy()).astype("int64")
+    return pd.Series(seconds).value_counts().sort_index()
+
+
+def events_per_second(data: RunData) -> tuple[pd.Series, str]:
+    """(events per second, what was counted): the tap's `sent` events with a message;
+    else the server's non-priming `events_sent`; else the clients' accepted receipts."""
+    if data.tap is not None:
+        sent = data.tap["sent"]
+        mask = sent["has_data"].fillna(False).astype(bool) & ~sent["priming"].fillna(False).astype(bool)
+        return _bins(sent.loc[mask, "t"]), "events sent (tap)"
+    if data.server is not None:
+        ev = data.server["events_sent"]
+        return _bins(ev.loc[ev["kind"] != "priming", "sent_at"]), "events sent (server ledger)"
+    if data.client is not None:
+        inbox = data.client["inbox"]
+        return _bins(inbox.loc[inbox["kind"] != "priming", "accepted_at"]), "events accepted (clients)"
+    return pd.Series(dtype="int64"), "no events recorded"
+
+
+def active_clients(data: RunData) -> pd.Series:
+    """Clients with at least one request open (a stream or a call) during each second.
+
+    Each client's exchanges [started_at, ended_at] are merged into disjoint busy
+    intervals; a client counts once in every 1 s bin one of its intervals touches, however
+    many connections it has open (a request of 5 ms counts for its second).
+    """
+    if data.client is None or "http_exchanges" in data.client_tables_absent:
+        return pd.Series(dtype="int64")
+    x = data.client["http_exchanges"][["client_id", "started_at", "ended_at"]].dropna()
+    if not len(x):
+        return pd.Series(dtype="int64")
+    x = x.sort_values(["client_id", "started_at"], kind="stable")
+    reach = x.groupby("client_id", sort=False)["ended_at"].cummax()
+    previous = reach.groupby(x["client_id"], sort=False).shift()
+    starts_new = previous.isna() | (x["started_at"] > previous)
+    interval = starts_new.cumsum()
+    busy = x.groupby(interval).agg(
+        client_id=("client_id", "first"), start=("started_at", "min"), end=("ended_at", "max")
+    )
+    first = np.floor(busy["start"].to_numpy(dtype="float64")).astype("int64")
+    last = np.maximum(np.floor(busy["end"].to_numpy(dtype="float64")).astype("int64"), first)
+    lengths = last - first + 1
+    # Every (client, second) an interval touches: first, first+1, ..., last per interval.
+    offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    seconds = np.repeat(first, lengths) + offsets
+    clients = np.repeat(busy["client_id"].to_numpy(dtype=object), lengths)
+    touched = pd.DataFrame({"client_id": clients, "second": seconds}).drop_duplicates()
+    counts = touched.groupby("second").size()
+    full = np.arange(int(counts.index.min()), int(counts.index.max()) + 1, dtype="int64")
+    return counts.reindex(full, fill_value=0).astype("int64")
+
+
+def reconnects_per_second(data: RunData) -> pd.Series:
+    if data.client is None or "reconnects" in data.client_tables_absent:
+        return pd.Series(dtype="int64")
+    return per_second(data.client["reconnects"])

@@ -1,0 +1,222 @@
+"""What every gate shares: the budgets, the run's event count, the client-ledger evidence,
+and a cache for the joins several gates use.
+
+Budgets come from run.json `budgets` (docs/ledgers.md). Where run.json does not give
+one, the SPEC.md value is used and the name is listed in `Budgets.defaulted` (reported);
+the reconnect QPS budget has no SPEC value ("the configured budget"), so without it gate
+6 is inconclusive. Evidence minima without a value default to 1 (at least one), except
+`min_events`, which defaults to SPEC.md's 100,000.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+import pandas as pd
+
+from lab.checker.load import RunData
+from lab.checker.model import Evidence, Scalar
+
+SPEC_DEFAULTS: dict[str, float | int] = {
+    "resume_p99_s": 5.0,
+    "cross_stream_max": 0,
+    "duplicate_dispatch_max": 0,
+    "missing_rehandshake_max": 0,
+    "origin_reject_rate": 1.0,
+    "min_events": 100_000,
+    "min_recoveries": 1,
+    "min_404": 1,
+    "min_illegal_origin": 1,
+}
+INTEGER_BUDGETS = frozenset(
+    {
+        "cross_stream_max",
+        "duplicate_dispatch_max",
+        "missing_rehandshake_max",
+        "min_events",
+        "min_recoveries",
+        "min_404",
+        "min_illegal_origin",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    reconnect_qps: float | None
+    resume_p99_s: float
+    cross_stream_max: int
+    duplicate_dispatch_max: int
+    missing_rehandshake_max: int
+    origin_reject_rate: float
+    min_events: int
+    min_recoveries: int
+    min_404: int
+    min_illegal_origin: int
+    defaulted: tuple[str, ...] = ()
+    invalid: tuple[str, ...] = ()
+    """Names whose run.json value was not a usable number (the default was used)."""
+
+    def as_dict(self) -> dict[str, Scalar]:
+        return {name: getattr(self, name) for name in ("reconnect_qps", *SPEC_DEFAULTS)}
+
+
+def parse_budgets(run: dict[str, Any] | None) -> Budgets:
+    given = run.get("budgets") if run is not None else None
+    raw: dict[str, Any] = given if isinstance(given, dict) else {}
+    values: dict[str, Any] = {}
+    defaulted: list[str] = []
+    invalid: list[str] = []
+    for name in ("reconnect_qps", *SPEC_DEFAULTS):
+        value = raw.get(name)
+        number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+        if number is not None and math.isfinite(number) and number >= 0:
+            values[name] = int(number) if name in INTEGER_BUDGETS else float(number)
+            continue
+        if value is not None:
+            invalid.append(name)
+        values[name] = SPEC_DEFAULTS.get(name)
+        defaulted.append(name)
+    return Budgets(**values, defaulted=tuple(defaulted), invalid=tuple(invalid))
+
+
+@dataclass(slots=True)
+class Context:
+    data: RunData
+    budgets: Budgets
+    witness_limit: int = 5
+    _cache: dict[str, Any] = field(default_factory=dict)
+
+    def cached[T](self, name: str, make: Callable[[], T]) -> T:
+        """Compute a shared join once; an exception is cached too, so every gate that
+        needs a broken join reports the same error."""
+        if name not in self._cache:
+            try:
+                self._cache[name] = make()
+            except Exception as e:
+                self._cache[name] = e
+        hit = self._cache[name]
+        if isinstance(hit, Exception):
+            raise hit
+        return cast(T, hit)
+
+    def event_count(self) -> tuple[int | None, str]:
+        """(count, source): SSE events carrying a message that the server sent, as the tap
+        saw them (`sent`, has_data true, priming false); without a tap, the server
+        ledger's non-priming `events_sent` rows; (None, "none") without either."""
+        return self.cached("event_count", self._count_events)
+
+    def _count_events(self) -> tuple[int | None, str]:
+        data = self.data
+        if data.tap is not None:
+            sent = data.tap["sent"]
+            has_data = sent["has_data"].fillna(False).astype(bool)
+            priming = sent["priming"].fillna(False).astype(bool)
+            return int((has_data & ~priming).sum()), "tap"
+        if data.server is not None:
+            events = data.server["events_sent"]
+            return int((events["kind"] != "priming").sum()), "server"
+        return None, "none"
+
+    def events_evidence(self) -> Evidence:
+        count, source = self.event_count()
+        need = self.budgets.min_events
+        if count is None:
+            return Evidence(
+                "events",
+                need,
+                None,
+                False,
+                "no event count: neither the proxy tap nor the server ledger could be read",
+            )
+        return Evidence("events", need, count, count >= need, f"SSE events with a message, from the {source}")
+
+    def client_evidence(self) -> list[Evidence]:
+        """Every worker's client ledger was readable (else the clients of a broken file
+        are unchecked and the gate cannot pass)."""
+        broken = self.data.source_errors("client")
+        if not broken:
+            return []
+        names = ", ".join(s.path for s in broken)
+        return [Evidence("client ledgers readable", True, False, False, f"unreadable: {names}")]
+
+    def require_client(self, table: str) -> pd.DataFrame:
+        return self.data.client_table(table)
+
+    @property
+    def origin(self) -> float | None:
+        """The run's start (epoch s), the zero of `T+` times in explanations."""
+        run = self.data.run or {}
+        started = run.get("started_at")
+        return float(started) if isinstance(started, int | float) and not isinstance(started, bool) else None
+
+    @property
+    def stopped_at(self) -> float | None:
+        run = self.data.run or {}
+        stopped = run.get("stopped_at")
+        return float(stopped) if isinstance(stopped, int | float) and not isinstance(stopped, bool) else None
+
+
+KEY_SEP = "|"
+
+
+def text_key(*columns: pd.Series) -> pd.Series:
+    """One text key per row: the columns' values joined by `|`, null written as `-`.
+
+    Joins of the checker match rows on several columns at once (session, stream, event
+    ID, digest); a single key column makes that a hash lookup. Built with a plain list
+    comprehension: several times faster than adding pandas string columns, which
+    dominated the check of large runs.
+    """
+    parts = []
+    for column in columns:
+        values = column.to_numpy(dtype=object)
+        missing = pd.isna(values)
+        if missing.any():
+            values = np.where(missing, "-", values)
+        # str() only where needed: most key columns already hold strings.
+        parts.append(values.tolist() if _all_text(column) else list(map(str, values)))
+    joined = parts[0] if len(parts) == 1 else [KEY_SEP.join(row) for row in zip(*parts, strict=True)]
+    return pd.Series(joined, index=columns[0].index, dtype="object")
+
+
+def _all_text(column: pd.Series) -> bool:
+    return column.dtype == object and bool(
+        pd.api.types.infer_dtype(column, skipna=True) in ("string", "empty")
+    )
+
+
+def in_keys(keys: pd.Series, known: pd.Series | set[str]) -> pd.Series:
+    """keys.isin(known), with a Python set (faster than pandas' on object strings)."""
+    pool = known if isinstance(known, set) else set(known.tolist())
+    return pd.Series([k in pool for k in keys.tolist()], index=keys.index, dtype=bool)
+
+
+def text_ids(values: pd.Series) -> pd.Series:
+    """JSON-RPC IDs as text, the way the client writes them (`post:7`, jsonrpc_id "7"):
+    a JSON number read back as a float (7.0, pandas' doing when a column has nulls)
+    becomes "7"; strings stay as they are; null stays null."""
+
+    def one(value: object) -> str | None:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return None
+        if isinstance(value, float) and value.is_integer():
+            return str(int(value))
+        return str(value)
+
+    return values.map(one).astype("object")
+
+
+def split_conn(conn: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """`x-lab-conn` = "<client-id>:<conn-id>" -> (client_id, conn_id as a nullable int).
+    The client ID may itself contain ':' so the split is at the last one."""
+    if not len(conn):  # str.rpartition of nothing has no columns at all
+        return pd.Series([], index=conn.index, dtype="object"), pd.Series([], index=conn.index, dtype="Int64")
+    parts = conn.astype("object").where(conn.notna(), "").astype(str).str.rpartition(":")
+    client = parts[0].where(parts[1] == ":")
+    number = pd.to_numeric(parts[2].where(parts[1] == ":"), errors="coerce").astype("Int64")
+    return client.astype("object"), number

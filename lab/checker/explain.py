@@ -1,0 +1,51 @@
+"""Small helpers that turn ledger rows into witness rows and one-line explanations."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lab.checker.model import Scalar
+
+
+def scalar(value: Any) -> Scalar:
+    """A JSON-ready scalar: numpy numbers become Python ones, NaN/NA/inf become None."""
+    if value is None or value is pd.NA or value is pd.NaT:
+        return None
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, bool | int | str):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    return str(value)
+
+
+def row_of(row: Mapping[str, Any] | pd.Series, names: Iterable[str]) -> dict[str, Scalar]:
+    return {name: scalar(row[name]) for name in names if name in row}
+
+
+def short(digest: Any, n: int = 12) -> str:
+    return "?" if digest is None or (isinstance(digest, float) and math.isnan(digest)) else str(digest)[:n]
+
+
+def present(value: Any) -> bool:
+    return not (value is None or value is pd.NA or (isinstance(value, float) and math.isnan(value)))
+
+
+def at(t: Any, origin: float | None) -> str:
+    """A time as `T+12.345 s` from the run's start (or epoch seconds without one)."""
+    if not present(t):
+        return "at an unknown time"
+    t = float(t)
+    if origin is None:
+        return f"at {t:.3f}"
+    return f"at T+{t - origin:.3f} s"
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"

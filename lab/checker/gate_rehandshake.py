@@ -1,0 +1,176 @@
+"""Gate 3 — a request that carried a session ID, got 404, and did not lead to a new
+handshake (budget: 0).
+
+From the client ledger's `http_exchanges` (every request, `started_at`/`ended_at`):
+for each exchange with carried_session = 1 and status = 404 (DELETEs excluded: a 404
+to the DELETE of a leaving client only says the session is already gone), the client's
+*next* request is its first one with started_at > that 404's ended_at. Requests that
+were already under way when the 404 arrived are not "next" (a client has several
+connections open at once). The 404 is handled when that next request is an `initialize`
+without a session ID, or belongs to a newer session generation (another 404 already
+led to the new handshake). It is a violation when the next request carried the expired
+session generation (or an older one), was an initialize that carried a session ID, or
+was any other request without a session.
+
+With a proxy tap, the tap cross-checks: a next request whose flow carried the very
+session HMAC that got the 404 is a violation whatever the client's generation says,
+and 404s the tap saw on a client's connection that the client ledger records with
+another status are listed in the notes. A 404 after which the client made no request at
+all is counted (`no_next_request`), not a violation.
+
+Evidence: 404s to session-carrying requests >= min_404; client ledgers readable.
+Attribution: client.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from lab.checker.context import Context, split_conn
+from lab.checker.explain import at, present, row_of
+from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
+
+GATE = "missing_rehandshake"
+NUMBER = 3
+TITLE = "404 without a new handshake"
+
+NEXT_COLUMNS = ["conn_id", "purpose", "method", "carried_session", "session_generation", "started_at"]
+
+
+def check(ctx: Context) -> GateResult:
+    ex = ctx.require_client("http_exchanges").copy()
+    ex["conn_id"] = ex["conn_id"].astype("int64")
+    ex["carried_session"] = _flag(ex["carried_session"])
+    ex["session_generation"] = ex["session_generation"].astype("int64")
+    status = pd.to_numeric(ex["status"], errors="coerce")
+    is_404 = (status == 404) & ex["carried_session"] & (ex["purpose"] != "delete")
+    # merge_asof refuses null keys; an exchange without times cannot be placed anyway.
+    lost = ex[is_404].dropna(subset=["ended_at"]).sort_values("ended_at", kind="stable")
+    following = (
+        ex[["client_id", *NEXT_COLUMNS]]
+        .dropna(subset=["started_at"])
+        .sort_values("started_at", kind="stable")
+    )
+    following = following.rename(columns={c: f"next_{c}" for c in NEXT_COLUMNS})
+    joined = pd.merge_asof(
+        lost,
+        following,
+        left_on="ended_at",
+        right_on="next_started_at",
+        by="client_id",
+        direction="forward",
+        allow_exact_matches=False,
+    )
+    tap_session = _tap_sessions(ctx)
+    outcome = (
+        joined.apply(lambda r: _outcome(r, tap_session), axis=1) if len(joined) else pd.Series(dtype=object)
+    )
+    joined["outcome"] = outcome
+    bad = joined[joined["outcome"].astype(str).str.startswith("violation")]
+    count = len(bad)
+    no_next = int((joined["outcome"] == "no_next_request").sum()) if len(joined) else 0
+    budget = ctx.budgets.missing_rehandshake_max
+    evidence = [
+        ctx.events_evidence(),
+        Evidence(
+            "404s to requests with a session",
+            ctx.budgets.min_404,
+            len(lost),
+            len(lost) >= ctx.budgets.min_404,
+        ),
+        *ctx.client_evidence(),
+    ]
+    notes = _tap_cross_check(ctx, ex)
+    return GateResult(
+        number=NUMBER,
+        gate=GATE,
+        title=TITLE,
+        verdict=decide(count > budget, evidence),
+        summary=f"{count} of {len(lost)} session 404s not followed by a new initialize (budget {budget})",
+        budget={"missing_rehandshake_max": budget, "min_404": ctx.budgets.min_404},
+        measured={
+            "session_404s": len(lost),
+            "rehandshaken": int((joined["outcome"] == "initialize").sum()) if len(joined) else 0,
+            "already_newer_session": int((joined["outcome"] == "newer_session").sum()) if len(joined) else 0,
+            "no_next_request": no_next,
+            "violations": count,
+            "tap_cross_checked": tap_session is not None,
+        },
+        evidence=tuple(evidence),
+        violations=count,
+        witnesses=tuple(_witness(r, ctx) for _, r in bad.head(ctx.witness_limit).iterrows()),
+        attribution_counts={"client": count},
+        notes=tuple(notes),
+    )
+
+
+def _flag(values: pd.Series) -> pd.Series:
+    """A 0/1 ledger column as bool; null is false (not `bool(nan)`, which is true)."""
+    return pd.to_numeric(values, errors="coerce").fillna(0).astype(bool)
+
+
+def _tap_sessions(ctx: Context) -> dict[str, Any] | None:
+    """conn ("client:n") -> the session HMAC that request carried, as the tap saw it."""
+    if ctx.data.tap is None:
+        return None
+    flows = ctx.data.tap["flow"]
+    known = flows[flows["conn"].notna()]
+    return dict(zip(known["conn"].astype(str), known["session"], strict=True))
+
+
+def _outcome(r: pd.Series, tap_session: dict[str, Any] | None) -> str:
+    if not present(r["next_started_at"]):
+        return "no_next_request"
+    carried = bool(r["next_carried_session"])
+    if r["next_purpose"] == "initialize":
+        return "violation: initialize with a session ID" if carried else "initialize"
+    if not carried:
+        return "violation: a request without a session and no initialize"
+    if tap_session is not None:
+        this = tap_session.get(f"{r['client_id']}:{r['conn_id']}")
+        after = tap_session.get(f"{r['client_id']}:{int(r['next_conn_id'])}")
+        if present(this) and present(after) and this == after:
+            return "violation: the tap saw it carry the expired session"
+    if int(r["next_session_generation"]) > int(r["session_generation"]):
+        return "newer_session"
+    return "violation: it carried the expired session"
+
+
+def _witness(r: pd.Series, ctx: Context) -> Witness:
+    client = r["client_id"]
+    gap = float(r["next_started_at"]) - float(r["ended_at"])
+    kind = "initialize" if r["next_purpose"] == "initialize" else str(r["next_purpose"])
+    text = (
+        f"client {client} got 404 for its {r['purpose']} {r['method']} (conn {client}:{r['conn_id']}, session "
+        f"generation {r['session_generation']}) {at(r['ended_at'], ctx.origin)}; its next request, started "
+        f"{gap:.3f} s later, was a {kind} (conn {client}:{int(r['next_conn_id'])}, generation "
+        f"{int(r['next_session_generation'])}) — {str(r['outcome']).removeprefix('violation: ')}, "
+        "with no initialize without a session ID before it"
+    )
+    fields = row_of(
+        r, ["client_id", "conn_id", "purpose", "method", "session_generation", "started_at", "ended_at"]
+    )
+    fields |= row_of(r, [f"next_{c}" for c in NEXT_COLUMNS])
+    return Witness("no_rehandshake", text, Attribution.CLIENT, fields)
+
+
+def _tap_cross_check(ctx: Context, ex: pd.DataFrame) -> list[str]:
+    if ctx.data.tap is None:
+        return []
+    flows = ctx.data.tap["flow"]
+    tap404 = flows[(pd.to_numeric(flows["status"], errors="coerce") == 404) & flows["session"].notna()]
+    if not len(tap404):
+        return []
+    client_id, conn_id = split_conn(tap404["conn"])
+    seen = pd.DataFrame({"client_id": client_id, "conn_id": conn_id}).dropna()
+    mine = ex[["client_id", "conn_id", "status"]].astype({"conn_id": "Int64"})
+    j = seen.merge(mine, on=["client_id", "conn_id"], how="left")
+    other = j[pd.to_numeric(j["status"], errors="coerce") != 404]
+    if not len(other):
+        return []
+    sample = ", ".join(f"{r.client_id}:{r.conn_id} ({r.status})" for r in other.head(3).itertuples())
+    return [
+        f"the tap saw {len(other)} session 404(s) that the client ledger records otherwise or not at all: {sample}"
+    ]

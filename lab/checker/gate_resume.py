@@ -1,0 +1,134 @@
+"""Gate 5 — resume latency p99 (budget: resume_p99_s, SPEC.md: < 5 s).
+
+Per client `recoveries` row: latency = recovered_at - lost_at (seconds: loss detected ->
+next accepted event on the resumed stream, or completion by a retry, re-handshakes
+included). A loss that never recovered (recovered_at NULL) counts as infinitely slow —
+except when it was detected less than resume_p99_s before the run stopped: the run gave
+it no chance, so it is *censored* (left out and counted).
+
+p99 is the nearest-rank percentile: the ceil(0.99 n)-th smallest latency, a latency that
+really happened (no interpolation, which would be meaningless next to infinity). The
+gate fails when p99 >= the budget. Witnesses: the recoveries at or above the budget,
+slowest first (never-recovered ones first). Evidence: recoveries (censored excluded)
+>= min_recoveries. Slow recoveries are not attributed: the ledgers do not say whose
+slowness it was.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+
+from lab.checker.context import Context
+from lab.checker.explain import at, row_of
+from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
+
+GATE = "resume_p99"
+NUMBER = 5
+TITLE = "Resume latency p99"
+PERCENTILE = 0.99
+
+
+def latencies(recoveries: pd.DataFrame, budget_s: float, stopped_at: float | None) -> pd.DataFrame:
+    """The recoveries with `latency` (s; inf = never recovered) and `censored` columns."""
+    out = recoveries.copy()
+    lost = out["lost_at"].astype("float64")
+    recovered = pd.to_numeric(out["recovered_at"], errors="coerce").astype("float64")
+    out["latency"] = (recovered - lost).fillna(math.inf)
+    never = recovered.isna()
+    out["censored"] = never & (stopped_at is not None) & (lost + budget_s > (stopped_at or 0.0))
+    return out
+
+
+def nearest_rank(values: np.ndarray, q: float) -> float:
+    """The ceil(q n)-th smallest value (q in (0, 1]); NaN for no values."""
+    if len(values) == 0:
+        return math.nan
+    ordered = np.sort(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return float(ordered[rank - 1])
+
+
+def check(ctx: Context) -> GateResult:
+    rec = ctx.require_client("recoveries")
+    budget = ctx.budgets.resume_p99_s
+    lat = latencies(rec, budget, ctx.stopped_at)
+    counted = lat[~lat["censored"]]
+    values = counted["latency"].to_numpy(dtype="float64")
+    p99 = nearest_rank(values, PERCENTILE)
+    n = len(counted)
+    failed = n > 0 and p99 >= budget
+    slow = counted[counted["latency"] >= budget].sort_values("latency", ascending=False, kind="stable")
+    finite = values[np.isfinite(values)]
+    never = int(np.isinf(values).sum())
+    negative = int((finite < 0).sum())
+    evidence = [
+        ctx.events_evidence(),
+        Evidence("recoveries", ctx.budgets.min_recoveries, n, n >= ctx.budgets.min_recoveries),
+        *ctx.client_evidence(),
+    ]
+    notes = []
+    if negative:
+        notes.append(f"{negative} recovery row(s) have recovered_at before lost_at")
+    censored = int(lat["censored"].sum())
+    if censored:
+        notes.append(f"{censored} loss(es) still open when the run stopped were left out (censored)")
+    p99_text = "n/a" if math.isnan(p99) else ("never (inf)" if math.isinf(p99) else f"{p99:.3f} s")
+    return GateResult(
+        number=NUMBER,
+        gate=GATE,
+        title=TITLE,
+        verdict=decide(failed, evidence),
+        summary=f"p99 {p99_text} over {n} recoveries (budget < {budget:g} s)",
+        budget={"resume_p99_s": budget, "min_recoveries": ctx.budgets.min_recoveries},
+        measured={
+            "recoveries": n,
+            "p50_s": _finite(nearest_rank(values, 0.5)),
+            "p90_s": _finite(nearest_rank(values, 0.9)),
+            "p99_s": _finite(p99),
+            "p99_unbounded": bool(math.isinf(p99)),
+            "max_recovered_s": float(finite.max()) if len(finite) else None,
+            "never_recovered": never,
+            "censored": censored,
+            "by_path": {str(k): int(v) for k, v in counted["path"].value_counts().items()},
+        },
+        evidence=tuple(evidence),
+        violations=len(slow) if failed else 0,
+        witnesses=tuple(_witness(r, budget, ctx) for _, r in slow.head(ctx.witness_limit).iterrows())
+        if failed
+        else (),
+        attribution_counts={"unattributed": len(slow)} if failed else {},
+        notes=tuple(notes),
+    )
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _witness(r: pd.Series, budget: float, ctx: Context) -> Witness:
+    latency = float(r["latency"])
+    took = "never recovered" if math.isinf(latency) else f"recovered after {latency:.3f} s"
+    text = (
+        f"client {r['client_id']} lost {r['stream_key']} ({r['cause']}) {at(r['lost_at'], ctx.origin)} and {took} "
+        f"(path {r['path']}, {r['attempts']} attempt(s), re-handshake {'yes' if r['reinitialized'] else 'no'}); "
+        f"budget {budget:g} s"
+    )
+    fields = row_of(
+        r,
+        [
+            "client_id",
+            "stream_key",
+            "operation_key",
+            "cause",
+            "lost_at",
+            "recovered_at",
+            "path",
+            "attempts",
+            "reinitialized",
+        ],
+    )
+    fields["latency_s"] = None if math.isinf(latency) else latency
+    return Witness("slow_recovery", text, Attribution.UNATTRIBUTED, fields)

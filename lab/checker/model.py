@@ -1,0 +1,190 @@
+"""What the checker decides: verdicts, witnesses, evidence, gate results, the run report.
+
+Plain frozen dataclasses with no pandas in them, so the report writers and the
+dashboards can use them without loading any ledger. Every value a witness carries is
+JSON-ready (str, int, float, bool or None): a witness is written to report.json as is.
+
+Verdicts follow Jepsen's checkers: `pass` (true), `fail` (false), `inconclusive`
+(unknown). When verdicts combine, fail outranks inconclusive, and inconclusive outranks
+pass: a run passes only if every gate passed.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+type Scalar = str | int | float | bool | None
+type JsonValue = Scalar | list[JsonValue] | dict[str, JsonValue]
+
+
+class Verdict(enum.StrEnum):
+    PASS = "pass"
+    FAIL = "fail"
+    INCONCLUSIVE = "inconclusive"
+
+    @property
+    def exit_code(self) -> int:
+        """`lab report`'s exit code: 0 pass, 1 a gate failed, 2 inconclusive."""
+        return {Verdict.PASS: 0, Verdict.FAIL: 1, Verdict.INCONCLUSIVE: 2}[self]
+
+
+def combine(verdicts: Iterable[Verdict]) -> Verdict:
+    """Fail outranks inconclusive, which outranks pass. No verdict at all is inconclusive."""
+    seen = set(verdicts)
+    if Verdict.FAIL in seen:
+        return Verdict.FAIL
+    if Verdict.INCONCLUSIVE in seen or not seen:
+        return Verdict.INCONCLUSIVE
+    return Verdict.PASS
+
+
+class Attribution(enum.StrEnum):
+    """Who a witness blames.
+
+    server: the server itself did it (visible before any fault, e.g. in the tap's `sent`
+        records or the server ledger);
+    client: the client did it, or failed to reject what a proxy fault showed it;
+    proxy_fault_rejected: a proxy fault the client correctly rejected (counted, never a
+        violation);
+    unattributed: the ledgers do not say whose it is (e.g. a slow recovery).
+    """
+
+    SERVER = "server"
+    CLIENT = "client"
+    PROXY_FAULT_REJECTED = "proxy_fault_rejected"
+    UNATTRIBUTED = "unattributed"
+
+
+@dataclass(frozen=True, slots=True)
+class Witness:
+    """One offending row, explained in one line a person can follow."""
+
+    check: str
+    """Which check of the gate found it (e.g. `not_sent_on_stream`, `server_performed_twice`)."""
+    explanation: str
+    attribution: Attribution
+    row: Mapping[str, Scalar]
+    """The ledger fields behind the explanation (names as in docs/ledgers.md)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """One evidence minimum of a gate: the gate cannot pass unless every one holds."""
+
+    name: str
+    required: Scalar
+    observed: Scalar
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GateResult:
+    number: int
+    """1..6, the order of SPEC.md's gate table."""
+    gate: str
+    """Stable identifier: cross_stream, duplicate_dispatch, missing_rehandshake,
+    illegal_origin, resume_p99, reconnect_qps."""
+    title: str
+    verdict: Verdict
+    summary: str
+    """One line: what was measured against what, and why the verdict."""
+    budget: Mapping[str, Scalar]
+    measured: Mapping[str, JsonValue]
+    evidence: tuple[Evidence, ...] = ()
+    violations: int = 0
+    """How many offending rows there are in all (witnesses are the first few)."""
+    witnesses: tuple[Witness, ...] = ()
+    attribution_counts: Mapping[str, int] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+    error: str | None = None
+    """Set when the gate's own code raised: the verdict is then inconclusive."""
+
+
+def decide(failed: bool, evidence: Iterable[Evidence]) -> Verdict:
+    """A found violation fails the gate whatever the evidence; otherwise thin evidence
+    makes it inconclusive, never a pass."""
+    if failed:
+        return Verdict.FAIL
+    if all(e.ok for e in evidence):
+        return Verdict.PASS
+    return Verdict.INCONCLUSIVE
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Something wrong with an input file (or the run), named by its path in the run folder."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+@dataclass(frozen=True, slots=True)
+class SourceInfo:
+    """One input file as the loader found it.
+
+    status: ok | missing | error (unreadable, corrupted or of an unknown schema)
+    rows: rows read per table or record type
+    """
+
+    path: str
+    kind: str
+    schema: str
+    status: str
+    error: str | None = None
+    rows: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FaultCount:
+    """How many times one fault kind fired, and where that was seen.
+
+    by_source keys: tap_flow (flow.faults), tap_forwarded, tap_dropped, tap_fault (the
+    tap's `fault` records), nemesis (toxics added; the kind is `toxic:<type>`).
+    configured: the kind appears in run.json's fault_windows.
+    """
+
+    fault: str
+    total: int
+    by_source: Mapping[str, int]
+    configured: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """The run as run.json describes it (None where run.json does not say)."""
+
+    run_id: str
+    complete: bool | None
+    end_reason: str | None
+    started_at: float | None
+    stopped_at: float | None
+    scenario: str | None
+    seed: Scalar
+    target: str | None
+    fault_windows: tuple[tuple[str, float, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class RunReport:
+    run: RunInfo
+    verdict: Verdict
+    gates: tuple[GateResult, ...]
+    budgets: Mapping[str, Scalar]
+    budgets_defaulted: tuple[str, ...]
+    event_count: int | None
+    event_count_source: str
+    sources: tuple[SourceInfo, ...]
+    problems: tuple[Problem, ...]
+    notes: tuple[str, ...]
+    """What the loader noticed without refusing anything (skipped records, cut-off last
+    lines, tables read as empty)."""
+    faults: tuple[FaultCount, ...]
+    faults_never_fired: tuple[str, ...]
+    checked_at: float
+    check_seconds: float

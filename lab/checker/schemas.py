@@ -1,0 +1,183 @@
+"""The ledger contract of docs/ledgers.md as data: which files, tables, record types and
+fields the checker reads, and which schema names it knows.
+
+A file whose schema name is not one of these, or which lacks a field listed here, is
+refused with an error naming it (never read half-way). Extra fields are fine: a writer
+may add fields without breaking the checker. Client ledger columns come from the record
+dataclasses themselves (`lab.protocol.records`), so the two cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from lab.protocol import records
+
+RUN_SCHEMA = "mcpLabRun.v1"
+CLIENT_SCHEMA = records.LEDGER_SCHEMA  # mcpClientLedger.v1
+INBOX_SCHEMA = "lab.inbox.v1"
+SERVER_SCHEMA = "mcpServerLedger.v1"
+TAP_SCHEMA = "mcpLabTap.v1"
+NEMESIS_SCHEMA = "mcpLabNemesis.v1"
+
+RUN_FILE = "run.json"
+CLIENTS_GLOB = "clients/*.sqlite"
+SERVER_FILE = "server/ledger.sqlite"
+TAP_FILE = "proxy/tap.jsonl"
+NEMESIS_FILE = "nemesis.jsonl"
+
+# A SQLite ledger may name its schema in a `meta(name, value)` table (lab.inbox writes
+# name='schema'). docs/ledgers.md does not require the row, so its absence is accepted;
+# a value the checker does not know is refused.
+KNOWN_META_SCHEMAS: dict[str, frozenset[str]] = {
+    "client": frozenset({INBOX_SCHEMA, CLIENT_SCHEMA}),
+    "server": frozenset({SERVER_SCHEMA}),
+}
+META_NAMES = ("schema", "ledger")
+
+# The inbox's `data` column (the whole message) is never read: the checker needs digests.
+CLIENT_TABLES: dict[str, tuple[str, ...]] = {
+    "inbox": (
+        "client_id",
+        "session_generation",
+        "stream_key",
+        "event_id",
+        "message_digest",
+        "sequence",
+        "server_stream_id",
+        "kind",
+        "jsonrpc_id",
+        "method",
+        "conn_id",
+        "accepted_at",
+    ),
+    "outbox": (
+        "client_id",
+        "dispatch_key",
+        "session_generation",
+        "stream_key",
+        "event_id",
+        "message_digest",
+        "kind",
+        "created_at",
+    ),
+}
+for _record_type in records.RECORD_TYPES:
+    CLIENT_TABLES[_record_type.table] = tuple(f.name for f in fields(_record_type))
+
+SERVER_TABLES: dict[str, tuple[str, ...]] = {
+    "sessions": (
+        "session",
+        "principal",
+        "auth_subject",
+        "handshake_receipt",
+        "protocol_version",
+        "origin_policy",
+        "created_at",
+        "expires_at",
+        "generation",
+        "resumable",
+        "shadow",
+        "ended_at",
+        "end_reason",
+    ),
+    "streams": (
+        "session",
+        "stream_id",
+        "opened_by",
+        "request_id",
+        "payload_digest",
+        "conn",
+        "opened_at",
+        "last_sent_event_id",
+        "last_acked_event_id",
+        "retry_ms",
+        "closed_at",
+        "close_reason",
+    ),
+    "events_sent": (
+        "session",
+        "stream_id",
+        "event_id",
+        "sequence",
+        "digest",
+        "kind",
+        "jsonrpc_id",
+        "sent_at",
+        "replay",
+        "conn",
+    ),
+    "dispatches": ("idempotency_key", "session", "auth_subject", "request_id", "tool", "effect", "at"),
+    "requests": (
+        "at",
+        "method",
+        "conn",
+        "session",
+        "status",
+        "reason",
+        "origin",
+        "origin_allowed",
+        "protocol_version",
+        "last_event_id",
+        "cursor_verdict",
+    ),
+}
+
+TAP_RECORDS: dict[str, tuple[str, ...]] = {
+    "flow": (
+        "flow",
+        "t",
+        "conn",
+        "method",
+        "path",
+        "session",
+        "jsonrpc_id",
+        "jsonrpc_method",
+        "idempotency_key",
+        "origin_in",
+        "origin_out",
+        "origin_allowed_out",
+        "last_event_id_in",
+        "last_event_id_out",
+        "status",
+        "answered_by",
+        "faults",
+    ),
+    "sent": ("flow", "t", "index", "event_id", "digest", "has_data", "priming", "stream_id", "session"),
+    "forwarded": ("flow", "t", "index", "event_id", "digest", "source", "fault", "rule", "decision"),
+    "dropped": ("flow", "t", "index", "fault", "rule", "decision"),
+    "flow_end": ("flow", "t", "reason"),
+    "fault": ("t", "fault", "rule", "decision", "flow", "detail"),
+    # A fault plan that became active (or could not be used); read, not judged.
+    "plan": ("t", "source", "digest", "error"),
+}
+
+NEMESIS_RECORDS: dict[str, tuple[str, ...]] = {
+    "proxy_created": ("t", "proxy"),
+    "proxy_deleted": ("t", "proxy"),
+    "toxic_added": ("t", "proxy", "toxic", "kind"),
+    "toxic_removed": ("t", "proxy", "toxic", "kind"),
+}
+
+# Fields that must be numbers wherever they are not null (a string there means the file
+# is not what the contract says).
+NUMERIC_FIELDS: frozenset[str] = frozenset(
+    {
+        "t",
+        "index",
+        "status",
+        "at",
+        "sent_at",
+        "lost_at",
+        "recovered_at",
+        "started_at",
+        "ended_at",
+        "accepted_at",
+        "created_at",
+        "advised_delay",
+        "planned_delay",
+        "waited",
+        "session_generation",
+        "conn_id",
+    }
+)

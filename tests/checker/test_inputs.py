@@ -1,0 +1,200 @@
+"""Bad inputs: a corrupted or unknown-schema ledger is refused with an error naming the
+file (never a traceback), the gates that need it are inconclusive, the rest still run;
+a gate whose code raises is inconclusive with the error."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from lab.checker.context import Context, parse_budgets
+from lab.checker.jsonl import LedgerError, read_jsonl
+from lab.checker.load import load_run
+from lab.checker.model import Verdict
+from lab.checker.run import check_dir, run_gate
+from lab.checker.schemas import TAP_RECORDS, TAP_SCHEMA
+from tests.checker.builders import clean_run
+
+
+def _run(tmp_path: Path) -> Path:
+    return clean_run().sim.write(tmp_path / "run")
+
+
+def _verdicts(run_dir: Path) -> dict[str, Verdict]:
+    _, report = check_dir(run_dir)
+    return {g.gate: g.verdict for g in report.gates}
+
+
+def test_a_corrupted_tap_line_is_named_and_only_its_gates_suffer(tmp_path: Path) -> None:
+    run_dir = _run(tmp_path)
+    tap = run_dir / "proxy" / "tap.jsonl"
+    lines = tap.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[2] = '{"type": "sent", "flow": "f1", oops\n'
+    tap.write_text("".join(lines), encoding="utf-8")
+    data, report = check_dir(run_dir)
+    (problem,) = report.problems
+    assert str(problem).startswith("proxy/tap.jsonl: line 3 is not JSON (Expecting property name")
+    assert data.tap is None
+    by_gate = {g.gate: g for g in report.gates}
+    # Gate 1 falls back to the server ledger but cannot show a crossing was injected.
+    assert by_gate["cross_stream"].verdict is Verdict.INCONCLUSIVE
+    assert by_gate["cross_stream"].measured["truth_source"] == "server"
+    for name in ("missing_rehandshake", "resume_p99", "reconnect_qps", "illegal_origin"):
+        assert by_gate[name].verdict is Verdict.PASS, name
+    assert report.verdict is Verdict.INCONCLUSIVE
+
+
+def test_a_corrupted_client_ledger_is_named_in_every_gate_that_needs_it(tmp_path: Path) -> None:
+    run_dir = _run(tmp_path)
+    (run_dir / "clients" / "worker-1.sqlite").write_bytes(b"this is not a database" * 100)
+    for suffix in ("-wal", "-shm"):
+        (run_dir / "clients" / f"worker-1.sqlite{suffix}").unlink(missing_ok=True)
+    _, report = check_dir(run_dir)
+    (problem,) = report.problems
+    assert problem.path == "clients/worker-1.sqlite" and "not a readable SQLite database" in problem.message
+    for g in report.gates:
+        if g.gate == "illegal_origin":  # decided from the tap and server alone
+            assert g.verdict is Verdict.PASS
+            continue
+        assert g.verdict is Verdict.INCONCLUSIVE, g.gate
+        assert g.error is None  # a refused input, not a checker crash
+        text = g.summary + " ".join(e.detail for e in g.evidence)
+        assert "clients/worker-1.sqlite" in text, g.gate
+
+
+def test_one_broken_worker_file_keeps_the_gates_from_passing(tmp_path: Path) -> None:
+    run_dir = _run(tmp_path)
+    (run_dir / "clients" / "worker-2.sqlite").write_bytes(b"\0garbage")
+    _, report = check_dir(run_dir)
+    assert report.verdict is Verdict.INCONCLUSIVE
+    g = next(g for g in report.gates if g.gate == "resume_p99")
+    assert [e.detail for e in g.evidence if not e.ok] == ["unreadable: clients/worker-2.sqlite"]
+
+
+@pytest.mark.parametrize(
+    ("path", "content", "message"),
+    [
+        ("run.json", '{"schema": "mcpLabRun.v9"}', "unknown schema 'mcpLabRun.v9'"),
+        ("run.json", "{not json", "is not JSON (line 1"),
+        ("proxy/tap.jsonl", '{"t": 1}\n', "line 1 has no record type"),
+        ("proxy/tap.jsonl", '{"type": "flow", "schema": "mcpLabTap.v2"}\n', "schema 'mcpLabTap.v2' is not"),
+        (
+            "proxy/tap.jsonl",
+            '{"type": "dropped", "flow": "f", "t": 1}\n',
+            "'dropped' records lack field(s) index",
+        ),
+        ("proxy/tap.jsonl", '[1, 2]\n{"type": "x"}\n', "line 1 is not a JSON object"),
+        (
+            "nemesis.jsonl",
+            '{"type": "toxic_added", "t": "soon", "proxy": "p", "toxic": "x", "kind": "latency"}\n',
+            "field 't'",
+        ),
+    ],
+)
+def test_unknown_or_malformed_files_are_refused_by_name(
+    tmp_path: Path, path: str, content: str, message: str
+) -> None:
+    run_dir = _run(tmp_path)
+    (run_dir / path).write_text(content, encoding="utf-8")
+    _, report = check_dir(run_dir)
+    problems = [p for p in report.problems if p.path == path]
+    assert problems and message in problems[0].message, report.problems
+    assert report.verdict is Verdict.INCONCLUSIVE
+
+
+def test_records_of_a_type_the_contract_does_not_define_are_skipped_with_a_note(tmp_path: Path) -> None:
+    run_dir = _run(tmp_path)
+    with (run_dir / "proxy" / "tap.jsonl").open("a", encoding="utf-8") as f:
+        f.write('{"type": "stats", "t": 1, "n": 3}\n{"type": "stats", "t": 2, "n": 4}\n')
+    _, report = check_dir(run_dir)
+    assert report.verdict is Verdict.PASS
+    assert report.notes == (
+        "proxy/tap.jsonl: skipped records of types mcpLabTap.v1 does not define: 2 'stats'",
+    )
+
+
+def test_an_unknown_sqlite_schema_is_refused(tmp_path: Path) -> None:
+    import sqlite3
+
+    run_dir = _run(tmp_path)
+    db = sqlite3.connect(run_dir / "server" / "ledger.sqlite")
+    db.execute("UPDATE meta SET value = 'mcpServerLedger.v7' WHERE name = 'schema'")
+    db.commit()
+    db.close()
+    data = load_run(run_dir)
+    assert data.server is None
+    assert [str(p) for p in data.problems] == [
+        "server/ledger.sqlite: meta schema='mcpServerLedger.v7' is a schema the checker does not know"
+    ]
+
+
+def test_a_missing_column_is_named(tmp_path: Path) -> None:
+    import sqlite3
+
+    run_dir = _run(tmp_path)
+    db = sqlite3.connect(run_dir / "server" / "ledger.sqlite")
+    db.execute("ALTER TABLE dispatches DROP COLUMN effect")
+    db.commit()
+    db.close()
+    data = load_run(run_dir)
+    assert [str(p) for p in data.problems] == [
+        "server/ledger.sqlite: table 'dispatches' lacks column(s) effect"
+    ]
+
+
+def test_a_cut_off_last_tap_line_is_tolerated_with_a_note(tmp_path: Path) -> None:
+    run_dir = _run(tmp_path)
+    with (run_dir / "proxy" / "tap.jsonl").open("a", encoding="utf-8") as f:
+        f.write('{"type": "sent", "flow": "f1", "t": 17')
+    data, report = check_dir(run_dir)
+    assert report.verdict is Verdict.PASS
+    assert data.notes == [
+        "proxy/tap.jsonl: the last line is cut off (the writer stopped mid-line); it was ignored"
+    ]
+
+
+def test_no_run_json_means_spec_budgets_and_no_pass(tmp_path: Path) -> None:
+    run_dir = _run(tmp_path)
+    (run_dir / "run.json").unlink()
+    _, report = check_dir(run_dir)
+    assert report.verdict is Verdict.INCONCLUSIVE
+    assert report.budgets["resume_p99_s"] == 5.0 and report.budgets["min_events"] == 100_000
+    assert report.budgets["reconnect_qps"] is None
+    assert any(p.path == "run.json" and "missing" in p.message for p in report.problems)
+
+
+def test_a_gate_whose_code_raises_is_inconclusive_with_the_error(tmp_path: Path) -> None:
+    data = load_run(_run(tmp_path))
+
+    def explode(ctx: Context) -> None:
+        raise KeyError("no_such_column")
+
+    broken = SimpleNamespace(NUMBER=9, GATE="broken", TITLE="Broken", check=explode)
+    result = run_gate(broken, Context(data, parse_budgets(data.run)))  # type: ignore[arg-type]
+    assert result.verdict is Verdict.INCONCLUSIVE
+    assert result.error is not None and result.error.startswith(
+        "KeyError: 'no_such_column' (at test_inputs.py:"
+    )
+
+
+def test_the_fast_and_the_line_by_line_jsonl_paths_agree(tmp_path: Path) -> None:
+    run_dir = _run(tmp_path)
+    tap = run_dir / "proxy" / "tap.jsonl"
+    fast = read_jsonl(tap, "tap", TAP_RECORDS, TAP_SCHEMA)
+    # A blank line forces the line-by-line path (and is tolerated by it).
+    tap.write_text(tap.read_text(encoding="utf-8").replace("\n", "\n\n", 1), encoding="utf-8")
+    slow = read_jsonl(tap, "tap", TAP_RECORDS, TAP_SCHEMA)
+    assert fast.lines == slow.lines > 0
+    for kind in TAP_RECORDS:
+        assert fast.frames[kind].equals(slow.frames[kind]), kind
+
+
+def test_a_bad_line_number_is_exact(tmp_path: Path) -> None:
+    path = tmp_path / "t.jsonl"
+    good = json.dumps({"type": "flow_end", "flow": "f", "t": 1.0, "reason": "complete"})
+    path.write_text(f"{good}\n{good}\n{good}\n{{\n{good}\n", encoding="utf-8")
+    with pytest.raises(LedgerError, match=r"^t.jsonl: line 4 is not JSON"):
+        read_jsonl(path, "t.jsonl", TAP_RECORDS, TAP_SCHEMA)

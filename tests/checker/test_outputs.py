@@ -1,0 +1,184 @@
+"""What `lab report` writes and how it exits: report.json (documented, strict JSON),
+report.md, junit.xml, figures, a self-contained report.html that renders in headless
+Chromium, exit codes 0/1/2 through the real command."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab.checker.outputs import report_run
+from tests.checker.builders import T0, clean_run
+
+ROOT = Path(__file__).resolve().parents[2]
+LAB = Path(sys.executable).with_name("lab")
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+def _failing_incomplete_run(run_dir: Path) -> Path:
+    run = clean_run()
+    sim = run.sim
+    sim.complete = False
+    sim.dispatch("b", "op-<b>&7", 4, "performed")  # markup in a ledger value: must be escaped
+    sim.dispatch("b", "op-<b>&7", 5, "performed")
+    sim.recovered(run.get_a, T0 + 0.05, None, path="abandoned")
+    sim.tick(20.0)
+    return sim.write(run_dir)
+
+
+def _report(run_dir: Path, *, figures: bool = False) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = report_run(run_dir, witness_limit=5, figures=figures, quiet=False, out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _strict_json(path: Path) -> Any:
+    def refuse(name: str) -> None:
+        raise AssertionError(f"{path.name} holds {name}")
+
+    return json.loads(path.read_text(encoding="utf-8"), parse_constant=refuse)
+
+
+def test_report_json_is_strict_and_every_field_is_documented(tmp_path: Path) -> None:
+    run_dir = _failing_incomplete_run(tmp_path / "run")
+    code, _, _ = _report(run_dir)
+    assert code == 1
+    doc = _strict_json(run_dir / "report.json")
+    assert doc["schema"] == "mcpLabReport.v1" and doc["verdict"] == "fail" and doc["exit_code"] == 1
+    assert doc["incomplete"] is True
+    assert [g["gate"] for g in doc["gates"]] == [
+        "cross_stream",
+        "duplicate_dispatch",
+        "missing_rehandshake",
+        "illegal_origin",
+        "resume_p99",
+        "reconnect_qps",
+    ]
+    resume = doc["gates"][4]
+    assert resume["measured"]["p99_s"] is None and resume["measured"]["p99_unbounded"] is True
+    names: set[str] = set(doc) | set(doc["run"]) | set(doc["faults"]) | set(doc["checker"])
+    names |= set(doc["inputs"][0]) | set(doc["faults"]["counts"][0]) | set(doc["budgets"])
+    for g in doc["gates"]:
+        names |= set(g) | set(g["measured"])
+        names |= {k for e in g["evidence"] for k in e} | {k for w in g["witnesses"] for k in w}
+    documented = (ROOT / "docs" / "report.md").read_text(encoding="utf-8")
+    missing = sorted(n for n in names if f"`{n}`" not in documented)
+    assert not missing, f"docs/report.md does not document {missing}"
+
+
+def test_markdown_junit_and_html_say_the_same_thing(tmp_path: Path) -> None:
+    run_dir = _failing_incomplete_run(tmp_path / "run")
+    code, stdout, _ = _report(run_dir, figures=True)
+    assert code == 1 and "verdict: FAIL (exit 1)" in stdout and stdout.startswith("INCOMPLETE RUN")
+
+    md = (run_dir / "report.md").read_text(encoding="utf-8")
+    assert "**INCOMPLETE RUN (end_reason: interrupted)" in md
+    assert "| 2 | Duplicate business dispatches | **FAIL** |" in md
+    assert "[server] the server performed tool ledger.append 2 times for idempotency key op-<b>&7" in md
+
+    suite = ET.parse(run_dir / "junit.xml").getroot().find("testsuite")
+    assert suite is not None
+    cases = {c.get("name"): c for c in suite.iter("testcase")}
+    assert list(cases) == [
+        "1 cross_stream",
+        "2 duplicate_dispatch",
+        "3 missing_rehandshake",
+        "4 illegal_origin",
+        "5 resume_p99",
+        "6 reconnect_qps",
+    ]
+    assert cases["2 duplicate_dispatch"].find("failure") is not None
+    assert cases["5 resume_p99"].find("failure") is not None
+    assert cases["1 cross_stream"].find("failure") is None and cases["1 cross_stream"].find("error") is None
+    props = {p.get("name"): p.get("value") for p in suite.iter("property")}
+    assert props["complete"] == "False" and props["verdict"] == "fail"
+
+    page = (run_dir / "report.html").read_text(encoding="utf-8")
+    assert 'id="incomplete"' in page
+    assert "op-&lt;b&gt;&amp;7" in page and "op-<b>&7" not in page
+    assert page.count('src="data:image/png;base64,') == 4
+    external = re.findall(r'(?:src|href)="(?!data:)[^"]*"', page)
+    assert external == [], "report.html must not load anything"
+    for name in ("fig-resume-latency.png", "fig-reconnects.png", "fig-events-clients.png", "fig-faults.png"):
+        assert (run_dir / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n"), name
+
+
+def _lab_report(run_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(LAB), "report", str(run_dir), "--no-figures", *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_exit_codes_through_the_real_command(tmp_path: Path) -> None:
+    passing = clean_run().sim.write(tmp_path / "pass")
+    done = _lab_report(passing)
+    assert done.returncode == 0, done.stderr
+    assert "verdict: PASS (exit 0)" in done.stdout
+
+    failing = _failing_incomplete_run(tmp_path / "fail")
+    done = _lab_report(failing, "-q")
+    assert done.returncode == 1, done.stderr
+    assert done.stdout.strip() == f"FAIL {failing}"
+
+    broken = clean_run().sim.write(tmp_path / "inconclusive")
+    (broken / "proxy" / "tap.jsonl").write_text('{"type": "flow"\n', encoding="utf-8")
+    done = _lab_report(broken)
+    assert done.returncode == 2
+    assert "lab report: proxy/tap.jsonl: line 1 is not JSON" in done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    assert json.loads((broken / "report.json").read_text(encoding="utf-8"))["verdict"] == "inconclusive"
+
+    done = _lab_report(tmp_path / "no-such-run")
+    assert done.returncode == 2 and "is not a folder" in done.stderr
+
+
+@pytest.mark.skipif(
+    not CHROMIUM.exists(),
+    reason="/usr/bin/chromium is not installed (Debian: apt-get install chromium); report.html not rendered",
+)
+def test_report_html_renders_in_headless_chromium_with_its_figures(tmp_path: Path) -> None:
+    run_dir = _failing_incomplete_run(tmp_path / "run")
+    _report(run_dir, figures=True)
+    page = (run_dir / "report.html").as_uri()
+    profile = Path(tempfile.mkdtemp(prefix="chromium-", dir=tmp_path))
+    base = [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+    ]
+    # The page's own script counts the figures the browser decoded (naturalWidth > 0).
+    dom = subprocess.run([*base, "--dump-dom", page], capture_output=True, text=True, timeout=120)
+    assert 'data-figures-loaded="4"' in dom.stdout, dom.stderr[-2000:]
+    assert 'id="incomplete"' in dom.stdout
+
+    shot = tmp_path / "shot.png"
+    subprocess.run(
+        [*base, f"--screenshot={shot}", "--window-size=1200,2000", page], capture_output=True, timeout=120
+    )
+    from PIL import Image
+
+    with Image.open(shot) as image:
+        assert image.size == (1200, 2000)
+        colors = image.convert("RGB").getcolors(maxcolors=1 << 20)
+    assert colors is not None and len(colors) > 50  # text, tables and figures, not a blank page
+    shutil.rmtree(profile, ignore_errors=True)
