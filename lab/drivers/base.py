@@ -57,8 +57,9 @@ class DriverBase:
         self._signal()
 
     def _feed(self, fn: Callable[..., list[Command]], conn_id: int, *args: Any) -> bool:
-        """Tell the core something about a connection; False once the core has closed it."""
-        if conn_id in self._closed:
+        """Tell the core something about a connection; False once the core has closed it
+        (or the driver was stopped: then nothing more may reach the core)."""
+        if conn_id in self._closed or self._stopped:
             return False
         self._after(fn(conn_id, *args, time.time()))
         return conn_id not in self._closed

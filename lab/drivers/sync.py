@@ -82,6 +82,9 @@ class SyncDriver(DriverBase):
 
     def _run(self, cmd: SendRequest) -> None:
         conn_id = cmd.conn_id
+        with self._lock:
+            if conn_id in self._closed:
+                return  # closed before it was sent: it must not go out at all
         try:
             request = self.client.build_request(
                 cmd.method, self.url, headers=list(cmd.headers), content=cmd.body
@@ -122,3 +125,4 @@ class SyncDriver(DriverBase):
                 sleep = self._due()
                 if sleep is not None:
                     self._changed.wait(sleep)
+        # Stopped: nothing more may reach the core (its inbox may be closing).

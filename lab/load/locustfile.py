@@ -165,6 +165,9 @@ def _init_worker(environment: Environment, runner: WorkerRunner, run_dir: Path) 
 
     @events.quitting.add_listener  # type: ignore[untyped-decorator]
     def flush_at_exit(environment: Environment, **_: Any) -> None:
+        # Users killed at the stop timeout never ran on_stop: stop their drivers (timers,
+        # connections) before the file closes under them, then commit the last batch.
+        ctx.stop_all()
         db.close()
 
 

@@ -56,6 +56,8 @@ class WorkerContext:
         self.ssl = ssl.create_default_context()
         self.name = name
         self._ids = itertools.count(1)
+        self.clients: list[McpClient] = []
+        """Every client this worker built, so that quitting can stop them all."""
         self.counters: dict[str, int] = {
             "users": 0,
             "calls_ok": 0,
@@ -73,6 +75,10 @@ class WorkerContext:
             timeout=httpx.Timeout(connect=5.0, read=20.0, write=10.0, pool=60.0),
             limits=httpx.Limits(max_connections=32, max_keepalive_connections=4),
         )
+
+    def stop_all(self) -> None:
+        for c in self.clients:
+            c.driver.stop()
 
     def next_client_id(self) -> str:
         return f"w{self.name}-u{next(self._ids)}"
@@ -106,6 +112,7 @@ class McpClient:
         self.finished: dict[str, CallFinished] = {}
         self.sessions = 0
         self.left: LeaveFinished | None = None
+        ctx.clients.append(self)
         self.http = ctx.http_client()
         self.driver = SyncDriver(
             self.core, s.url, self.http, on_records=self._records, on_notice=self._notice

@@ -195,6 +195,8 @@ class _Conn:
     body: bytearray = field(default_factory=bytearray)
     synthetic: int = 0
     retry_after: float | None = None
+    session: str | None = None
+    """Pseudonym of the session ID the request carried (None if it carried none)."""
 
 
 class ClientCore:
@@ -475,7 +477,16 @@ class ClientCore:
         view = ConnectionView(conn_id, self.generation, self.protocol_version, self._subject)
         carried = with_session and self.session_id is not None
         self._conns[conn_id] = _Conn(
-            conn_id, purpose, method, view, now, stream_key, call, carried, last_event_id
+            conn_id,
+            purpose,
+            method,
+            view,
+            now,
+            stream_key,
+            call,
+            carried,
+            last_event_id,
+            session=self.session_pseudonym if carried else None,
         )
         data = None if body is None else jsonrpc.dumps(body).encode("utf-8")
         return SendRequest(conn_id, purpose, method, headers, data)
@@ -492,7 +503,7 @@ class ClientCore:
                 method=conn.method,
                 stream_key=conn.stream_key,
                 status=conn.status,
-                session=self.redactor.session(self.session_id) if conn.carried_session else None,
+                session=conn.session,
                 session_generation=conn.view.session_generation,
                 carried_session=conn.carried_session,
                 started_at=conn.started_at,

@@ -207,8 +207,8 @@ class Run:
                     "0",
                     "--ledger",
                     str(self.dir / "server" / "ledger.sqlite"),
-                    "--admin-token",
-                    self.admin_token,
+                    # `=`: a random token may start with "-", which argparse would take for an option
+                    f"--admin-token={self.admin_token}",
                     *self.sc.serve_args(),
                 ],
             )

@@ -62,6 +62,8 @@ type Receive = Callable[[], Awaitable[Message]]
 type Send = Callable[[Message], Awaitable[None]]
 
 SERVER_INFO = {"name": "mcp-lab-reference", "version": "0.1.0"}
+KEEPALIVE = b":\n\n"
+"""An SSE comment: receivers dispatch nothing, but the bytes keep idle timeouts away."""
 _SSE_HEADERS = [
     (b"content-type", b"text/event-stream"),
     (b"cache-control", b"no-cache, no-transform"),
@@ -545,6 +547,8 @@ class McpApp:
             await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
             self.state.attach(st, live, after_seq, now)
             watcher = asyncio.ensure_future(self._watch_disconnect(receive, live))
+            keepalive = self.config.keepalive_s
+            loop = asyncio.get_running_loop()
             try:
                 while True:
                     if live.pending:
@@ -552,7 +556,13 @@ class McpApp:
                         continue
                     if live.ended:
                         break
+                    timer = loop.call_later(keepalive, live.wake.set) if keepalive > 0 else None
                     await live.wake.wait()
+                    if timer is not None:
+                        timer.cancel()
+                    if not live.pending and not live.ended:  # the keep-alive timer rang
+                        live.wake.clear()
+                        await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             finally:
                 watcher.cancel()

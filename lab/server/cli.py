@@ -36,6 +36,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--admin-token", help="enables /lab-admin/* (loopback only) with this token")
     p.add_argument("--heartbeat-ms", type=int, default=0, help="notification period on standalone streams")
     p.add_argument("--event-retention", type=int, default=10_000, help="events kept per stream for replay")
+    p.add_argument(
+        "--keepalive", type=float, default=10.0, help="seconds of silence before an SSE comment (0: never)"
+    )
     p.add_argument("--log-level", default="warning")
     p.set_defaults(func=run)
 
@@ -67,6 +70,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         admin_token=args.admin_token,
         heartbeat_ms=args.heartbeat_ms,
         event_retention=args.event_retention,
+        keepalive_s=args.keepalive,
     )
 
 

@@ -52,6 +52,9 @@ class ServerConfig:
     """Token for /lab-admin/*; None disables the admin control."""
     heartbeat_ms: int = 0
     """If > 0, a `notifications/message` on each live standalone stream at this period."""
+    keepalive_s: float = 10.0
+    """An SSE comment on a stream silent this long, so that clients' idle timeouts (and
+    proxies') only catch dead connections. 0 disables it."""
     max_body: int = 1 << 20
     event_retention: int = 10_000
     """Events kept per stream for replay; an older cursor is rejected."""

@@ -157,3 +157,17 @@ def test_rollback_keeps_old_cursors_and_stops_resumption_for_new_streams(tmp_pat
         assert json.loads(rest[-1].data)["result"]  # ... and its request was drained to the end
         db = db_of(srv)
         assert db.execute("SELECT COUNT(*) FROM events_sent").fetchone()[0] > 0  # the ledger is kept
+
+
+def test_silent_streams_get_keepalive_comments(tmp_path: Path) -> None:
+    with reference_server(tmp_path, "--keepalive", "0.3") as srv:
+        m = Mcp(srv.url)
+        m.initialize()
+        with m.client.stream("GET", m.url, headers=m.headers({"accept": "text/event-stream"})) as r:
+            raw = b""
+            for chunk in r.iter_raw():
+                raw += chunk
+                if raw.split(b"\n\n").count(b":") >= 2:
+                    break
+        blocks = raw.split(b"\n\n")
+        assert blocks[0].startswith(b"id: ") and blocks[1:3] == [b":", b":"]  # priming, then comments only
