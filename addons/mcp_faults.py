@@ -41,6 +41,7 @@ from mcp_faults_io import (
     parse_key,
     parse_origin_patterns,
     parse_seconds,
+    raise_listen_backlog,
     read_plan,
 )
 from mitmproxy import ctx, http
@@ -217,6 +218,7 @@ class McpFaults:
             ctx.options.update(connection_strategy="lazy")  # type: ignore[no-untyped-call]
         ps = addon("proxyserver")
         for addr in ps.listen_addrs() if ps is not None else []:
+            raise_listen_backlog(addr[0], addr[1])
             print(f"mcp_faults listening on http://{addr[0]}:{addr[1]}", flush=True)
 
     def done(self) -> None:

@@ -176,3 +176,45 @@ def admin_expire(call: AdminCall) -> int:
         return -1
     finally:
         conn.close()
+
+
+# ---------------------------------------------------------------------- listen backlog
+
+LISTEN_BACKLOG: Final = 4096
+
+
+def raise_listen_backlog(host: str, port: int, backlog: int = LISTEN_BACKLOG) -> bool:
+    """Raise the listen backlog of this process's socket listening on (host, port).
+
+    mitmproxy listens with asyncio's default backlog of 100; a burst of a few hundred
+    (re)connecting clients overflows it and the kernel drops their handshakes (measured: a
+    burst of 1,500 connects made ~2,200 listen overflows; clients saw resets). Calling
+    listen() again on a listening socket updates its backlog; the socket is reached through
+    a duplicate of its descriptor, so mitmproxy's own socket object is left untouched.
+    Returns whether such a socket was found.
+    """
+    import socket
+
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
+        fd = int(name)
+        try:
+            if not os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                continue
+            dup = socket.socket(fileno=os.dup(fd))  # family and type are read from the descriptor
+        except OSError:
+            continue
+        with dup:
+            try:
+                listening = dup.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+                addr = dup.getsockname()
+            except OSError:
+                continue
+            if (
+                listening
+                and isinstance(addr, tuple)
+                and addr[1] == port
+                and addr[0] in (host, "0.0.0.0", "::")
+            ):
+                dup.listen(backlog)
+                return True
+    return False

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -50,7 +51,7 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
             {
                 "jsonrpc": "2.0",
                 "method": "notifications/progress",
-                "params": {"progressToken": 2, "progress": i, "total": count},
+                "params": {"progressToken": 2, "progress": i, "total": count, "t": round(time.time(), 6)},
             },
             separators=(",", ":"),
         )
