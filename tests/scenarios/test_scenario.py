@@ -63,7 +63,17 @@ def test_the_required_scenarios_and_one_per_fault_family() -> None:
 def test_smoke_is_small_and_short() -> None:
     sc = load_scenario("smoke")
     assert 10 <= sc.load.users <= 30 and sc.duration is not None and sc.duration < 60
-    assert 1 <= len(sc.faults) <= 6
+    assert 1 <= len(sc.faults) <= 8
+
+
+def test_smoke_gives_every_gate_its_evidence() -> None:
+    # `make run` must be able to pass: each gate needs a fault that makes its evidence.
+    kinds = {r.kind for r in load_scenario("smoke").faults}
+    assert kinds & {FaultKind.CROSS_IDS, FaultKind.INJECT_FOREIGN}  # gate 1: stream crossings
+    assert FaultKind.EXECUTED_THEN_LOST in kinds  # gate 2: retried writes
+    assert FaultKind.EXPIRY_RACE in kinds  # gate 3: 404s
+    assert FaultKind.REWRITE_ORIGIN in kinds  # gate 4: illegal Origins
+    assert FaultKind.CUT_STREAM in kinds  # gate 5: recoveries
 
 
 def test_gate_100k_has_every_family_and_enough_events() -> None:
