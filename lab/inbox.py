@@ -261,6 +261,8 @@ class InboxDatabase:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.db = connect(self.path)
         self._in_tx = False
+        self.closed = False
+        self.dropped_after_close = 0
         self.commits = 0
         """Messages accepted through this file (priming events not counted), for progress."""
         self._inserts: dict[type[Any], str] = {}
@@ -283,6 +285,11 @@ class InboxDatabase:
             self._in_tx = True
 
     def record(self, records: Iterable[Record]) -> None:
+        if self.closed:
+            # After close (a worker quitting while killed users still report): nothing to
+            # write to; counted so that the loss is visible, not silent.
+            self.dropped_after_close += sum(1 for _ in records)
+            return
         for r in records:
             self.begin()
             self.db.execute(self._inserts[type(r)], astuple(r))
@@ -293,5 +300,7 @@ class InboxDatabase:
             self._in_tx = False
 
     def close(self) -> None:
-        self.flush()
-        self.db.close()
+        if not self.closed:
+            self.flush()
+            self.db.close()
+            self.closed = True

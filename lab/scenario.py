@@ -120,7 +120,7 @@ class Load:
     wait_max: float = 2.0
     """Each client waits a uniform random time in [wait_min, wait_max] between operations."""
     open_standalone: bool = True
-    mix: dict[str, int] = field(default_factory=lambda: {"read": 1, "stream": 1, "write": 1})
+    mix: dict[str, int] = field(default_factory=lambda: {"read": 1, "stream": 1, "write": 1, "churn": 0})
     ticker: Ticker = field(default_factory=Ticker)
 
 
@@ -515,6 +515,7 @@ def _load(f: Fields, phases: list[Phase]) -> Load:
         f.problem("workers", f"more workers ({workers}) than users ({users})")
     mix_f = f.table("mix")
     mix = {k: mix_f.integer(k, 1, lo=0) for k in ("read", "stream", "write")}
+    mix["churn"] = mix_f.integer("churn", 0, lo=0)  # leave (DELETE) and come back as a new client
     mix_f.done()
     if sum(mix.values()) == 0:
         mix_f.problem("read", "the task mix needs at least one weight > 0")

@@ -35,7 +35,10 @@ class DriverBase:
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run a core method (it takes `now` after its positional arguments and returns
-        commands, or a pair whose second item is the commands); carry out the commands."""
+        commands, or a pair whose second item is the commands); carry out the commands.
+        A stopped driver calls nothing (the core's inbox may be closed already)."""
+        if self._stopped:
+            return None
         out = fn(*args, time.time(), **kwargs)
         self._after(out[1] if isinstance(out, tuple) else out)
         return out[0] if isinstance(out, tuple) else None
@@ -55,6 +58,10 @@ class DriverBase:
             if self.on_notice is not None:
                 self.on_notice(notice)
         self._signal()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
 
     def _feed(self, fn: Callable[..., list[Command]], conn_id: int, *args: Any) -> bool:
         """Tell the core something about a connection; False once the core has closed it

@@ -16,6 +16,7 @@ serves the async driver.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -67,6 +68,8 @@ class SyncDriver(DriverBase):
 
     def stop(self) -> None:
         with self._lock:
+            if not self._stopped:
+                self._after(self.core.close_all(time.time()))  # open exchanges get their records
             self._stopped = True
             for conn_id in list(self._responses):
                 self._close(conn_id)

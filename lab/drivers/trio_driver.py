@@ -11,6 +11,7 @@ ends at once (the sync driver can only do that under gevent).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import httpx
@@ -55,6 +56,8 @@ class TrioDriver(DriverBase):
         return False
 
     def stop(self) -> None:
+        if not self._stopped:
+            self._after(self.core.close_all(time.time()))  # open exchanges get their records
         self._stopped = True
         for scope in self._scopes.values():
             scope.cancel()

@@ -12,6 +12,8 @@ LAB_LOCUST_SETTINGS and LAB_LEDGER_KEY in the environment.
   `<run>/budget_split.jsonl`.
 - Workers send their counters every second (`lab_progress`); the master writes the sum
   to `<run>/progress.json` for `lab run` to show.
+- `lab run` ends the load early by creating `<run>/stop-requested`: the master quits
+  the Locust way (users stop and DELETE their sessions, workers exit).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from lab.load.settings import LoadSettings, ledger_key, split_budget
 from lab.load.user import WORKER, McpUser, WorkerContext
 from lab.protocol.reconnect import ReconnectBudget
 
+STOP_FILE = "stop-requested"
+"""Created in the run folder by `lab run` to end the load gracefully."""
 SETTINGS = LoadSettings.from_env()
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one log line per request is noise at load
 
@@ -50,6 +54,10 @@ class LabUser(McpUser):
     @task(SETTINGS.mix.stream)
     def stream(self) -> None:
         self.client.call("ticker", dict(SETTINGS.ticker))
+
+    @task(SETTINGS.mix.churn)
+    def churn(self) -> None:
+        self.rejoin()
 
     @task(SETTINGS.mix.write)
     def write(self) -> None:
@@ -120,8 +128,16 @@ def _init_master(environment: Environment, runner: MasterRunner, run_dir: Path) 
                 + "\n"
             )
 
+    stop_file = run_dir / STOP_FILE
+
     def loop() -> None:
         while True:
+            if stop_file.exists():
+                # `lab run` asks for the end (event target reached, Ctrl-C): Locust's own
+                # quit stops the users on every worker (they DELETE their sessions) and
+                # tells the workers to exit, which a signal to the master would not.
+                runner.quit()
+                return
             resplit()
             # Workers that quit keep their last report: the totals never go backwards.
             total: dict[str, Any] = {"at": time.time(), "workers": len(runner.clients)}

@@ -23,6 +23,8 @@ class ToolMix:
     read: int = 3
     stream: int = 2
     write: int = 2
+    churn: int = 0
+    """Leave (DELETE the session) and come back as a new client: sessions come and go."""
 
 
 @dataclass(frozen=True)

@@ -166,6 +166,8 @@ class McpClient:
         return ok
 
     def call(self, tool: str, arguments: dict[str, Any], *, write: bool = False) -> CallFinished | None:
+        if self.driver.stopped:
+            return None  # the worker is quitting
         key = f"{self.client_id}/k{next(self._keys)}" if write else None
         t0 = time.time()
         handle: CallHandle = self.driver.call(
@@ -232,3 +234,9 @@ class McpUser(User):
     def on_stop(self) -> None:
         WORKER[0].counters["users"] -= 1
         self.client.leave()
+
+    def rejoin(self) -> None:
+        """Leave (DELETE) and come back as a new client with a new session."""
+        self.client.leave()
+        self.client = McpClient(self.environment, WORKER[0])
+        self.client.connect()

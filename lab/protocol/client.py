@@ -329,6 +329,16 @@ class ClientCore:
             self.notices.append(LeaveFinished(LeaveReceipt.NO_SESSION, now))
         return cmds
 
+    def close_all(self, now: float, reason: str = "client_stopped") -> list[Command]:
+        """The client stops (its process is quitting): end every open connection, so that
+        each still has its exchange record, and cancel every pending reconnect."""
+        for p in self._pendings():
+            p.cancel()
+        cmds: list[Command] = []
+        for conn in list(self._conns.values()):
+            cmds += self._abort(conn, now, reason)
+        return cmds
+
     def _pendings(self) -> list[PendingReconnect]:
         out = [self._reinit, self._delete, self._reopen]
         out += [st.resume for st in self.streams.values()]
@@ -640,7 +650,10 @@ class ClientCore:
         cmds = self._abort(conn, now, "session_not_found")
         if conn.view.session_generation != self.generation:
             return cmds  # a straggler of an older session: already handled
-        if conn.purpose is Purpose.DELETE:
+        if self.session.state is State.DELETE_REQUESTED:
+            # Leaving, and any 404 (to the DELETE or to a request still in flight) says the
+            # session is gone: that is the end we asked for, not a reason for a new handshake.
+            self._delete.cancel()
             return cmds + self._leave_done(LeaveReceipt.ALREADY_GONE, now, "terminated")
         if self.session.state is not State.SESSION_ACTIVE:
             return cmds

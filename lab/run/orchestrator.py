@@ -418,11 +418,19 @@ class Run:
                 self._toxics_thread.join(timeout=15)
         master = self.locust_master
         if master is not None and master.alive():
-            # Locust stops its users gracefully (they DELETE their sessions) and its workers.
-            self.group.stop(master, grace=25)
-        for child in self.group.children:
-            if child.name.startswith("locust-worker"):
-                self.group.stop(child, grace=15)
+            # Ask the master to quit (see lab/load/locustfile.py): it tells its workers, which
+            # stop their users gracefully (users DELETE their sessions) and exit by themselves.
+            (self.dir / "stop-requested").touch()
+            deadline = time.monotonic() + 20
+            while master.alive() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            self.group.stop(master, grace=10)  # only if it did not go by itself
+        workers = [c for c in self.group.children if c.name.startswith("locust-worker")]
+        deadline = time.monotonic() + 30
+        while any(w.alive() for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for child in workers:  # only the ones that did not go by themselves
+            self.group.stop(child, grace=15)
         self.group.stop_all(grace=10)
         self.stopped_at = time.time()
 
@@ -490,4 +498,7 @@ class Run:
     def _report(self) -> int:
         self.say("checking the ledgers ...")
         proc = subprocess.run([_bin("lab"), "report", str(self.dir)], cwd=ROOT, check=False)
+        html = self.dir / "report.html"
+        if html.exists():
+            self.say(f"report: {html}")
         return proc.returncode

@@ -212,6 +212,9 @@ class Link:
         """Client stream key of each standalone GET stream -> (session ID, server stream ID)."""
         self.lose_next_response: set[Purpose] = set()
         """Purposes whose next response is lost after the server handled the request."""
+        self.defer_head: set[Purpose] = set()
+        """Purposes whose answers wait (the request is in flight) until `deliver_head`."""
+        self.deferred: dict[int, tuple[SendRequest, Reply]] = {}
 
     def run(self, cmds: list[Command]) -> None:
         """Carry out commands in order; what a command's answer causes runs first (depth
@@ -230,6 +233,9 @@ class Link:
             self.after_404.append(self._expect_init)
             self._expect_init = False
             reply = self.server.handle(cmd)
+            if cmd.purpose in self.defer_head:
+                self.deferred[cmd.conn_id] = (cmd, reply)
+                continue
             if cmd.purpose in self.lose_next_response:
                 self.lose_next_response.discard(cmd.purpose)
                 queue[:0] = self.core.connection_failed(cmd.conn_id, self.now)
@@ -247,6 +253,19 @@ class Link:
                 self.open.pop(cmd.conn_id, None)
                 caused += self.core.response_end(cmd.conn_id, self.now)
             queue[:0] = caused
+
+    def deliver_head(self, conn_id: int, status: int | None = None) -> None:
+        """Let a deferred answer arrive now (optionally with another status)."""
+        cmd, reply = self.deferred.pop(conn_id)
+        head = reply.status if status is None else status
+        self.open[conn_id] = OpenConn(
+            conn_id, cmd, list(reply.chunks) if head == 200 else [], reply.hold_open, reply.stream
+        )
+        caused = self.core.response_head(conn_id, head, list(reply.headers), self.now)
+        if conn_id in self.open and head != 200:
+            self.open.pop(conn_id, None)
+            caused += self.core.response_end(conn_id, self.now)
+        self.run(caused)
 
     # -- delivery ----------------------------------------------------------------------
 

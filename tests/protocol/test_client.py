@@ -29,7 +29,11 @@ from tests.protocol.model_server import Link, ModelServer
 
 
 def make(
-    *, budget: float = math.inf, server: ModelServer | None = None, **cfg: object
+    *,
+    budget: float = math.inf,
+    server: ModelServer | None = None,
+    defer: set[Purpose] | None = None,
+    **cfg: object,
 ) -> tuple[ClientCore, ModelServer, Link, MemoryInbox]:
     server = server or ModelServer()
     inbox = MemoryInbox()
@@ -48,6 +52,7 @@ def make(
         rng=random.Random(7),
     )
     link = Link(core, server)
+    link.defer_head = defer or set()
     link.run(core.connect(link.now))
     link.settle()
     assert core.state is State.SESSION_ACTIVE
@@ -360,3 +365,35 @@ def test_a_send_request_is_self_describing() -> None:
     assert isinstance(send, SendRequest)
     assert send.method == "POST" and send.header("content-type") == "application/json"
     assert send.header("accept") == "application/json, text/event-stream"
+
+
+def test_a_404_while_leaving_ends_the_leave_without_a_new_handshake() -> None:
+    # The DELETE's answer is lost, but the standalone stream's next request meets the
+    # deleted session (404): the client takes that as "already gone", sends no other
+    # DELETE and no initialize (it is leaving).
+    server = ModelServer()
+    link_defer = {Purpose.STANDALONE}
+    core, server, link, _ = make(server=server, defer=link_defer)
+    (get,) = link.deferred  # the standalone GET is in flight: no answer yet
+    link.lose_next_response.add(Purpose.DELETE)
+    link.run(core.leave(link.now))
+    sent_before = len(link.requests)
+    assert core.session_id is not None and not server.sessions[core.session_id].alive
+    link.deliver_head(get, 404)  # its answer comes now: the session is gone
+    link.settle()
+    assert [n.receipt for n in core.notices if isinstance(n, LeaveFinished)] == [LeaveReceipt.ALREADY_GONE]
+    assert core.state is State.TERMINATED
+    assert len(link.requests) == sent_before  # no DELETE retry, no initialize
+
+
+def test_close_all_records_every_open_exchange() -> None:
+    core, _, link, _ = make()
+    _, cmds = core.call_tool("ticker", {}, link.now)
+    link.run(cmds)
+    open_conns = set(link.conns())
+    assert open_conns
+    closes = core.close_all(link.now, "client_stopped")
+    assert {c.conn_id for c in closes} == open_conns
+    stopped = [r for r in records(core, HttpExchange) if r.error == "client_stopped"]
+    assert {r.conn_id for r in stopped} == open_conns
+    assert core.next_wakeup() is None
