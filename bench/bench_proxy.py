@@ -35,6 +35,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sse_load import LoadResult, run_load
 
+from lab.faults.launch import ADDONS, mitmdump_argv, ready_prefix
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 KINDS = (
@@ -85,23 +87,11 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=10)
 
 
-def mitmdump(upstream: str, script: str, log: Path, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
-    argv = [
-        str(BIN / "mitmdump"),
-        "-q",
-        "--mode",
-        f"reverse:{upstream}",
-        "--listen-host",
-        "127.0.0.1",
-        "--listen-port",
-        "0",
-        "--set",
-        "connection_strategy=lazy",
-        "-s",
-        str(ROOT / "addons" / script),
-        *extra,
-    ]
-    return start(argv, f"{Path(script).stem} listening on ", log)
+def mitmdump(
+    upstream: str, script: str, log: Path, options: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    path = ADDONS / script
+    return start(mitmdump_argv(upstream, script=path, options=options), ready_prefix(path), log)
 
 
 def plan(rate: float) -> dict[str, object]:
@@ -185,10 +175,7 @@ def main() -> None:
                 upstream,
                 "mcp_faults.py",
                 tmp / "faults.log",
-                "--set",
-                f"mcpfaults_plan={plan_file}",
-                "--set",
-                f"mcpfaults_tap={tap}",
+                {"mcpfaults_plan": str(plan_file), "mcpfaults_tap": str(tap)},
             )
             procs.append(faults)
             sides = {"noop": noop_url + "/mcp", "faults": faults_url + "/mcp"}

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = str(Path(sys.executable).with_name("lab"))
@@ -31,7 +32,8 @@ class LiveProcess:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
-def wait_for_line(proc: subprocess.Popen[str], log: Path, prefix: str, timeout: float = 20.0) -> str:
+def wait_for_line(proc: subprocess.Popen[Any], log: Path, prefix: str, timeout: float = 20.0) -> str:
+    """The rest of the first line of `log` starting with `prefix` (the process's ready line)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for line in log.read_text(errors="replace").splitlines():
@@ -45,7 +47,7 @@ def wait_for_line(proc: subprocess.Popen[str], log: Path, prefix: str, timeout: 
     )
 
 
-def stop(proc: subprocess.Popen[str], timeout: float = 10.0) -> int:
+def stop(proc: subprocess.Popen[Any], timeout: float = 10.0) -> int:
     """SIGTERM by PID, then SIGKILL if it does not go."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)

@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from lab import __version__
+from lab.faults.launch import FAULT_ADDON, mitmdump_argv, ready_prefix
 from lab.load.settings import SETTINGS_ENV, LoadSettings
 from lab.run.processes import Child, ProcessGroup, StartError
 from lab.run.progress import NemesisCounter, ProgressLine, TapCounter, read_progress
@@ -43,7 +44,6 @@ from lab.scenario import Scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCUSTFILE = ROOT / "lab" / "load" / "locustfile.py"
-ADDON = ROOT / "addons" / "mcp_faults.py"
 EXIT_CANNOT_RUN = 3
 PROXY_NAME = "mcp"
 
@@ -151,8 +151,8 @@ class Run:
             )
         if self.opts.toxiproxy is not None and not _is_loopback(str(self.opts.toxiproxy)):
             raise RunError(f"--toxiproxy {self.opts.toxiproxy}: only a Toxiproxy on 127.0.0.1 is allowed")
-        if not ADDON.exists():
-            raise RunError(f"the mitmproxy addon is missing: {ADDON}")
+        if not FAULT_ADDON.exists():
+            raise RunError(f"the mitmproxy addon is missing: {FAULT_ADDON}")
 
     # ------------------------------------------------------------------ the run
 
@@ -223,34 +223,17 @@ class Run:
         # The fault layer: mitmdump with the addon, in reverse mode in front of the target.
         plan = self.dir / "proxy" / "plan.json"
         self._write_plan(plan, time.time())
-        allowed = ",".join(self.sc.target.allowed_origins)
-        mitm_args = [
-            _bin("mitmdump"),
-            "-q",
-            "--mode",
-            f"reverse:{upstream}",
-            "--listen-host",
-            "127.0.0.1",
-            "--listen-port",
-            "0",
-            "--set",
-            "connection_strategy=lazy",
-            "-s",
-            str(ADDON),
-            "--set",
-            f"mcpfaults_plan={plan}",
-            "--set",
-            f"mcpfaults_tap={self.dir / 'proxy' / 'tap.jsonl'}",
-            "--set",
-            "mcpfaults_poll=0.2",
-            "--set",
-            f"mcpfaults_allowed_origins={allowed}",
-        ]
+        options = {
+            "mcpfaults_plan": str(plan),
+            "mcpfaults_tap": str(self.dir / "proxy" / "tap.jsonl"),
+            "mcpfaults_poll": "0.2",
+            "mcpfaults_allowed_origins": ",".join(self.sc.target.allowed_origins),
+        }
         if self.target == "reference":
-            mitm_args += ["--set", f"mcpfaults_admin_token={self.admin_token}"]
-        mitm = self.group.start("mitmdump", mitm_args)
+            options["mcpfaults_admin_token"] = self.admin_token
+        mitm = self.group.start("mitmdump", mitmdump_argv(upstream, options=options))
         self.essential.append(mitm)
-        mitm_url = self.group.wait_ready(mitm, "mcp_faults listening on ")
+        mitm_url = self.group.wait_ready(mitm, ready_prefix())
         mitm_port = urlsplit(mitm_url).port
         self._check_interrupt()
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -23,7 +22,9 @@ from typing import Any
 
 import httpx
 
+from lab.faults.launch import mitmdump_argv, ready_prefix
 from lab.protocol.sse import SseDecoder, SseEvent
+from tests.livesrv import stop, wait_for_line
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -49,35 +50,13 @@ class Proc:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
 
 
-def _wait_for(proc: subprocess.Popen[bytes], log: Path, prefix: str, timeout: float = 30.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in log.read_text(errors="replace").splitlines():
-            if line.startswith(prefix):
-                return line[len(prefix) :].strip()
-        if proc.poll() is not None:
-            raise RuntimeError(f"exited with {proc.returncode}:\n{log.read_text(errors='replace')}")
-        time.sleep(0.05)
-    raise TimeoutError(f"no {prefix!r} within {timeout}s:\n{log.read_text(errors='replace')}")
-
-
-def stop(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=timeout)
-
-
 def _start(argv: list[str], log: Path, prefix: str, env: dict[str, str] | None = None) -> Proc:
     with log.open("wb") as out:
         proc = subprocess.Popen(
             argv, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})}
         )
     try:
-        url = _wait_for(proc, log, prefix)
+        url = wait_for_line(proc, log, prefix, timeout=30.0)
     except BaseException:
         stop(proc)
         raise
@@ -109,33 +88,17 @@ def reference_server(tmp: Path, *extra: str) -> Iterator[Proc]:
 @contextlib.contextmanager
 def fault_proxy(tmp: Path, upstream: str, plan: Path, tap: Path, *extra: str) -> Iterator[Proc]:
     """mitmdump -s addons/mcp_faults.py in reverse mode in front of `upstream` (http://host:port)."""
-    argv = [
-        str(BIN / "mitmdump"),
-        "-q",
-        "--mode",
-        f"reverse:{upstream}",
-        "--listen-host",
-        "127.0.0.1",
-        "--listen-port",
-        "0",
-        "--set",
-        "connection_strategy=lazy",
-        "-s",
-        str(ROOT / "addons" / "mcp_faults.py"),
-        "--set",
-        f"mcpfaults_plan={plan}",
-        "--set",
-        f"mcpfaults_tap={tap}",
-        "--set",
-        "mcpfaults_poll=0.05",
-        "--set",
-        f"mcpfaults_admin_token={ADMIN_TOKEN}",
-        *extra,
-    ]
+    options = {
+        "mcpfaults_plan": str(plan),
+        "mcpfaults_tap": str(tap),
+        "mcpfaults_poll": "0.05",
+        "mcpfaults_admin_token": ADMIN_TOKEN,
+    }
+    argv = [*mitmdump_argv(upstream, options=options), *extra]
     p = _start(
         argv,
         tmp / f"proxy-{time.monotonic_ns()}.log",
-        "mcp_faults listening on ",
+        ready_prefix(),
         {"LAB_LEDGER_KEY": LEDGER_KEY},
     )
     try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import re
 import selectors
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ import pytest
 
 from lab.nemesis.client import NotFoundError, ProxyInfo, ToxiproxyClient
 from lab.nemesis.log import NemesisRecord, read_nemesis_log
+from tests.livesrv import stop
 
 LAB = str(Path(sys.executable).with_name("lab"))
 ANNOUNCE = re.compile(r"^lab-nemesis api (http://127\.0\.0\.1:\d+)$")
@@ -51,18 +51,6 @@ def _read_announcement(proc: subprocess.Popen[str], stderr: Path, timeout: float
     return match.group(1)
 
 
-def stop_by_pid(proc: subprocess.Popen[str], timeout: float = 10.0) -> int:
-    """SIGTERM to this process (by its PID), then SIGKILL if it does not go."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=timeout)
-    return proc.returncode
-
-
 @contextmanager
 def running_nemesis(folder: Path) -> Iterator[NemesisProcess]:
     """`lab nemesis` in a subprocess; stopped by PID; it must exit 0 with no traceback."""
@@ -77,7 +65,7 @@ def running_nemesis(folder: Path) -> Iterator[NemesisProcess]:
     try:
         yield NemesisProcess(proc, _read_announcement(proc, stderr), log, stderr)
     finally:
-        code = stop_by_pid(proc)
+        code = stop(proc)
     assert code == 0, f"lab nemesis exited with {code}:\n{stderr.read_text()}"
     assert "Traceback" not in stderr.read_text(), "a handler hit a bug:\n" + stderr.read_text()
 

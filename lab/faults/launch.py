@@ -1,0 +1,44 @@
+"""How mitmdump is started in front of a target: one place for its command line (pure).
+
+Used by `lab run`, the fault-layer tests and bench/bench_proxy.py, so that they all run
+the proxy the same way: reverse mode on 127.0.0.1, a port of its own choosing (the addon
+prints `<addon> listening on http://HOST:PORT`), and `connection_strategy=lazy`, so that
+answers the addon makes itself (storms) open no upstream connection.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ADDONS = Path(__file__).resolve().parents[2] / "addons"
+FAULT_ADDON = ADDONS / "mcp_faults.py"
+
+
+def mitmdump_argv(
+    upstream: str, *, script: Path = FAULT_ADDON, options: dict[str, str] | None = None
+) -> list[str]:
+    """`mitmdump` (next to this Python) as a reverse proxy to `upstream` (http://host:port),
+    loading `script`, with `--set name=value` for each of `options`."""
+    argv = [
+        str(Path(sys.executable).with_name("mitmdump")),
+        "-q",
+        "--mode",
+        f"reverse:{upstream}",
+        "--listen-host",
+        "127.0.0.1",
+        "--listen-port",
+        "0",
+        "--set",
+        "connection_strategy=lazy",
+        "-s",
+        str(script),
+    ]
+    for name, value in (options or {}).items():
+        argv += ["--set", f"{name}={value}"]
+    return argv
+
+
+def ready_prefix(script: Path = FAULT_ADDON) -> str:
+    """The start of the line the addon prints once the proxy listens."""
+    return f"{script.stem} listening on "
