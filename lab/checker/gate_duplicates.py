@@ -11,6 +11,11 @@ Three checks, each a count of offending groups:
 - `inbox_duplicate`: two inbox receipts with the same dedup key (client, session
   generation, stream key, event ID, digest). The inbox's UNIQUE constraint should make
   this impossible; a ledger written without it is caught here. Attribution: client.
+- `same_write_under_new_key`: the server performed one tool with the same arguments
+  (`dispatches.arguments_digest`) for one subject under two or more idempotency keys: a
+  write re-run as a new operation after a lost answer, which no key can catch (the lab's
+  clients never send two writes with equal arguments). Attribution: client. Checked when
+  the server ledger has the column.
 
 Evidence: event count >= min_events, and at least one write was retried (the situation
 in which duplicates happen): a server dispatch with effect = replayed, an idempotency
@@ -38,16 +43,30 @@ def check(ctx: Context) -> GateResult:
     data = ctx.data
     witnesses: list[Witness] = []
     measured: dict[str, Any] = dict.fromkeys(
-        ("server_performed_twice", "client_dispatched_more_than_sent", "inbox_duplicate")
+        (
+            "server_performed_twice",
+            "client_dispatched_more_than_sent",
+            "inbox_duplicate",
+            "same_write_under_new_key",
+        )
     )  # None: not checked
     notes: list[str] = []
     checked = 0
 
+    rekeyed: list[dict[str, Any]] = []
     if data.server is not None:
         groups = _server_twice(data.server["dispatches"])
         measured["server_performed_twice"] = len(groups)
         witnesses += [_server_witness(g, ctx) for g in groups[: ctx.witness_limit]]
         checked += 1
+        if "arguments_digest" in data.server["dispatches"].columns:
+            rekeyed = _same_write_new_key(data.server["dispatches"])
+            measured["same_write_under_new_key"] = len(rekeyed)
+            witnesses += [_rekeyed_witness(g, ctx) for g in rekeyed[: ctx.witness_limit]]
+        else:
+            notes.append(
+                "writes re-run under a new key not checked: the server ledger has no arguments_digest"
+            )
     else:
         notes.append(f"server side effects not checked: {data.why_absent('server')}")
 
@@ -97,7 +116,7 @@ def check(ctx: Context) -> GateResult:
     budget = ctx.budgets.duplicate_dispatch_max
     attribution = {
         "server": int(measured["server_performed_twice"] or 0),
-        "client": len(outbox_groups) + len(inbox_groups),
+        "client": len(outbox_groups) + len(inbox_groups) + len(rekeyed),
     }
     return GateResult(
         number=NUMBER,
@@ -144,6 +163,42 @@ def _server_witness(group: dict[str, Any], ctx: Context) -> Witness:
     fields = row_of(first, ["idempotency_key", "auth_subject", "tool", "session", "request_id", "at"])
     fields["performed"] = len(rows)
     return Witness("server_performed_twice", text, Attribution.SERVER, fields)
+
+
+def _same_write_new_key(dispatches: pd.DataFrame) -> list[dict[str, Any]]:
+    performed = dispatches[(dispatches["effect"] == "performed") & dispatches["arguments_digest"].notna()]
+    if not len(performed):
+        return []
+    performed = performed.sort_values("at", kind="stable")
+    subject = performed["auth_subject"].astype("object").fillna("-")
+    by = [subject, performed["tool"], performed["arguments_digest"]]
+    keys = performed.groupby(by, sort=False)["idempotency_key"].transform("nunique")
+    rekeyed = performed[keys > 1]
+    out: list[dict[str, Any]] = []
+    for (subj, tool, _), rows in rekeyed.groupby(
+        [subject[keys > 1], rekeyed["tool"], rekeyed["arguments_digest"]], sort=False
+    ):
+        out.append({"auth_subject": subj, "tool": tool, "rows": rows})
+    out.sort(key=lambda g: float(g["rows"]["at"].iloc[1]))
+    return out
+
+
+def _rekeyed_witness(group: dict[str, Any], ctx: Context) -> Witness:
+    rows = group["rows"]
+    keys = list(dict.fromkeys(rows["idempotency_key"]))
+    tries = "; ".join(
+        f"key {r.idempotency_key}, request {r.request_id} in session {r.session} {at(r.at, ctx.origin)}"
+        for r in rows.head(4).itertuples()
+    )
+    text = (
+        f"the server performed {group['tool']} with the same arguments {len(rows)} times under "
+        f"{len(keys)} idempotency keys (subject {group['auth_subject']}): a write re-run as a new "
+        f"operation — {tries}"
+    )
+    fields = row_of(rows.iloc[0], ["auth_subject", "tool", "arguments_digest", "session", "request_id", "at"])
+    fields["keys"] = ", ".join(str(k) for k in keys)
+    fields["performed"] = len(rows)
+    return Witness("same_write_under_new_key", text, Attribution.CLIENT, fields)
 
 
 def _client_over_sent(outbox: pd.DataFrame, sent: pd.DataFrame) -> list[dict[str, Any]]:

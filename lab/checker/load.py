@@ -183,7 +183,8 @@ def _read_tables(
         missing = [c for c in columns if c not in have]
         if missing:
             raise LedgerError(rel, f"table '{table}' lacks column(s) {', '.join(missing)}")
-        cols = ", ".join(f'"{c}"' for c in columns)
+        extra = [c for c in schemas.OPTIONAL_COLUMNS.get(table, ()) if c in have]
+        cols = ", ".join(f'"{c}"' for c in (*columns, *extra))
         frames[table] = as_object_strings(pd.read_sql_query(f'SELECT {cols} FROM "{table}"', db))
     return frames, absent
 

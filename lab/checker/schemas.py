@@ -123,6 +123,12 @@ SERVER_TABLES: dict[str, tuple[str, ...]] = {
     ),
 }
 
+OPTIONAL_COLUMNS: dict[str, tuple[str, ...]] = {
+    "dispatches": ("arguments_digest",),
+}
+"""Columns read when a ledger has them (added after the table's first version); a check
+that needs one says so when it is absent."""
+
 TAP_RECORDS: dict[str, tuple[str, ...]] = {
     "flow": (
         "flow",

@@ -38,7 +38,7 @@ CREATE TABLE IF NOT EXISTS events_sent (
 );
 CREATE TABLE IF NOT EXISTS dispatches (
     idempotency_key TEXT, session TEXT, auth_subject TEXT, request_id TEXT, tool TEXT,
-    effect TEXT, receipt TEXT, at REAL
+    effect TEXT, receipt TEXT, at REAL, arguments_digest TEXT
 );
 CREATE TABLE IF NOT EXISTS requests (
     at REAL, method TEXT, conn TEXT, session TEXT, status INTEGER, reason TEXT, origin TEXT,
@@ -146,7 +146,7 @@ CLOSE_STREAM = (
 )
 ACK_STREAM = "UPDATE streams SET last_acked_event_id=? WHERE session=? AND stream_id=?"
 INSERT_EVENT = "INSERT INTO events_sent VALUES (?,?,?,?,?,?,?,?,?,?)"
-INSERT_DISPATCH = "INSERT INTO dispatches VALUES (?,?,?,?,?,?,?,?)"
+INSERT_DISPATCH = "INSERT INTO dispatches VALUES (?,?,?,?,?,?,?,?,?)"
 INSERT_REQUEST = "INSERT INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?)"
 
 

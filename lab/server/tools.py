@@ -15,6 +15,7 @@ A tool runs as a task of its own: the client's connection dropping does not stop
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -115,6 +116,9 @@ async def ledger_append(call: ToolCall) -> dict[str, Any]:
         # Check-and-set without an await in between: two concurrent retries cannot both perform.
         receipt = f"r-{secrets.token_hex(8)}"
         state.receipts[ikey] = receipt
+    # The digest of what was asked lets the checker see one write performed twice under two
+    # keys (a client that re-ran it as a new operation): the key alone cannot show that.
+    asked = jsonrpc.dumps({"tool": "ledger.append", "arguments": call.arguments})
     state.ledger.write(
         L.INSERT_DISPATCH,
         (
@@ -126,6 +130,7 @@ async def ledger_append(call: ToolCall) -> dict[str, Any]:
             effect,
             receipt,
             now,
+            hashlib.sha256(asked.encode()).hexdigest(),
         ),
     )
     if effect == "performed":

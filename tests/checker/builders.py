@@ -53,7 +53,7 @@ CREATE TABLE streams (session TEXT, stream_id TEXT, opened_by TEXT, request_id T
 CREATE TABLE events_sent (session TEXT, stream_id TEXT, event_id TEXT, sequence INTEGER, digest TEXT,
     kind TEXT, jsonrpc_id TEXT, sent_at REAL, replay INTEGER, conn TEXT);
 CREATE TABLE dispatches (idempotency_key TEXT, session TEXT, auth_subject TEXT, request_id TEXT, tool TEXT,
-    effect TEXT, at REAL);
+    effect TEXT, at REAL, arguments_digest TEXT);
 CREATE TABLE requests (at REAL, method TEXT, conn TEXT, session TEXT, status INTEGER, reason TEXT,
     origin TEXT, origin_allowed INTEGER, protocol_version TEXT, last_event_id TEXT, cursor_verdict TEXT);
 CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT);
@@ -639,7 +639,10 @@ class Sim:
                 at=t,
             )
 
-    def dispatch(self, client: str, key: str, request_id: int, effect: str) -> None:
+    def dispatch(
+        self, client: str, key: str, request_id: int, effect: str, arguments: str | None = None
+    ) -> None:
+        """A server dispatch; `arguments` names what was asked (by default, unique per key)."""
         c = self.clients[client]
         self.server_row(
             "dispatches",
@@ -650,6 +653,7 @@ class Sim:
             tool="ledger.append",
             effect=effect,
             at=self.tick(),
+            arguments_digest=f"args-{arguments or key}",
         )
 
     def operation(self, client: str, key: str, attempts: int) -> None:

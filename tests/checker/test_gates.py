@@ -225,6 +225,28 @@ def test_gate2_server_performs_one_key_twice(tmp_path: Path) -> None:
     assert "2 times for idempotency key op-b-7" in w.explanation
 
 
+def test_gate2_same_write_performed_again_under_a_new_key(tmp_path: Path) -> None:
+    # A client that lost the answer and re-ran the write as a new operation (new key):
+    # each key was performed once, so only the arguments show the duplicate.
+    sim = clean_run().sim
+    sim.dispatch("b", "op-b-8", 4, "performed", arguments="pay 10")
+    sim.dispatch("b", "op-b-9", 5, "performed", arguments="pay 10")
+    report = check(sim, tmp_path)
+    assert only_failing(report) == ["duplicate_dispatch"]
+    (w,) = gate(report, "duplicate_dispatch").witnesses
+    assert w.check == "same_write_under_new_key" and w.attribution is Attribution.CLIENT
+    assert w.row["keys"] == "op-b-8, op-b-9" and w.row["performed"] == 2
+    assert "re-run as a new operation" in w.explanation
+
+
+def test_gate2_equal_arguments_under_one_key_are_a_replay_not_a_duplicate(tmp_path: Path) -> None:
+    sim = clean_run().sim
+    sim.dispatch("b", "op-b-8", 4, "performed", arguments="pay 10")
+    sim.dispatch("b", "op-b-8", 5, "replayed", arguments="pay 10")
+    report = check(sim, tmp_path)
+    assert gate(report, "duplicate_dispatch").verdict is Verdict.PASS
+
+
 def test_gate2_client_dispatches_a_message_more_often_than_it_was_sent(tmp_path: Path) -> None:
     run = clean_run()
     sim = run.sim
