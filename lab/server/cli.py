@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--keepalive", type=float, default=10.0, help="seconds of silence before an SSE comment (0: never)"
     )
+    p.add_argument(
+        "--completed-stream-ttl", type=float, default=120.0, help="seconds a completed stream stays resumable"
+    )
     p.add_argument("--log-level", default="warning")
     p.set_defaults(func=run)
 
@@ -71,6 +74,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         heartbeat_ms=args.heartbeat_ms,
         event_retention=args.event_retention,
         keepalive_s=args.keepalive,
+        completed_stream_ttl=args.completed_stream_ttl,
     )
 
 

@@ -171,3 +171,21 @@ def test_silent_streams_get_keepalive_comments(tmp_path: Path) -> None:
                     break
         blocks = raw.split(b"\n\n")
         assert blocks[0].startswith(b"id: ") and blocks[1:3] == [b":", b":"]  # priming, then comments only
+
+
+def test_cursor_of_a_forgotten_stream_is_rejected_as_unknown_stream(tmp_path: Path) -> None:
+    with reference_server(tmp_path, "--completed-stream-ttl", "0.5") as srv:
+        m = Mcp(srv.url)
+        m.initialize()
+        _, events = m.call("echo", {"text": "x"})
+        cursor = events[0].id or ""
+        time.sleep(2.2)  # completed, then forgotten by the sweeper (runs every second)
+        m.post_raw(jsonrpc.request(m.take_id(), "ping"))  # the session itself stays alive
+        r = m.client.get(m.url, headers=m.headers({"accept": "text/event-stream", "last-event-id": cursor}))
+        assert r.status_code == 400 and "unknown_stream" in r.json()["error"]["message"]
+        assert (
+            db_of(srv)
+            .execute("SELECT COUNT(*) FROM requests WHERE cursor_verdict='unknown_stream'")
+            .fetchone()[0]
+            == 1
+        )
