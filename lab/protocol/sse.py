@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from lab.protocol.errors import LocalProtocolError
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
+_SIMPLE_BLOCK = re.compile(r"id: ([^\n\x00]*)\ndata: ([^\n]*)")
+"""The block MCP servers send for an event: exactly what the line-by-line rules make of it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +118,29 @@ class SseDecoder:
                 text = text[1:]
         if not text:
             return []
+        if not self._buf and not self._touched and "\r" not in text:
+            return self._feed_blocks(text)
+        return self._feed_lines(text)
+
+    def _feed_blocks(self, text: str) -> list[SseEvent]:
+        """Fast path, at a block boundary with LF line ends: whole `id: X` + `data: Y` blocks
+        (what MCP servers send) become events with one regex match each; the first block of
+        any other shape, and everything after it, goes the general way."""
+        blocks = text.split("\n\n")
+        tail = blocks.pop()
+        events: list[SseEvent] = []
+        for i, block in enumerate(blocks):
+            m = _SIMPLE_BLOCK.fullmatch(block)
+            if m is None:
+                return events + self._feed_lines("\n\n".join(blocks[i:]) + "\n\n" + tail)
+            eid = m.group(1)
+            self._last_event_id = eid
+            events.append(SseEvent(data=m.group(2), id=eid, last_event_id=eid))
+        if tail:
+            events += self._feed_lines(tail)
+        return events
+
+    def _feed_lines(self, text: str) -> list[SseEvent]:
         parts = _LINE_BREAK.split(self._buf + text)
         self._buf = parts.pop()
         if self._buf == "" and text.endswith("\r"):

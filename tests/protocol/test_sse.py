@@ -197,3 +197,48 @@ def test_encode_then_decode_is_identity(events: list[tuple[str | None, str]]) ->
     raw = b"".join(encode_event(data, id=eid) for eid, data in events)
     decoded = decode(raw)
     assert [(e.id, e.data) for e in decoded] == [(eid, data) for eid, data in events]
+
+
+class LineByLine(SseDecoder):
+    """The decoder without its fast path for whole `id` + `data` blocks."""
+
+    def _feed_blocks(self, text: str) -> list[SseEvent]:
+        return self._feed_lines(text)
+
+
+_simple_block = st.builds(
+    lambda i, d: f"id: {i}\ndata: {d}\n\n",
+    st.text(alphabet="e1.aXZ-_09 ", max_size=14) | st.just("nul\x00id"),
+    # Spaces, tabs, quotes, NUL and non-ASCII where the fast path must keep them exactly.
+    st.text(alphabet=' a{}":\t\x00éあ', max_size=20),
+)
+_other_block = st.sampled_from(
+    [
+        "id:x\ndata:y\n\n",
+        "data: only\n\n",
+        ": keepalive\n\n",
+        "id: a\ndata: b\ndata: c\n\n",
+        "retry: 5\n\n",
+        "\n",
+        "id: p\ndata:\n\n",
+        "event: e\nid: q\ndata: r\n\n",
+        "id: a\r\ndata: b\r\n\r\n",
+    ]
+)
+# Mostly the blocks MCP servers send (the fast path's business), now and then another shape.
+_mcp_block = st.one_of(_simple_block, _simple_block, _simple_block, _simple_block, _other_block)
+
+
+@given(st.lists(_mcp_block, max_size=12), st.lists(st.integers(0, 300), max_size=8))
+def test_fast_path_decodes_exactly_like_the_line_rules(blocks: list[str], cuts: list[int]) -> None:
+    raw = "".join(blocks).encode()
+    fast, slow = SseDecoder(), LineByLine()
+    got_fast: list[SseEvent] = []
+    got_slow: list[SseEvent] = []
+    prev = 0
+    for c in [*sorted({c for c in cuts if c <= len(raw)}), len(raw)]:
+        got_fast += fast.feed(raw[prev:c])
+        got_slow += slow.feed(raw[prev:c])
+        prev = c
+    assert got_fast == got_slow
+    assert fast.end_of_stream() == slow.end_of_stream()
