@@ -18,7 +18,6 @@ class LoadResult:
     clients: int
     events: int = 0
     failed: int = 0
-    first_byte: float = 0.0
     started: float = field(default_factory=time.perf_counter)
     finished: float = 0.0
     peak_open: int = 0

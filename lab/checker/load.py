@@ -291,40 +291,38 @@ def _check_numeric(frames: Mapping[str, pd.DataFrame], rel: str) -> None:
             frame[name] = coerced
 
 
-def _load_tap(data: RunData) -> None:
-    rel = schemas.TAP_FILE
+def _read_jsonl_source(
+    data: RunData, rel: str, kind: str, records: Any, schema: str
+) -> dict[str, pd.DataFrame] | None:
+    """Read one JSON-lines ledger of the run; None (and the reason in `data`) if it is
+    missing or refused."""
     path = data.run_dir / rel
     if not path.exists():
-        data.sources.append(SourceInfo(rel, "tap", schemas.TAP_SCHEMA, "missing"))
-        return
+        data.sources.append(SourceInfo(rel, kind, schema, "missing"))
+        return None
     try:
-        read = read_jsonl(path, rel, schemas.TAP_RECORDS, schemas.TAP_SCHEMA)
+        read = read_jsonl(path, rel, records, schema)
         _check_numeric(read.frames, rel)
     except LedgerError as e:
-        _fail(data, rel, "tap", schemas.TAP_SCHEMA, e.message)
-        return
-    data.tap = read.frames
+        _fail(data, rel, kind, schema, e.message)
+        return None
     data.notes.extend(read.notes)
     rows = {t: len(f) for t, f in read.frames.items()}
-    data.sources.append(SourceInfo(rel, "tap", schemas.TAP_SCHEMA, "ok", rows=rows))
+    data.sources.append(SourceInfo(rel, kind, schema, "ok", rows=rows))
+    return read.frames
+
+
+def _load_tap(data: RunData) -> None:
+    data.tap = _read_jsonl_source(data, schemas.TAP_FILE, "tap", schemas.TAP_RECORDS, schemas.TAP_SCHEMA)
 
 
 def _load_nemesis(data: RunData) -> None:
-    rel = schemas.NEMESIS_FILE
-    path = data.run_dir / rel
-    if not path.exists():
-        data.sources.append(SourceInfo(rel, "nemesis", schemas.NEMESIS_SCHEMA, "missing"))
+    frames = _read_jsonl_source(
+        data, schemas.NEMESIS_FILE, "nemesis", schemas.NEMESIS_RECORDS, schemas.NEMESIS_SCHEMA
+    )
+    if frames is None:
         return
-    try:
-        read = read_jsonl(path, rel, schemas.NEMESIS_RECORDS, schemas.NEMESIS_SCHEMA)
-        _check_numeric(read.frames, rel)
-    except LedgerError as e:
-        _fail(data, rel, "nemesis", schemas.NEMESIS_SCHEMA, e.message)
-        return
-    parts = [f.assign(type=kind) for kind, f in read.frames.items() if len(f)]
+    parts = [f.assign(type=kind) for kind, f in frames.items() if len(f)]
     data.nemesis = (
         pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["type", "t", "kind"])
     )
-    data.notes.extend(read.notes)
-    rows = {t: len(f) for t, f in read.frames.items()}
-    data.sources.append(SourceInfo(rel, "nemesis", schemas.NEMESIS_SCHEMA, "ok", rows=rows))

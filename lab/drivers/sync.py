@@ -15,6 +15,7 @@ serves the async driver.
 
 from __future__ import annotations
 
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -30,9 +31,13 @@ from lab.protocol.records import Record
 __all__ = ["READ_IDLE_TIMEOUT", "SyncDriver", "default_client"]
 
 
-def default_client(pool: int = 32) -> httpx.Client:
+def default_client(verify: ssl.SSLContext | bool = True, pool: int = 32) -> httpx.Client:
+    """One client's HTTP pool: small (httpcore scans its pool on every request, so one pool
+    shared by thousands of open streams would make each request cost more); pass one TLS
+    context shared by the process as `verify`, building one per client is slow."""
     return httpx.Client(
-        timeout=httpx.Timeout(connect=5.0, read=READ_IDLE_TIMEOUT, write=10.0, pool=30.0),
+        verify=verify,
+        timeout=httpx.Timeout(connect=5.0, read=READ_IDLE_TIMEOUT, write=10.0, pool=60.0),
         limits=httpx.Limits(max_connections=pool, max_keepalive_connections=4),
     )
 

@@ -19,7 +19,7 @@ import httpx
 from locust import User
 from locust.env import Environment
 
-from lab.drivers.sync import SyncDriver
+from lab.drivers.sync import SyncDriver, default_client
 from lab.inbox import InboxDatabase
 from lab.load.settings import LoadSettings
 from lab.protocol.client import ClientConfig, ClientCore
@@ -70,11 +70,7 @@ class WorkerContext:
         }
 
     def http_client(self) -> httpx.Client:
-        return httpx.Client(
-            verify=self.ssl,
-            timeout=httpx.Timeout(connect=5.0, read=20.0, write=10.0, pool=60.0),
-            limits=httpx.Limits(max_connections=32, max_keepalive_connections=4),
-        )
+        return default_client(verify=self.ssl)
 
     def stop_all(self) -> None:
         for c in self.clients:

@@ -31,7 +31,7 @@ a durable SQLite one (`lab.inbox.SqliteInbox`) implement the same protocol.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from lab.protocol import jsonrpc
@@ -225,7 +225,6 @@ class _Verdicts:
     sequence: int | None = None
     server_stream_id: str | None = None
     server_generation: int | None = None
-    reasons: list[tuple[RejectReason, str]] = field(default_factory=list)
 
 
 def accept_stream_event(

@@ -94,11 +94,6 @@ def parse_event_id(raw: str) -> ParsedEventId | None:
     return ParsedEventId(tag, int(gen), stream, int(seq), dig, mac, raw)
 
 
-def looks_structured(raw: str) -> bool:
-    """True if the ID claims our scheme (even if it then fails to parse)."""
-    return raw.startswith(ID_SCHEME + ".")
-
-
 class EventIdCodec:
     """Mints and verifies event IDs with a server-side secret key."""
 

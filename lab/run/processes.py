@@ -124,9 +124,3 @@ class ProcessGroup:
         """Stop every child, newest first (the load before the proxy before the server)."""
         for child in reversed(self.children):
             self.stop(child, grace=grace)
-
-    def reap(self) -> None:
-        for child in self.children:
-            if child.exit_code is None and not child.alive():
-                child.exit_code = child.proc.returncode
-                child.ended_at = time.time()

@@ -17,26 +17,32 @@ from typing import Any
 
 
 @dataclass
-class TapCounter:
-    path: Path
-    events: int = 0
-    faults: Counter[str] = field(default_factory=Counter)
-    _offset: int = 0
-    _partial: bytes = b""
+class _Follower:
+    """Follows a JSON-lines file as it grows: hands out the complete lines appended since
+    the last call (a torn last line waits for the next)."""
 
-    def update(self) -> None:
-        """Read what was appended since the last call (a torn last line waits for the next)."""
+    path: Path
+    _offset: int = 0
+
+    def new_lines(self) -> list[bytes]:
         try:
             with self.path.open("rb") as f:
                 f.seek(self._offset)
                 data = f.read()
         except FileNotFoundError:
-            return
-        self._offset += len(data)
-        data = self._partial + data
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        for line in lines:
+            return []
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        return complete.splitlines()
+
+
+@dataclass
+class TapCounter(_Follower):
+    events: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
+
+    def update(self) -> None:
+        for line in self.new_lines():
             if not line:
                 continue
             try:
@@ -58,21 +64,11 @@ class TapCounter:
 
 
 @dataclass
-class NemesisCounter:
-    path: Path
+class NemesisCounter(_Follower):
     toxics: int = 0
-    _offset: int = 0
 
     def update(self) -> None:
-        try:
-            with self.path.open("rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return
-        complete = data[: data.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        self.toxics += complete.count(b'"toxic_added"')
+        self.toxics += sum(1 for line in self.new_lines() if b'"toxic_added"' in line)
 
 
 def read_progress(path: Path) -> dict[str, Any]:

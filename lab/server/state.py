@@ -17,7 +17,6 @@ import hashlib
 import secrets
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 from lab.protocol import jsonrpc
 from lab.protocol.event_ids import CursorVerdict, EventIdCodec, message_digest, post_stream_id, session_tag
@@ -131,7 +130,6 @@ class ServerState:
         self.generation = 0
         self.kept_generations: set[int] = {0}
         self.rollback = config.rollback
-        self.live_streams = 0
 
     # -- sessions ----------------------------------------------------------------------
 
@@ -343,8 +341,6 @@ class ServerState:
         if st.complete:
             live.end("completed")
             return queued
-        if old is None:
-            self.live_streams += 1
         st.subscriber = live
         if queued:
             self._maybe_poll_close(st, live, now)
@@ -353,7 +349,6 @@ class ServerState:
     def detach(self, st: Stream, live: LiveConn, reason: str, now: float) -> None:
         if st.subscriber is live:
             st.subscriber = None
-            self.live_streams -= 1
             if not st.complete and reason == "client_gone" and st.opened_by == "GET" and not st.resumable:
                 self.close_stream(st, "client_gone", now)
 
@@ -366,7 +361,6 @@ class ServerState:
         if sub is not None:
             sub.end(reason)
             st.subscriber = None
-            self.live_streams -= 1
         s = st.session
         self.ledger.write(
             L.CLOSE_STREAM,
@@ -401,7 +395,3 @@ class ServerState:
             for st in s.streams.values():
                 if st.closed_at is None:
                     self.close_stream(st, "shutdown", now)
-
-
-def message_kind(msg: dict[str, Any]) -> str:
-    return str(jsonrpc.classify(msg).kind)
