@@ -48,7 +48,6 @@ from mitmproxy import ctx, http
 from mitmproxy.addonmanager import Loader
 
 from lab.faults.facts import (
-    LAB_CONN_HEADER,
     RequestFacts,
     bearer_token,
     decision_key,
@@ -77,7 +76,8 @@ from lab.faults.plan import (
     StormParams,
     Unit,
 )
-from lab.protocol.redact import Redactor
+from lab.wire.extensions import LAB_CONN_HEADER
+from lab.wire.redact import Redactor
 
 log = logging.getLogger(__name__)
 

@@ -44,7 +44,7 @@ from lab.checker.context import Context, parse_budgets  # noqa: E402
 from lab.checker.load import load_run  # noqa: E402
 from lab.checker.run import GATES, check_run, run_gate  # noqa: E402
 from lab.inbox import connect  # noqa: E402
-from lab.protocol.records import RECORD_TYPES  # noqa: E402
+from lab.wire.client_ledger import RECORD_TYPES  # noqa: E402
 
 T0 = 1_700_000_000.0
 EVENT_RATE = 2_000.0

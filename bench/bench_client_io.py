@@ -30,7 +30,7 @@ import gevent  # noqa: E402
 import httpx  # noqa: E402
 from geventhttpclient import HTTPClient  # noqa: E402
 
-from lab.protocol.sse import SseDecoder  # noqa: E402
+from lab.wire.sse import SseDecoder  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

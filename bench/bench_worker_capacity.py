@@ -35,10 +35,10 @@ def worker(url: str, clients: int, steps: int, tmp: str) -> None:
     import gevent
     from locust.env import Environment
 
+    from lab.client import ReconnectBudget
     from lab.inbox import InboxDatabase
     from lab.load.settings import LoadSettings
     from lab.load.user import McpClient, WorkerContext
-    from lab.protocol.reconnect import ReconnectBudget
 
     settings = LoadSettings(url=url, run_dir=tmp, reconnect_qps=1000.0)
     db = InboxDatabase(Path(tmp) / "worker.sqlite")

@@ -18,7 +18,7 @@ DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 def _cmd_diagram(args: argparse.Namespace) -> int:
-    from lab.protocol.diagram import document
+    from lab.client import state_diagram_document as document
 
     text = document()
     target = DOCS / "state-machine.md"

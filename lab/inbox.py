@@ -38,14 +38,14 @@ from dataclasses import astuple, fields
 from pathlib import Path
 from typing import Any
 
-from lab.protocol.acceptance import (
+from lab.client import (
     DedupKey,
     InboxReceipt,
     OutboxDispatch,
     SeenEvent,
     Watermark,
 )
-from lab.protocol.records import LEDGER_SCHEMA, RECORD_TYPES, Record
+from lab.wire.client_ledger import LEDGER_SCHEMA, RECORD_TYPES, Record
 
 SCHEMA_VERSION = 1
 
@@ -249,7 +249,7 @@ def _sql_type(annotation: object) -> str:
 
 class InboxDatabase:
     """One worker process's file: the inbox/outbox of all its clients and their client
-    ledger (`mcpClientLedger.v1`, the tables of `lab.protocol.records`), group-committed.
+    ledger (`mcpClientLedger.v1`, the tables of `lab.wire.client_ledger`), group-committed.
 
     Everything goes into one open transaction that `flush()` commits (the worker calls it
     every ~200 ms and at exit). A crash loses at most the last batch, whole: receipts with

@@ -37,7 +37,7 @@ from lab.faults.plan import (
     read_rule,
 )
 from lab.nemesis.toxics import KIND_ATTRIBUTES, parse_attributes
-from lab.protocol.revisions import SUPPORTED_REVISIONS
+from lab.wire.revisions import SUPPORTED_REVISIONS
 
 if TYPE_CHECKING:
     from lab.load.settings import LoadSettings

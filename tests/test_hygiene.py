@@ -10,15 +10,17 @@ ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = ("gevent", "trio", "httpx", "locust", "socket", "threading", "asyncio", "anyio")
 
 
-def test_protocol_core_imports_no_io_library() -> None:
+def test_client_core_and_wire_import_no_io_library() -> None:
     code = (
-        "import sys, pkgutil, importlib, lab.protocol as p\n"
-        "for m in pkgutil.iter_modules(p.__path__): importlib.import_module('lab.protocol.' + m.name)\n"
+        "import sys, pkgutil, importlib\n"
+        "for pkg in ('lab.wire', 'lab.client'):\n"
+        "    p = importlib.import_module(pkg)\n"
+        "    for m in pkgutil.iter_modules(p.__path__): importlib.import_module(pkg + '.' + m.name)\n"
         f"bad = [m for m in {FORBIDDEN!r} if m in sys.modules]\n"
         "print(','.join(bad))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "", f"lab.protocol imported {out.stdout.strip()}"
+    assert out.stdout.strip() == "", f"lab.wire/lab.client imported {out.stdout.strip()}"
 
 
 def test_the_hygiene_check_sees_a_forbidden_import() -> None:
@@ -28,8 +30,8 @@ def test_the_hygiene_check_sees_a_forbidden_import() -> None:
     assert "socket" in out.stdout
 
 
-def test_protocol_sources_read_no_clock() -> None:
-    for path in (ROOT / "lab" / "protocol").glob("*.py"):
+def test_client_core_and_wire_read_no_clock() -> None:
+    for path in [*(ROOT / "lab" / "client").glob("*.py"), *(ROOT / "lab" / "wire").glob("*.py")]:
         text = path.read_text(encoding="utf-8")
         for needle in ("time.time(", "time.monotonic(", "datetime.now(", "import time"):
             assert needle not in text, f"{path.name} reads a clock ({needle})"

@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.inbox import SqliteInbox, connect
-from lab.protocol import jsonrpc
-from lab.protocol.acceptance import (
+from lab.client._acceptance import (
     ConnectionView,
     InboxStore,
     MemoryInbox,
@@ -23,8 +21,10 @@ from lab.protocol.acceptance import (
     StreamView,
     accept_stream_event,
 )
-from lab.protocol.event_ids import EventIdCodec, post_stream_id, session_tag
-from lab.protocol.sse import SseEvent
+from lab.inbox import SqliteInbox, connect
+from lab.wire import jsonrpc
+from lab.wire.event_ids import EventIdCodec, post_stream_id, session_tag
+from lab.wire.sse import SseEvent
 
 ROOT = Path(__file__).resolve().parents[1]
 CODEC = EventIdCodec(b"q" * 32)

@@ -4,17 +4,17 @@ fields the checker reads, and which schema names it knows.
 A file whose schema name is not one of these, or which lacks a field listed here, is
 refused with an error naming it (never read half-way). Extra fields are fine: a writer
 may add fields without breaking the checker. Client ledger columns come from the record
-dataclasses themselves (`lab.protocol.records`), so the two cannot drift apart.
+dataclasses themselves (`lab.wire.client_ledger`), so the two cannot drift apart.
 """
 
 from __future__ import annotations
 
 from dataclasses import fields
 
-from lab.protocol import records
+from lab.wire import client_ledger
 
 RUN_SCHEMA = "mcpLabRun.v1"
-CLIENT_SCHEMA = records.LEDGER_SCHEMA  # mcpClientLedger.v1
+CLIENT_SCHEMA = client_ledger.LEDGER_SCHEMA  # mcpClientLedger.v1
 INBOX_SCHEMA = "lab.inbox.v1"
 SERVER_SCHEMA = "mcpServerLedger.v1"
 TAP_SCHEMA = "mcpLabTap.v1"
@@ -62,7 +62,7 @@ CLIENT_TABLES: dict[str, tuple[str, ...]] = {
         "created_at",
     ),
 }
-for _record_type in records.RECORD_TYPES:
+for _record_type in client_ledger.RECORD_TYPES:
     CLIENT_TABLES[_record_type.table] = tuple(f.name for f in fields(_record_type))
 
 SERVER_TABLES: dict[str, tuple[str, ...]] = {

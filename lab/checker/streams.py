@@ -42,7 +42,7 @@ import pandas as pd
 
 from lab.checker.context import KEY_SEP, Context, in_keys, split_conn, text_ids, text_key
 from lab.checker.load import MissingInput
-from lab.protocol.event_ids import parse_event_id
+from lab.wire.event_ids import parse_event_id
 
 SEP = KEY_SEP
 # Chains of resumptions of opaque-ID streams resolve one link per round.

@@ -8,9 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from lab.protocol.client import ClientCore
-from lab.protocol.commands import CloseConnection, Command, Notice, SendRequest
-from lab.protocol.records import Record
+from lab.client import ClientCore, CloseConnection, Command, Notice, SendRequest
+from lab.wire.client_ledger import Record
 
 READ_IDLE_TIMEOUT = 20.0
 """Seconds without a byte before a connection counts as lost (a `timeout` toxic holds data

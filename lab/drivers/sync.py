@@ -23,10 +23,9 @@ from typing import Any
 
 import httpx
 
+from lab.client import ClientCore, Notice, SendRequest
 from lab.drivers.base import READ_IDLE_TIMEOUT, DriverBase
-from lab.protocol.client import ClientCore
-from lab.protocol.commands import Notice, SendRequest
-from lab.protocol.records import Record
+from lab.wire.client_ledger import Record
 
 __all__ = ["READ_IDLE_TIMEOUT", "SyncDriver", "default_client"]
 

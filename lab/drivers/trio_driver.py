@@ -17,10 +17,9 @@ from collections.abc import Callable
 import httpx
 import trio
 
+from lab.client import ClientCore, Notice, SendRequest
 from lab.drivers.base import READ_IDLE_TIMEOUT, DriverBase
-from lab.protocol.client import ClientCore
-from lab.protocol.commands import Notice, SendRequest
-from lab.protocol.records import Record
+from lab.wire.client_ledger import Record
 
 
 def default_async_client(pool: int = 10_000) -> httpx.AsyncClient:

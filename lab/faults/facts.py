@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from typing import Final
 
 from lab.faults.plan import Target
-from lab.protocol.event_ids import parse_event_id
+from lab.wire.event_ids import parse_event_id
+from lab.wire.extensions import IDEMPOTENCY_META
 
-LAB_CONN_HEADER: Final = "x-lab-conn"
-IDEMPOTENCY_META: Final = "mcp-lab/idempotency-key"
 MAX_BODY_PARSED: Final = 1 << 20
 """Bodies above this are not parsed for JSON-RPC facts (the server refuses them anyway)."""
 

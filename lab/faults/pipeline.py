@@ -2,7 +2,7 @@
 
 `SsePipe.feed(chunk) -> bytes` is what the addon hands mitmproxy as
 `flow.response.stream`: bytes of the server's SSE response go in, in any chunking; they
-are decoded into events (`lab.protocol.sse.SseDecoder`), every event is recorded as
+are decoded into events (`lab.wire.sse.SseDecoder`), every event is recorded as
 *sent* (before any fault), the faults are applied, and what goes on to the client is
 re-encoded (`encode_event`) and recorded as *forwarded* (or *dropped*). A chunk that
 carried only comments (keep-alives) is passed on as one empty comment, so idle streams
@@ -50,8 +50,8 @@ from lab.faults.plan import (
     Target,
     Unit,
 )
-from lab.protocol.event_ids import parse_event_id
-from lab.protocol.sse import SseDecoder, SseEvent, encode_event
+from lab.wire.event_ids import parse_event_id
+from lab.wire.sse import SseDecoder, SseEvent, encode_event
 
 type Record = str | dict[str, Any]
 """A tap record: a dict, or (per-event records, the hot path) its JSON text."""

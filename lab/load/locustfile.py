@@ -31,10 +31,10 @@ from locust import LoadTestShape, between, events, task
 from locust.env import Environment
 from locust.runners import MasterRunner, WorkerRunner
 
+from lab.client import ReconnectBudget
 from lab.inbox import InboxDatabase
 from lab.load.settings import LoadSettings, ledger_key, split_budget
 from lab.load.user import WORKER, McpUser, WorkerContext
-from lab.protocol.reconnect import ReconnectBudget
 
 STOP_FILE = "stop-requested"
 """Created in the run folder by `lab run` to end the load gracefully."""

@@ -19,22 +19,24 @@ import httpx
 from locust import User
 from locust.env import Environment
 
-from lab.drivers.sync import SyncDriver, default_client
-from lab.inbox import InboxDatabase
-from lab.load.settings import LoadSettings
-from lab.protocol.client import ClientConfig, ClientCore
-from lab.protocol.commands import (
+from lab.client import (
+    BackoffPolicy,
     CallFinished,
     CallHandle,
     CallOutcome,
+    ClientConfig,
+    ClientCore,
     LeaveFinished,
     Notice,
+    ReconnectBudget,
     SessionEstablished,
+    State,
 )
-from lab.protocol.reconnect import BackoffPolicy, ReconnectBudget
-from lab.protocol.records import EventRejected, ReconnectAttempt, Record, Recovery
-from lab.protocol.redact import Redactor
-from lab.protocol.states import State
+from lab.drivers.sync import SyncDriver, default_client
+from lab.inbox import InboxDatabase
+from lab.load.settings import LoadSettings
+from lab.wire.client_ledger import EventRejected, ReconnectAttempt, Record, Recovery
+from lab.wire.redact import Redactor
 
 REQUEST_TYPE = "MCP"
 

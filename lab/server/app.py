@@ -38,21 +38,21 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from lab.protocol import jsonrpc
-from lab.protocol.client import EVENT_ID_CAPABILITY
-from lab.protocol.errors import RemoteProtocolError
-from lab.protocol.reconnect import ReconnectBudget
-from lab.protocol.revisions import (
+from lab.server import ledger as L
+from lab.server.config import ServerConfig, matches
+from lab.server.ratelimit import RequestRateLimiter
+from lab.server.state import LiveConn, ServerState, Session, Stream
+from lab.server.tools import TOOL_LIST, TOOLS, ToolCall, ToolError
+from lab.wire import jsonrpc
+from lab.wire.errors import RemoteProtocolError
+from lab.wire.extensions import EVENT_ID_CAPABILITY
+from lab.wire.revisions import (
     LAST_EVENT_ID_HEADER,
     PROTOCOL_VERSION_HEADER,
     SESSION_HEADER,
     negotiate,
     revision,
 )
-from lab.server import ledger as L
-from lab.server.config import ServerConfig, matches
-from lab.server.state import LiveConn, ServerState, Session, Stream
-from lab.server.tools import TOOL_LIST, TOOLS, ToolCall, ToolError
 
 log = logging.getLogger("lab.server")
 
@@ -114,8 +114,7 @@ class McpApp:
         self.path = path
         self.ledger = L.Ledger(config.ledger_path)
         self.state = ServerState(config, self.ledger)
-        # A token bucket is a rate limiter whatever it guards; the budget class is one.
-        self.rate = ReconnectBudget(
+        self.rate = RequestRateLimiter(
             config.max_rps or float("inf"), burst=max(1.0, config.max_rps), now=time.time()
         )
         self.open_sse = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass, field
 
-from lab.protocol.revisions import SUPPORTED_REVISIONS
+from lab.wire.revisions import SUPPORTED_REVISIONS
 
 CURSOR_REJECT_STATUSES = (400, 409, 410, 422)
 

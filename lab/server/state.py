@@ -18,13 +18,13 @@ import secrets
 from collections import deque
 from dataclasses import dataclass, field
 
-from lab.protocol import jsonrpc
-from lab.protocol.event_ids import CursorVerdict, EventIdCodec, message_digest, post_stream_id, session_tag
-from lab.protocol.redact import Redactor
-from lab.protocol.revisions import revision
-from lab.protocol.sse import encode_event
 from lab.server import ledger as L
 from lab.server.config import ServerConfig
+from lab.wire import jsonrpc
+from lab.wire.event_ids import CursorVerdict, EventIdCodec, message_digest, post_stream_id, session_tag
+from lab.wire.redact import Redactor
+from lab.wire.revisions import revision
+from lab.wire.sse import encode_event
 
 
 @dataclass(slots=True)

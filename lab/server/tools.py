@@ -22,10 +22,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from lab.protocol import jsonrpc
-from lab.protocol.client import IDEMPOTENCY_META
 from lab.server import ledger as L
 from lab.server.state import ServerState, Stream
+from lab.wire import jsonrpc
+from lab.wire.extensions import IDEMPOTENCY_META
 
 
 class ToolError(Exception):
@@ -150,7 +150,6 @@ TOOLS: dict[str, Callable[[ToolCall], Awaitable[dict[str, Any]]]] = {
     "ledger.append": ledger_append,
 }
 
-WRITE_TOOLS = frozenset({"ledger.append"})
 
 TOOL_LIST = [
     {

@@ -4,7 +4,7 @@
 POST streams, lose and resume streams, get 404s and re-initialize; the server mints real
 `e1` event IDs (`EventIdCodec`). Every step writes what each part would write — the
 client ledger (inbox/outbox via `lab.inbox.connect`, the record tables of
-`lab.protocol.records`), the server ledger, the proxy tap and the nemesis log — so the
+`lab.wire.client_ledger`), the server ledger, the proxy tap and the nemesis log — so the
 ledgers agree with each other unless a test makes them disagree on purpose (a fault,
 a server bug, a client bug). `Sim.write(run_dir)` writes the folder.
 
@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from lab.inbox import connect
-from lab.protocol.event_ids import EventIdCodec, message_digest, post_stream_id, session_tag
-from lab.protocol.records import RECORD_TYPES
-from lab.protocol.redact import Redactor
+from lab.wire.client_ledger import RECORD_TYPES
+from lab.wire.event_ids import EventIdCodec, message_digest, post_stream_id, session_tag
+from lab.wire.redact import Redactor
 
 T0 = 1_700_000_000.0
 CODEC = EventIdCodec(b"k" * 32)

@@ -11,7 +11,7 @@ import pytest
 
 from lab.checker.model import Attribution, GateResult, RunReport, Verdict
 from lab.checker.run import check_dir
-from lab.protocol.event_ids import message_digest
+from lab.wire.event_ids import message_digest
 from tests.checker.builders import T0, Event, Sim, Stream, clean_run
 
 

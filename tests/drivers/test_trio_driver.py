@@ -12,22 +12,24 @@ import httpx
 import pytest
 import trio
 
-from lab.drivers.trio_driver import TrioDriver, default_async_client
-from lab.inbox import InboxDatabase
-from lab.protocol.client import ClientConfig, ClientCore
-from lab.protocol.commands import (
+from lab.client import (
+    BackoffPolicy,
     CallFinished,
     CallHandle,
     CallOutcome,
+    ClientConfig,
+    ClientCore,
     LeaveFinished,
     LeaveReceipt,
     Notice,
+    ReconnectBudget,
     SessionLost,
+    State,
 )
-from lab.protocol.reconnect import BackoffPolicy, ReconnectBudget
-from lab.protocol.records import Record, Recovery
-from lab.protocol.redact import Redactor
-from lab.protocol.states import State
+from lab.drivers.trio_driver import TrioDriver, default_async_client
+from lab.inbox import InboxDatabase
+from lab.wire.client_ledger import Record, Recovery
+from lab.wire.redact import Redactor
 from tests.livesrv import LEDGER_KEY, LiveProcess, reference_server
 
 pytestmark = pytest.mark.live

@@ -19,7 +19,7 @@ import mcp_faults_io
 from mitmproxy import http
 from mitmproxy.test import taddons, tflow
 
-from lab.protocol.sse import SseDecoder, SseEvent, encode_event
+from lab.wire.sse import SseDecoder, SseEvent, encode_event
 
 KEY_HEX = "ef" * 32
 UPSTREAM = "http://127.0.0.1:9/mcp"
@@ -192,6 +192,6 @@ def sse_stream(
 
 
 def _eid(tag: str, stream_id: str, seq: int, data: str) -> str:
-    from lab.protocol.event_ids import message_digest
+    from lab.wire.event_ids import message_digest
 
     return f"e1.{tag}.0.{stream_id}.{seq}.{message_digest(data)[:12]}.{'M' * 16}"

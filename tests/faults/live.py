@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 from lab.faults.launch import mitmdump_argv, ready_prefix
-from lab.protocol.sse import SseDecoder, SseEvent
+from lab.wire.sse import SseDecoder, SseEvent
 from tests.livesrv import stop, wait_for_line
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import mcp_faults_io
 import pytest
 from mitmproxy import exceptions
 
-from lab.protocol.sse import encode_comment, encode_event
+from lab.wire.sse import encode_comment, encode_event
 from tests.faults.harness import Harness, call, decode, rpc, sse_stream
 
 pytestmark = pytest.mark.anyio

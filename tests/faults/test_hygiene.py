@@ -34,7 +34,13 @@ def test_fault_modules_and_the_scenario_loader_import_nothing_heavy() -> None:
 
 
 def test_the_addon_imports_only_mitmproxy_the_stdlib_and_pure_lab_modules() -> None:
-    pure = {"lab.faults.facts", "lab.faults.pipeline", "lab.faults.plan", "lab.protocol.redact"}
+    pure = {
+        "lab.faults.facts",
+        "lab.faults.pipeline",
+        "lab.faults.plan",
+        "lab.wire.redact",
+        "lab.wire.extensions",
+    }
     for name in ("mcp_faults.py", "mcp_faults_io.py", "mcp_noop.py"):
         source = (ROOT / "addons" / name).read_text()
         tops = {

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from lab.faults.plan import parse_plan
-from lab.protocol.event_ids import parse_event_id, session_tag
+from lab.wire.event_ids import parse_event_id, session_tag
 from tests.faults.live import (
     TOKENS,
     McpClient,

@@ -21,7 +21,7 @@ from lab.faults.pipeline import (
     reencode,
 )
 from lab.faults.plan import Decider, FaultKind, Target, parse_plan
-from lab.protocol.sse import SseDecoder, SseEvent
+from lab.wire.sse import SseDecoder, SseEvent
 
 RESPONSE = json.dumps({"jsonrpc": "2.0", "id": 1, "result": {"text": "héllo ✓"}})
 
@@ -136,7 +136,7 @@ def test_memory_is_bounded() -> None:
 
 
 def test_the_fast_paths_agree_with_the_general_ones() -> None:
-    from lab.protocol.sse import SseEvent, encode_event
+    from lab.wire.sse import SseEvent, encode_event
 
     for ev, eid in (
         (SseEvent(data="x y"), "e1"),

@@ -18,13 +18,20 @@ import time  # noqa: E402
 
 import httpx  # noqa: E402
 
+from lab.client import (  # noqa: E402  # noqa: E402  # noqa: E402
+    BackoffPolicy,
+    CallFinished,
+    CallHandle,
+    ClientConfig,
+    ClientCore,
+    LeaveFinished,
+    Notice,
+    ReconnectBudget,
+    State,
+)
 from lab.drivers.sync import SyncDriver  # noqa: E402
 from lab.inbox import InboxDatabase  # noqa: E402
-from lab.protocol.client import ClientConfig, ClientCore  # noqa: E402
-from lab.protocol.commands import CallFinished, CallHandle, LeaveFinished, Notice  # noqa: E402
-from lab.protocol.reconnect import BackoffPolicy, ReconnectBudget  # noqa: E402
-from lab.protocol.redact import Redactor  # noqa: E402
-from lab.protocol.states import State  # noqa: E402
+from lab.wire.redact import Redactor  # noqa: E402
 
 
 def main() -> None:

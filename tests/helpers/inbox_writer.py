@@ -15,10 +15,10 @@ import os
 import signal
 import sys
 
+from lab.client import ConnectionView, SessionView, StreamView, accept_stream_event
 from lab.inbox import SqliteInbox, connect
-from lab.protocol import jsonrpc
-from lab.protocol.acceptance import ConnectionView, SessionView, StreamView, accept_stream_event
-from lab.protocol.sse import SseEvent
+from lab.wire import jsonrpc
+from lab.wire.sse import SseEvent
 
 
 def main() -> None:

@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 
-from lab.protocol import jsonrpc
-from lab.protocol.sse import SseDecoder, SseEvent
+from lab.wire import jsonrpc
+from lab.wire.sse import SseDecoder, SseEvent
 
 V = "2025-11-25"
 POST_HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}

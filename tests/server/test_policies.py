@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lab.protocol import jsonrpc
+from lab.wire import jsonrpc
 from tests.livesrv import LiveProcess, reference_server
 from tests.server.mcp_http import Mcp, messages
 

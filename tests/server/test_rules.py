@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lab.protocol import jsonrpc
-from lab.protocol.event_ids import parse_event_id, post_stream_id, session_tag
-from lab.protocol.sse import SseDecoder
+from lab.wire import jsonrpc
+from lab.wire.event_ids import parse_event_id, post_stream_id, session_tag
+from lab.wire.sse import SseDecoder
 from tests.livesrv import LiveProcess, reference_server
 from tests.server.mcp_http import POST_HEADERS, Mcp, messages
 

@@ -36,8 +36,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from lab.protocol import jsonrpc
-from lab.protocol.acceptance import (
+from lab.client._acceptance import (
     ALL_CHECKS,
     Acceptance,
     Check,
@@ -49,7 +48,7 @@ from lab.protocol.acceptance import (
     StreamView,
     accept_stream_event,
 )
-from lab.protocol.commands import (
+from lab.client._commands import (
     CallFinished,
     CallHandle,
     CallOutcome,
@@ -65,17 +64,10 @@ from lab.protocol.commands import (
     SessionEstablished,
     SessionLost,
 )
-from lab.protocol.errors import LocalProtocolError, RemoteProtocolError
-from lab.protocol.event_ids import (
-    CursorVerdict,
-    classify_opaque,
-    classify_structured,
-    parse_event_id,
-    post_stream_id,
-    session_tag,
-)
-from lab.protocol.reconnect import BackoffPolicy, PendingReconnect, ReconnectBudget, parse_retry_after
-from lab.protocol.records import (
+from lab.client._reconnect import BackoffPolicy, PendingReconnect, ReconnectBudget, parse_retry_after
+from lab.client._states import Machine, Role, State, Trigger
+from lab.wire import jsonrpc
+from lab.wire.client_ledger import (
     EventRejected,
     HttpExchange,
     OperationRecord,
@@ -84,24 +76,25 @@ from lab.protocol.records import (
     Recovery,
     SessionEvent,
 )
-from lab.protocol.redact import Redactor
-from lab.protocol.revisions import (
+from lab.wire.errors import LocalProtocolError, RemoteProtocolError
+from lab.wire.event_ids import (
+    CursorVerdict,
+    classify_opaque,
+    classify_structured,
+    parse_event_id,
+    post_stream_id,
+    session_tag,
+)
+from lab.wire.extensions import EVENT_ID_CAPABILITY, IDEMPOTENCY_META, LAB_CONN_HEADER
+from lab.wire.redact import Redactor
+from lab.wire.revisions import (
     LAST_EVENT_ID_HEADER,
     PROTOCOL_VERSION_HEADER,
     SESSION_HEADER,
     SUPPORTED_REVISIONS,
     revision,
 )
-from lab.protocol.sse import SseDecoder, SseEvent
-from lab.protocol.states import Machine, Role, State, Trigger
-
-EVENT_ID_CAPABILITY = "mcp-lab/event-ids"
-"""`capabilities.experimental[EVENT_ID_CAPABILITY] = {"scheme": "e1"}` in an InitializeResult
-tells the client that event IDs are structured (`lab.protocol.event_ids`)."""
-LAB_CONN_HEADER = "x-lab-conn"
-"""`<client-id>:<conn-id>` on every request of a lab client (see docs/ledgers.md)."""
-IDEMPOTENCY_META = "mcp-lab/idempotency-key"
-"""`params._meta[IDEMPOTENCY_META]` of a tools/call: the logical operation's key."""
+from lab.wire.sse import SseDecoder, SseEvent
 
 _RETRY_STATUSES = frozenset({429, 503})
 _UNKNOWN_STATUSES = frozenset({502, 504})

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lab.protocol.errors import LocalProtocolError
-from lab.protocol.sse import SseDecoder, SseEvent, encode_comment, encode_event
+from lab.wire.errors import LocalProtocolError
+from lab.wire.sse import SseDecoder, SseEvent, encode_comment, encode_event
 
 
 def decode(raw: bytes) -> list[SseEvent]:

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from lab.protocol.errors import RemoteProtocolError
+from lab.wire.errors import RemoteProtocolError
 
 type JsonRpcId = str | int
 type JsonObject = dict[str, Any]

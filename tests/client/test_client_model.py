@@ -23,14 +23,14 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from lab.protocol.acceptance import ALL_CHECKS, Check, MemoryInbox
-from lab.protocol.client import ClientConfig, ClientCore
-from lab.protocol.commands import CallFinished, CallOutcome, Purpose
-from lab.protocol.event_ids import post_stream_id, session_tag
-from lab.protocol.reconnect import BackoffPolicy, ReconnectBudget
-from lab.protocol.records import ReconnectAttempt
-from lab.protocol.redact import Redactor
-from tests.protocol.model_server import Link, ModelServer
+from lab.client._acceptance import ALL_CHECKS, Check, MemoryInbox
+from lab.client._commands import CallFinished, CallOutcome, Purpose
+from lab.client._core import ClientConfig, ClientCore
+from lab.client._reconnect import BackoffPolicy, ReconnectBudget
+from lab.wire.client_ledger import ReconnectAttempt
+from lab.wire.event_ids import post_stream_id, session_tag
+from lab.wire.redact import Redactor
+from tests.client.model_server import Link, ModelServer
 
 BUDGET = 4.0
 T0 = 1_800_000_000.0

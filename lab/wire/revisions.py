@@ -32,22 +32,16 @@ class Revision:
     """A POST stream starts with an event that has an ID and empty data."""
     polling_close: bool
     """The server may close a connection mid-stream after sending `retry`."""
-    origin_403: bool
-    """An invalid `Origin` must be answered with 403 (earlier revisions only said 'validate')."""
 
 
 REVISIONS: dict[str, Revision] = {
     r.name: r
     for r in (
-        Revision("2025-03-26", False, True, False, False, False),
-        Revision("2025-06-18", True, False, False, False, False),
-        Revision("2025-11-25", True, False, True, True, True),
+        Revision("2025-03-26", False, True, False, False),
+        Revision("2025-06-18", True, False, False, False),
+        Revision("2025-11-25", True, False, True, True),
     )
 }
-
-DEFAULT_REVISION = "2025-11-25"
-ASSUMED_WHEN_HEADER_MISSING = "2025-03-26"
-"""Spec: a server that gets no version header and cannot tell otherwise assumes 2025-03-26."""
 
 SUPPORTED_REVISIONS: tuple[str, ...] = tuple(sorted(REVISIONS))
 

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from lab.protocol.jsonrpc import JsonObject
+from lab.wire.jsonrpc import JsonObject
 
 
 class Purpose(enum.StrEnum):

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.protocol.diagram import document, mermaid
-from lab.protocol.errors import LocalProtocolError
-from lab.protocol.states import (
+from lab.client._diagram import document, mermaid
+from lab.client._states import (
     INITIAL,
     STREAM_OPEN_REQUIRES,
     TERMINAL_STREAM_STATES,
@@ -18,6 +17,7 @@ from lab.protocol.states import (
     State,
     Trigger,
 )
+from lab.wire.errors import LocalProtocolError
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "state-machine.md"
 

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lab.protocol.errors import LocalProtocolError
-from lab.protocol.reconnect import BackoffPolicy, ReconnectBudget, parse_retry_after, plan_reconnect
+from lab.client._reconnect import BackoffPolicy, ReconnectBudget, parse_retry_after, plan_reconnect
+from lab.wire.errors import LocalProtocolError
 
 NOW = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 

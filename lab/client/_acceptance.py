@@ -34,16 +34,16 @@ import enum
 from dataclasses import dataclass
 from typing import Protocol
 
-from lab.protocol import jsonrpc
-from lab.protocol.errors import RemoteProtocolError
-from lab.protocol.event_ids import (
+from lab.wire import jsonrpc
+from lab.wire.errors import RemoteProtocolError
+from lab.wire.event_ids import (
     CursorVerdict,
     ParsedEventId,
     classify_structured,
     message_digest,
     parse_event_id,
 )
-from lab.protocol.sse import SseEvent
+from lab.wire.sse import SseEvent
 
 
 class Outcome(enum.StrEnum):

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lab.protocol.errors import LocalProtocolError
-from lab.protocol.event_ids import (
+from lab.wire.errors import LocalProtocolError
+from lab.wire.event_ids import (
     CursorVerdict,
     EventIdCodec,
     classify_opaque,

@@ -20,11 +20,12 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
-from lab.protocol import jsonrpc
-from lab.protocol.client import EVENT_ID_CAPABILITY, IDEMPOTENCY_META, ClientCore
-from lab.protocol.commands import CloseConnection, Command, Purpose, SendRequest
-from lab.protocol.event_ids import CursorVerdict, EventIdCodec, message_digest, post_stream_id, session_tag
-from lab.protocol.sse import encode_event
+from lab.client import ClientCore
+from lab.client._commands import CloseConnection, Command, Purpose, SendRequest
+from lab.wire import jsonrpc
+from lab.wire.event_ids import CursorVerdict, EventIdCodec, message_digest, post_stream_id, session_tag
+from lab.wire.extensions import EVENT_ID_CAPABILITY, IDEMPOTENCY_META
+from lab.wire.sse import encode_event
 
 SSE = (("content-type", "text/event-stream"),)
 JSON = (("content-type", "application/json"),)

@@ -8,8 +8,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from lab.protocol import jsonrpc
-from lab.protocol.acceptance import (
+from lab.client._acceptance import (
     ALL_CHECKS,
     Acceptance,
     Check,
@@ -21,8 +20,9 @@ from lab.protocol.acceptance import (
     StreamView,
     accept_stream_event,
 )
-from lab.protocol.event_ids import EventIdCodec, post_stream_id, session_tag
-from lab.protocol.sse import SseEvent
+from lab.wire import jsonrpc
+from lab.wire.event_ids import EventIdCodec, post_stream_id, session_tag
+from lab.wire.sse import SseEvent
 
 CODEC = EventIdCodec(b"s" * 32)
 TAG = session_tag("the-session-id-0123456789abcdef")

@@ -33,7 +33,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 
-from lab.protocol.errors import LocalProtocolError
+from lab.wire.errors import LocalProtocolError
 
 
 class State(enum.StrEnum):

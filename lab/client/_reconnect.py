@@ -22,7 +22,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from lab.protocol.errors import LocalProtocolError
+from lab.wire.errors import LocalProtocolError
 
 _MONTHS = {
     m: i

@@ -31,7 +31,7 @@ import re
 from collections.abc import Container
 from dataclasses import dataclass
 
-from lab.protocol.errors import LocalProtocolError
+from lab.wire.errors import LocalProtocolError
 
 ID_SCHEME = "e1"
 DIGEST_PREFIX_LEN = 12

@@ -9,9 +9,8 @@ from collections import Counter
 
 import pytest
 
-from lab.protocol.acceptance import MemoryInbox
-from lab.protocol.client import ClientConfig, ClientCore
-from lab.protocol.commands import (
+from lab.client._acceptance import MemoryInbox
+from lab.client._commands import (
     CallFinished,
     CallOutcome,
     LeaveFinished,
@@ -20,12 +19,13 @@ from lab.protocol.commands import (
     SendRequest,
     SessionLost,
 )
-from lab.protocol.errors import LocalProtocolError
-from lab.protocol.reconnect import BackoffPolicy, ReconnectBudget
-from lab.protocol.records import EventRejected, HttpExchange, ReconnectAttempt, Recovery, SessionEvent
-from lab.protocol.redact import Redactor
-from lab.protocol.states import State
-from tests.protocol.model_server import Link, ModelServer
+from lab.client._core import ClientConfig, ClientCore
+from lab.client._reconnect import BackoffPolicy, ReconnectBudget
+from lab.client._states import State
+from lab.wire.client_ledger import EventRejected, HttpExchange, ReconnectAttempt, Recovery, SessionEvent
+from lab.wire.errors import LocalProtocolError
+from lab.wire.redact import Redactor
+from tests.client.model_server import Link, ModelServer
 
 
 def make(

@@ -26,7 +26,7 @@ import codecs
 import re
 from dataclasses import dataclass
 
-from lab.protocol.errors import LocalProtocolError
+from lab.wire.errors import LocalProtocolError
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _SIMPLE_BLOCK = re.compile(r"id: ([^\n\x00]*)\ndata: ([^\n]*)")

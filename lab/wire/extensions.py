@@ -1,0 +1,18 @@
+"""Names the lab adds to MCP on the wire. Every part of a run (client, server, proxy,
+checker) agrees on them; a target that knows none of them still works, only with less
+cooperation (docs/targets.md says what each gate needs from a target).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+EVENT_ID_CAPABILITY: Final = "mcp-lab/event-ids"
+"""`capabilities.experimental[EVENT_ID_CAPABILITY] = {"scheme": "e1"}` in an InitializeResult
+tells the client that event IDs are structured (`lab.wire.event_ids`)."""
+
+LAB_CONN_HEADER: Final = "x-lab-conn"
+"""`<client-id>:<conn-id>` on every request of a lab client (see docs/ledgers.md)."""
+
+IDEMPOTENCY_META: Final = "mcp-lab/idempotency-key"
+"""`params._meta[IDEMPOTENCY_META]` of a tools/call: the logical operation's key."""
