@@ -2,6 +2,11 @@
 
 Each subcommand lives in its own module and is imported only when it runs (Locust and
 trio must not be imported together, and `lab --help` should be instant).
+
+Every command exits with a code of `lab.exitcodes`, whatever happens: a bad option is 3
+(argparse's own 2 would read as "inconclusive"), a run folder that cannot be written is
+4 with one line, and any other exception is 4 with one line naming a log file that holds
+the traceback — a crash is never 1 ("a gate failed").
 """
 
 from __future__ import annotations
@@ -9,12 +14,26 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+import tempfile
+import time
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn, cast
 
 from lab import __version__
+from lab.exitcodes import ExitCode
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
+"""The repository's docs (for `lab diagram --write/--check`, a developer's command)."""
+
+
+class LabArgumentParser(argparse.ArgumentParser):
+    """argparse, with a usage error exiting 3 (the run could not be made), not 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(ExitCode.CANNOT_RUN, f"{self.prog}: error: {message}\n")
 
 
 def _cmd_diagram(args: argparse.Namespace) -> int:
@@ -38,12 +57,20 @@ def _cmd_diagram(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = LabArgumentParser(
         prog="lab",
         description="Network fault-injection and load lab for MCP Streamable HTTP session resumption.",
+        epilog=(
+            "Exit codes (every command): 0 pass, 1 a gate failed, 2 inconclusive or incomplete, "
+            "3 the run could not be made (bad scenario or option, a part did not start), 4 the lab itself failed."
+        ),
     )
     p.add_argument("--version", action="version", version=f"lab {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    # Every subcommand's parser is a LabArgumentParser too (argparse makes them of the parent's class).
+    sub = cast(
+        "argparse._SubParsersAction[argparse.ArgumentParser]",
+        p.add_subparsers(dest="command", metavar="COMMAND"),
+    )
 
     d = sub.add_parser(
         "diagram", help="print (or write/check) the client state diagram generated from the table"
@@ -76,15 +103,40 @@ def _registrars() -> list[Callable[[argparse._SubParsersAction[argparse.Argument
     return out
 
 
+def crash_log(command: str, exc: BaseException) -> Path:
+    """Write the traceback of `exc` to a log file of its own; its path."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    path = Path(tempfile.gettempdir()) / f"lab-{command}-{stamp}-{id(exc):x}.log"
+    text = "".join(traceback.format_exception(exc))
+    path.write_text(f"lab {__version__}: {' '.join(sys.argv)}\n{text}", encoding="utf-8")
+    return path
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
     if func is None:
         parser.print_help()
-        return 0
-    result: int = func(args)
-    return result
+        return ExitCode.PASS
+    command = str(args.command)
+    from lab.runfolder import RunFolderError
+
+    try:
+        return int(func(args))
+    except RunFolderError as e:  # a full disk, a read-only folder: the lab could not keep its records
+        print(f"lab {command}: the lab failed: {e}", file=sys.stderr)
+        return ExitCode.LAB_FAILED
+    except KeyboardInterrupt:
+        print(f"lab {command}: interrupted", file=sys.stderr)
+        return ExitCode.INCONCLUSIVE
+    except Exception as e:
+        try:
+            where = f"traceback in {crash_log(command, e)}"
+        except OSError as log_error:
+            where = f"and its traceback could not be written either: {log_error.strerror or log_error}"
+        print(f"lab {command}: the lab failed: {type(e).__name__}: {e} ({where})", file=sys.stderr)
+        return ExitCode.LAB_FAILED
 
 
 if __name__ == "__main__":

@@ -37,12 +37,13 @@ from lab.faults.plan import (
     read_rule,
 )
 from lab.nemesis.toxics import KIND_ATTRIBUTES, parse_attributes
+from lab.resources import scenario_dir
 from lab.wire.revisions import SUPPORTED_REVISIONS
 
 if TYPE_CHECKING:
     from lab.load.settings import LoadSettings
 
-SCENARIO_DIR: Final = Path(__file__).resolve().parent.parent / "scenarios"
+SCENARIO_DIR: Final = scenario_dir()
 
 PHASE_KINDS: Final = ("steady", "ramp", "faults", "recovery", "quiet")
 FAULT_FREE_PHASES: Final = frozenset({"steady", "recovery", "quiet"})
@@ -122,6 +123,9 @@ class Load:
     open_standalone: bool = True
     mix: dict[str, int] = field(default_factory=lambda: {"read": 1, "stream": 1, "write": 1, "churn": 0})
     ticker: Ticker = field(default_factory=Ticker)
+    stall_timeout: float = 20.0
+    """`lab run` ends the run as incomplete ("traffic stalled") after this many seconds
+    without an event sent or a call completed while clients are active."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -544,6 +548,7 @@ def _load(f: Fields, phases: list[Phase]) -> Load:
         open_standalone=f.boolean("open_standalone", True),
         mix=mix,
         ticker=ticker,
+        stall_timeout=f.duration("stall_timeout", 20.0, positive=True),
     )
     f.done()
     return load

@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"lab.wire", "lab.exitcodes"}),
+    frozenset({"lab.wire", "lab.exitcodes", "lab.resources", "lab.runfolder"}),
     # Independent of one another: the client core, the reference server, the fault layer,
     # the TCP nemesis. None of them may know another.
     frozenset({"lab.client", "lab.server", "lab.faults", "lab.nemesis"}),
@@ -19,7 +19,8 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"lab.scenario"}),
     frozenset({"lab.checker"}),
     frozenset({"lab.report", "dashboards"}),
-    frozenset({"lab.run", "lab.topology", "lab.selftest"}),
+    frozenset({"lab.topology"}),
+    frozenset({"lab.run", "lab.selftest"}),
     frozenset({"lab.cli"}),
 )
 ROOT_PACKAGE = "lab"

@@ -11,7 +11,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-ADDONS = Path(__file__).resolve().parents[2] / "addons"
+from lab.resources import addon_dir
+
+ADDONS = addon_dir()
 FAULT_ADDON = ADDONS / "mcp_faults.py"
 
 

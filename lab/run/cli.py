@@ -1,10 +1,23 @@
-"""`lab run SCENARIO`: run a scenario end to end and exit with the verdict."""
+"""`lab run SCENARIO` (a scenario end to end), `lab scenarios` (the named ones), and
+compose mode: `lab compose` (prints compose.yaml), `lab prepare` and `lab watch`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+
+from lab.exitcodes import ExitCode
+
+
+def _workers(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number of worker processes, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"at least 1 worker process, got {value}")
+    return value
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -13,88 +26,155 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="run a scenario end to end (server, faults, nemesis, Locust) and check it",
         description=(
             "Run a scenario end to end on 127.0.0.1 and exit with the verdict: 0 every gate "
-            "passed, 1 a gate failed, 2 inconclusive or incomplete, 3 the run could not be made."
+            "passed, 1 a gate failed, 2 inconclusive or incomplete, 3 the run could not be made, "
+            "4 the lab itself failed."
         ),
     )
-    p.add_argument("scenario", help="a name in scenarios/ (e.g. smoke) or a path to a .toml file")
+    p.add_argument("scenario", help="a name from `lab scenarios` (e.g. smoke) or a path to a .toml file")
     p.add_argument("--target", help="'reference' (start the reference server) or the URL of an MCP endpoint")
-    p.add_argument("--workers", type=int, help="Locust worker processes (default: the scenario's)")
+    p.add_argument("--workers", type=_workers, help="Locust worker processes, >= 1 (default: the scenario's)")
     p.add_argument("--toxiproxy", help="URL of a real Toxiproxy API to use instead of the embedded nemesis")
-    p.add_argument("--out", type=Path, help="results folder (default: results/)")
+    p.add_argument("--out", type=Path, default=Path("results"), help="results root (default: ./results)")
     p.add_argument("--ui", action="store_true", help="serve Locust's web UI (127.0.0.1) while the run goes")
     p.add_argument("--no-report", action="store_true", help="skip `lab report` at the end")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.set_defaults(func=run)
 
+    s = sub.add_parser("scenarios", help="list the named scenarios with their descriptions")
+    s.set_defaults(func=scenarios)
+
+    c = sub.add_parser(
+        "compose",
+        help="print compose.yaml, generated from the lab's topology (lab/topology.py)",
+        description="Print compose.yaml: `lab compose > compose.yaml`.",
+    )
+    c.set_defaults(func=compose)
+
     q = sub.add_parser(
         "prepare",
-        help="compose mode: write a run folder's inputs for containers, then run the toxics schedule",
+        help="compose mode: a fresh run folder with the inputs of SCENARIO (one-shot)",
         description=(
-            "For compose.yaml: write the fault plan, the Locust settings and run.json of SCENARIO into "
-            "--out, then (with --toxiproxy) add and remove the scenario's toxics on time."
+            "For compose.yaml: make --out a fresh run folder (an earlier run's is moved aside) and write "
+            "the fault plan, the Locust settings, an empty nemesis.jsonl and run.json of SCENARIO into it."
         ),
     )
-    q.add_argument("scenario", help="a name in scenarios/ or a path to a .toml file")
+    q.add_argument("scenario", help="a name from `lab scenarios` or a path to a .toml file")
     q.add_argument("--out", type=Path, required=True, help="the run folder to write (e.g. /results/compose)")
     q.add_argument(
         "--client-url", required=True, help="where the Locust clients connect (the front of the chain)"
     )
-    q.add_argument("--toxiproxy", help="Toxiproxy API URL whose proxy `mcp` gets the scenario's toxics")
-    q.add_argument("--workers", type=int, help="Locust workers expected (default: the scenario's)")
+    q.add_argument("--workers", type=_workers, help="Locust workers expected (default: the scenario's)")
     q.add_argument(
         "--tokens", default="", help="bearer tokens token=subject,... for the clients (the server's)"
     )
     q.set_defaults(func=prepare)
 
+    w = sub.add_parser(
+        "watch",
+        help="compose mode: carry out a prepared run's toxics and watch it until its end",
+        description=(
+            "For compose.yaml: add and remove the scenario's toxics on time through a Toxiproxy API "
+            "(outcomes in nemesis.jsonl), end the run early when the traffic stalls or a removal fails, "
+            "and complete run.json. Exit 0 when the run ended complete, 2 when not."
+        ),
+    )
+    w.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="the folder `lab prepare` wrote")
+    w.add_argument(
+        "--toxiproxy", required=True, help="the Toxiproxy API URL whose proxy `mcp` gets the toxics"
+    )
+    w.set_defaults(func=watch)
 
-def run(args: argparse.Namespace) -> int:
-    from lab.run.orchestrator import EXIT_CANNOT_RUN, ROOT, Run, RunError, RunOptions
+
+def _load(name: str, command: str) -> object:
     from lab.scenario import ScenarioError, load_scenario
 
     try:
-        scenario = load_scenario(args.scenario)
+        return load_scenario(name)
     except ScenarioError as e:
-        print(f"lab run: the scenario was refused, nothing was started:\n{e}", file=sys.stderr)
-        return EXIT_CANNOT_RUN
-    except FileNotFoundError as e:
-        print(f"lab run: {e}", file=sys.stderr)
-        return EXIT_CANNOT_RUN
+        print(f"lab {command}: the scenario was refused, nothing was started:\n{e}", file=sys.stderr)
+        return None
+
+
+def run(args: argparse.Namespace) -> int:
+    from lab.run.orchestrator import Run, RunError, RunOptions
+    from lab.scenario import Scenario
+
+    scenario = _load(args.scenario, "run")
+    if not isinstance(scenario, Scenario):
+        return ExitCode.CANNOT_RUN
     opts = RunOptions(
         scenario=scenario,
         target=args.target,
         workers=args.workers,
         toxiproxy=args.toxiproxy,
-        out=args.out or ROOT / "results",
+        out=args.out,
         ui=args.ui,
         report=not args.no_report,
         quiet=args.quiet,
     )
-    run = Run(opts)
     try:
-        run.check()
+        return Run(opts).execute()
     except RunError as e:
         print(f"lab run: refused, nothing was started: {e}", file=sys.stderr)
-        return EXIT_CANNOT_RUN
-    return run.execute()
+        return ExitCode.CANNOT_RUN
+
+
+def scenarios(args: argparse.Namespace) -> int:
+    from lab.scenario import SCENARIO_DIR, ScenarioError, load_scenario, scenario_names
+
+    names = scenario_names()
+    if not names:
+        print(f"lab scenarios: no scenario in {SCENARIO_DIR}", file=sys.stderr)
+        return ExitCode.LAB_FAILED
+    width = max(len(n) for n in names)
+    for name in names:
+        try:
+            text = load_scenario(name).description or "(no description)"
+        except ScenarioError as e:
+            text = f"(refused: {e.problems[0].message if e.problems else e})"
+        print(f"{name:<{width}}  {text}")
+    return ExitCode.PASS
+
+
+def compose(args: argparse.Namespace) -> int:
+    from lab.run.compose import render_compose
+
+    sys.stdout.write(render_compose())
+    return ExitCode.PASS
 
 
 def prepare(args: argparse.Namespace) -> int:
-    from lab.run.orchestrator import EXIT_CANNOT_RUN, Run, RunError, RunOptions
-    from lab.scenario import ScenarioError, load_scenario
+    from lab.run.composerun import prepare as prepare_run
+    from lab.run.orchestrator import Run, RunError, RunOptions
+    from lab.scenario import Scenario
+
+    scenario = _load(args.scenario, "prepare")
+    if not isinstance(scenario, Scenario):
+        return ExitCode.CANNOT_RUN
+    tokens = dict(scenario.target.tokens)
+    for part in filter(None, (p.strip() for p in args.tokens.split(","))):
+        token, _, subject = part.partition("=")
+        tokens[token] = subject
+    try:
+        Run(RunOptions(scenario=scenario, workers=args.workers)).check(compose=True)
+    except RunError as e:
+        print(f"lab prepare: {e}", file=sys.stderr)
+        return ExitCode.CANNOT_RUN
+    workers = args.workers or scenario.load.workers
+    moved = prepare_run(scenario, args.out, client_url=args.client_url, workers=workers, tokens=tokens)
+    if moved is not None:
+        print(f"an earlier run's folder was moved to {moved}")
+    print(f"prepared {args.out}")
+    return ExitCode.PASS
+
+
+def watch(args: argparse.Namespace) -> int:
+    from lab.nemesis.client import ToxiproxyError
+    from lab.run.composerun import watch as watch_run
+    from lab.scenario import ScenarioError
 
     try:
-        scenario = load_scenario(args.scenario)
-        run = Run(
-            RunOptions(scenario=scenario, workers=args.workers, toxiproxy=args.toxiproxy, out=args.out.parent)
-        )
-        tokens = dict(scenario.target.tokens)
-        for part in filter(None, (p.strip() for p in args.tokens.split(","))):
-            token, _, subject = part.partition("=")
-            tokens[token] = subject
-        run.client_tokens = tuple(sorted(tokens.items()))
-        run.dir = args.out
-        run.run_id = args.out.name
-        return run.prepare(args.client_url, run_schedule=True)
-    except (ScenarioError, RunError, FileNotFoundError) as e:
-        print(f"lab prepare: {e}", file=sys.stderr)
-        return EXIT_CANNOT_RUN
+        return watch_run(args.run_dir, args.toxiproxy)
+    except (ScenarioError, ToxiproxyError) as e:
+        print(f"lab watch: {e}", file=sys.stderr)
+        return ExitCode.CANNOT_RUN

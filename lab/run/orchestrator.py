@@ -3,49 +3,56 @@
     Locust master + workers ──► TCP nemesis ──► mitmdump + addon ──► target server
     (clients/*.sqlite)          (nemesis.jsonl)  (proxy/tap.jsonl)   (server/ledger.sqlite)
 
-1. The scenario is loaded and checked whole; a bad one is refused before anything starts.
-2. The parts start on free ports, each waited for (its "listening" line), logs in `logs/`.
+1. The scenario is loaded and checked whole, and a `--target URL` is asked for its
+   revision and tools (`lab.run.preflight`); a bad one is refused before anything starts.
+2. The run gets a folder of its own (`lab.runfolder`); the parts of `lab.topology` start
+   in order on free ports, each waited for (its ready line), logs in `logs/`. Secrets
+   reach them by environment or 0600 files that are deleted, never by argv.
 3. While it runs, one progress line a second; it stops at the event target, at the end of
-   the load shape, or at the hard time bound — whichever comes first.
+   the load shape, or at the hard time bound — or, incomplete, when a part dies, a toxic
+   cannot be removed, the traffic stalls (`lab.run.watch`) or a signal arrives.
 4. Every process it started is stopped by PID; `run.json` records what ran and how it
    ended (`complete: false` if anything cut the run short).
 5. The checker (`lab report`) reads the folder and its exit code is the run's.
 
-Exit codes: 0 every gate passed, 1 a gate failed, 2 inconclusive (too little evidence, or
-an incomplete run), 3 the run could not be made (bad scenario, a part did not start).
+Exit codes (`lab.exitcodes`): 0 every gate passed, 1 a gate failed, 2 inconclusive or
+incomplete, 3 the run could not be made, 4 the lab itself failed.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import platform
-import secrets
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
 from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
-from lab import __version__
-from lab.faults.launch import FAULT_ADDON, mitmdump_argv, ready_prefix
+from lab import topology
+from lab.exitcodes import ExitCode
 from lab.load.settings import SETTINGS_ENV, LoadSettings
 from lab.run.processes import Child, ProcessGroup, StartError
-from lab.run.progress import NemesisCounter, ProgressLine, TapCounter, read_progress
+from lab.run.record import RunRecord
+from lab.run.serverconf import UnsafeSetting, serve_accepts_config, serve_options, server_config_file
+from lab.run.serverconf import server_settings as make_server_settings
+from lab.run.watch import JsonLines, RunningSchedule, ToxicOutcomes, Watcher, start_schedule
+from lab.runfolder import (
+    RunFolderError,
+    create_run_folder,
+    drop_secrets,
+    mark_abandoned_runs,
+    write_secret,
+)
 from lab.scenario import Scenario
 
-ROOT = Path(__file__).resolve().parents[2]
-LOCUSTFILE = ROOT / "lab" / "load" / "locustfile.py"
-EXIT_CANNOT_RUN = 3
 PROXY_NAME = "mcp"
+"""The nemesis proxy in front of the fault layer (compose/toxiproxy.json names it too)."""
+STOP_GRACE = 10.0
 
 
 class RunError(RuntimeError):
@@ -60,14 +67,10 @@ class RunOptions:
     workers: int | None = None
     toxiproxy: str | None = None
     """A real Toxiproxy API URL; None starts the embedded nemesis."""
-    out: Path = ROOT / "results"
+    out: Path = Path("results")
     ui: bool = False
     report: bool = True
     quiet: bool = False
-
-
-def _bin(name: str) -> str:
-    return str(Path(sys.executable).with_name(name))
 
 
 def _free_port() -> int:
@@ -77,12 +80,12 @@ def _free_port() -> int:
         return port
 
 
-def _is_loopback(url: str) -> bool:
+def is_loopback(url: str) -> bool:
     host = urlsplit(url).hostname or ""
     return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
 
 
-def _client_origin(allowed: tuple[str, ...]) -> str | None:
+def client_origin(allowed: tuple[str, ...]) -> str | None:
     """A legal Origin for the lab's clients: the first allowed one (a `:*` port made concrete)."""
     if not allowed:
         return None
@@ -90,52 +93,34 @@ def _client_origin(allowed: tuple[str, ...]) -> str | None:
     return first[:-2] + ":3000" if first.endswith(":*") else first
 
 
-def _versions(toxiproxy: str | None) -> dict[str, str]:
-    out = {
-        "lab": __version__,
-        "python": platform.python_version(),
-        "toxiproxy": toxiproxy or "embedded nemesis",
-    }
-    for dist in ("mitmproxy", "locust", "uvicorn", "httpx", "trio", "pandas", "gevent"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "absent"
-    return out
-
-
 class Run:
     def __init__(self, opts: RunOptions) -> None:
         self.opts = opts
         self.sc = opts.scenario
-        self.workers = opts.workers or self.sc.load.workers
+        self.workers = self.sc.load.workers if opts.workers is None else opts.workers
         self.target: str = opts.target or self.sc.target.url or "reference"
-        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-        self.run_id = f"{stamp}-{self.sc.name}"
-        self.dir = opts.out / self.run_id
-        self.key = secrets.token_bytes(32)
-        self.admin_token = secrets.token_urlsafe(24)
-        self.group = ProcessGroup(self.dir / "logs", {**os.environ, "LAB_LEDGER_KEY": self.key.hex()}, ROOT)
-        self.started_at = time.time()
-        self.run_start = self.started_at
-        self.stopped_at: float | None = None
-        self.end_reason = "running"
-        self.complete = False
-        self._interrupted = threading.Event()
-        self.toxics_runner: Any = None
-        self._toxics_thread: threading.Thread | None = None
+        self.record = RunRecord(self.sc, self.workers, self.target, opts.toxiproxy)
+        self.dir = Path()
+        self.admin_token = os.urandom(24).hex()
+        self.record.add_secret(self.admin_token, "admin-token")
+        self.group: ProcessGroup | None = None
         self.client_url = ""
-        self.locust_master: Child | None = None
         self.client_tokens: tuple[tuple[str, str], ...] = tuple(sorted(self.sc.target.tokens.items()))
-        self.essential: list[Child] = []
+        self.master: Child | None = None
+        self.toxiproxy: Any = None
+        self.schedule: RunningSchedule | None = None
+        self.outcomes: ToxicOutcomes | None = None
+        self._interrupted = threading.Event()
+        self._force = threading.Event()
+        self.server_settings = make_server_settings(self.sc.target, admin_token=self.admin_token)
 
     # ------------------------------------------------------------------ checks
 
     def check(self, *, compose: bool = False) -> None:
-        """What can be refused before anything starts. In compose mode the parts are other
-        containers, reached by service name: the loopback rule is the engine's network's."""
+        """What can be refused before anything starts (RunError). In compose mode the parts
+        are other containers, reached by service name: the loopback rule is the engine's."""
         if self.workers < 1:
-            raise RunError("--workers must be at least 1")
+            raise RunError(f"--workers must be at least 1, got {self.workers}")
         if self.sc.reconnect.budget_qps < self.workers:
             raise RunError(
                 f"{self.sc.path}: reconnect.budget_qps is {self.sc.reconnect.budget_qps:g}, below the number of "
@@ -143,46 +128,101 @@ class Run:
             )
         if compose:
             return
-        if self.target != "reference" and not _is_loopback(self.target):
+        if self.target != "reference" and not is_loopback(self.target):
             raise RunError(f"target {self.target}: this lab only sends traffic to 127.0.0.1 (loopback)")
         if self.target != "reference" and any(str(r.kind) == "expiry_race" for r in self.sc.faults):
             raise RunError(
                 f"{self.sc.path}: the expiry_race fault needs the reference server's admin control"
             )
-        if self.opts.toxiproxy is not None and not _is_loopback(str(self.opts.toxiproxy)):
+        if self.opts.toxiproxy is not None and not is_loopback(str(self.opts.toxiproxy)):
             raise RunError(f"--toxiproxy {self.opts.toxiproxy}: only a Toxiproxy on 127.0.0.1 is allowed")
-        if not FAULT_ADDON.exists():
-            raise RunError(f"the mitmproxy addon is missing: {FAULT_ADDON}")
+        if not Path(topology.LOCAL.addon).is_file():
+            raise RunError(f"the mitmproxy addon is missing: {topology.LOCAL.addon}")
+        if self.target == "reference":
+            try:
+                self._serve_options(None)
+            except UnsafeSetting as e:
+                raise RunError(f"{self.sc.path}: {e}") from None
+
+    def preflight(self) -> None:
+        """`--target URL`: the target's revision and tools, before any load (RunError)."""
+        from lab.run.preflight import PreflightRefused, check_target
+
+        if self.target == "reference":
+            return
+        token = self.client_tokens[0][0] if self.client_tokens else None
+        try:
+            facts = check_target(
+                self.target,
+                protocol_version=self.sc.target.protocol_version,
+                token=token,
+                origin=client_origin(self.sc.target.allowed_origins),
+            )
+        except PreflightRefused as e:
+            raise RunError(str(e)) from None
+        self.record.target_facts = facts.as_json()
+
+    def _serve_options(self, folder: Path | None) -> list[str]:
+        if serve_accepts_config():
+            if folder is None:
+                return []
+            return serve_options(self.server_settings, server_config_file(folder, self.server_settings))
+        return serve_options(self.server_settings, None)
 
     # ------------------------------------------------------------------ the run
 
     def execute(self) -> int:
+        """The whole run; its exit code. RunError (nothing started) and RunFolderError
+        (the folder cannot be written: exit 4) propagate to the caller."""
         self.check()
-        for sub in ("clients", "server", "proxy", "logs"):
-            (self.dir / sub).mkdir(parents=True, exist_ok=True)
-        self._write_run_json()
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        self.say(f"run {self.run_id}: {self.sc.description or self.sc.name}")
+        self.preflight()
+        mark_abandoned_runs(self.opts.out)
+        self.dir = create_run_folder(self.opts.out, self.sc.name)
+        self.record.start(self.dir)
+        self.group = ProcessGroup(
+            self.dir / "logs", {**os.environ, "LAB_LEDGER_KEY": self.record.key_hex}, self.dir
+        )
+        signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+        old = {s: signal.signal(s, self._on_signal) for s in signals}
+        self.say(f"run {self.dir.name}: {self.sc.description or self.sc.name}")
         self.say(f"results: {self.dir}")
+        lab_failure: str | None = None
         try:
+            for sub in ("clients", "server", "proxy", "logs"):
+                (self.dir / sub).mkdir(exist_ok=True)
+            self.record.write()
             self._start_all()
             self._monitor()
-        except (StartError, RunError) as e:
-            self.end_reason = f"error: {e}"
+        except StartError as e:
+            self.record.end(f"error: {e}")
             self.say(f"lab run: {e}", err=True)
-        except Exception as e:  # a bug of ours: still stop everything and keep the ledgers
-            self.end_reason = f"error: {type(e).__name__}: {e}"
+        except RunFolderError as e:
+            lab_failure = str(e)
+            self.record.end(f"lab failed: {e}")
+        except BaseException as e:  # a bug of ours: still stop everything and keep the ledgers
+            self.record.end(f"lab failed: {type(e).__name__}: {e}")
             raise
         finally:
             self._stop_all()
+            drop_secrets(self.dir)
             for s, h in old.items():
                 signal.signal(s, h)
-            self._write_run_json()
-        if self.end_reason.startswith("error"):
-            return EXIT_CANNOT_RUN
-        code = self._report() if self.opts.report else 0
-        if not self.complete and code == 0:
-            return 2  # an incomplete run cannot pass
+            self._finish_record()
+            try:
+                self.record.write()
+            except RunFolderError as e:
+                lab_failure = lab_failure or str(e)
+        if lab_failure is not None:
+            raise RunFolderError(lab_failure)
+        if self.record.end_reason.startswith("error"):
+            return ExitCode.CANNOT_RUN
+        if not self.opts.report:
+            return ExitCode.PASS if self.record.complete else ExitCode.INCONCLUSIVE
+        code = self._report()
+        if code not in (ExitCode.PASS, ExitCode.GATE_FAILED, ExitCode.INCONCLUSIVE):
+            return ExitCode.LAB_FAILED  # the checker crashed or could not write its outputs
+        if not self.record.complete and code == ExitCode.PASS:
+            return ExitCode.INCONCLUSIVE  # an incomplete run cannot pass
         return code
 
     def say(self, text: str, *, err: bool = False) -> None:
@@ -190,298 +230,193 @@ class Run:
             print(text, file=sys.stderr if err else sys.stdout, flush=True)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
         if self._interrupted.is_set():
+            if not self._force.is_set():
+                self._force.set()
+                self.say(f"\n{name} again: stopping every part at once (SIGKILL)", err=True)
             return
         self._interrupted.set()
-        self.say(f"\n{signal.Signals(signum).name}: stopping every part, keeping what was written", err=True)
+        self.say(
+            f"\n{name}: stopping every part, keeping what was written (again to force)",
+            err=True,
+        )
+
+    def _start(self, part: topology.Part, name: str = "", **kw: Any) -> Child:
+        assert self.group is not None
+        if self._interrupted.is_set():
+            raise StartError("interrupted while starting")
+        env = {**part.env, **kw.pop("env", {})}
+        child = self.group.start(name or part.name, list(part.argv), extra_env=env, **kw)
+        if part.ready_line is not None:
+            self.group.wait_ready(child, part.ready_line, interrupted=self._interrupted.is_set)
+        return child
 
     def _start_all(self) -> None:
-        # Target.
+        site, run = topology.LOCAL, str(self.dir)
+        # The target.
         if self.target == "reference":
-            srv = self.group.start(
-                "server",
-                [
-                    _bin("lab"),
-                    "serve",
-                    "--port",
-                    "0",
-                    "--ledger",
-                    str(self.dir / "server" / "ledger.sqlite"),
-                    # `=`: a random token may start with "-", which argparse would take for an option
-                    f"--admin-token={self.admin_token}",
-                    *self.sc.serve_args(),
-                ],
-            )
-            self.essential.append(srv)
-            target_url = self.group.wait_ready(srv, "lab-serve listening on ")
+            server = self._start(topology.server(site, run, self._serve_options(self.dir)), essential=True)
+            drop_secrets(self.dir)  # the server has read its settings
+            target_url = server.ready
         else:
             target_url = self.target
         parts = urlsplit(target_url)
         upstream = f"{parts.scheme}://{parts.netloc}"
-        self._check_interrupt()
 
         # The fault layer: mitmdump with the addon, in reverse mode in front of the target.
         plan = self.dir / "proxy" / "plan.json"
-        self._write_plan(plan, time.time())
+        self.record.write_plan(plan, time.time())
         options = {
-            "mcpfaults_plan": str(plan),
-            "mcpfaults_tap": str(self.dir / "proxy" / "tap.jsonl"),
             "mcpfaults_poll": "0.2",
             "mcpfaults_allowed_origins": ",".join(self.sc.target.allowed_origins),
         }
-        if self.target == "reference":
-            options["mcpfaults_admin_token"] = self.admin_token
-        mitm = self.group.start("mitmdump", mitmdump_argv(upstream, options=options))
-        self.essential.append(mitm)
-        mitm_url = self.group.wait_ready(mitm, ready_prefix())
-        mitm_port = urlsplit(mitm_url).port
-        self._check_interrupt()
+        env = {"LAB_ADMIN_TOKEN": self.admin_token} if self.target == "reference" else {}
+        mitm = self._start(topology.fault_proxy(site, run, upstream, options), essential=True, env=env)
+        mitm_port = urlsplit(mitm.ready).port
 
         # The TCP nemesis (or a real Toxiproxy) in front of mitmdump.
         from lab.nemesis.client import ToxiproxyClient
 
         if self.opts.toxiproxy is None:
-            nem = self.group.start(
-                "nemesis",
-                [_bin("lab"), "nemesis", "--api-port", "0", "--log", str(self.dir / "nemesis.jsonl")],
-            )
-            self.essential.append(nem)
-            api = self.group.wait_ready(nem, "lab-nemesis api ")
-            self.toxiproxy = ToxiproxyClient(api)
+            nem = self._start(topology.nemesis(site, run, self.sc.seed), essential=True)
+            self.toxiproxy = ToxiproxyClient(nem.ready)
+            proxy_name = PROXY_NAME
         else:
             from lab.nemesis.log import NemesisLog
 
             self.toxiproxy = ToxiproxyClient(self.opts.toxiproxy, log=NemesisLog(self.dir / "nemesis.jsonl"))
-        existing = self.toxiproxy.get_proxy(PROXY_NAME)
-        if existing is not None:
-            self.toxiproxy.delete_proxy(PROXY_NAME)
+            proxy_name = f"{PROXY_NAME}-{self.dir.name}"  # a shared Toxiproxy: one proxy per run
         proxy = self.toxiproxy.create_proxy(
-            PROXY_NAME, upstream=f"127.0.0.1:{mitm_port}", listen="127.0.0.1:0"
+            proxy_name, upstream=f"127.0.0.1:{mitm_port}", listen="127.0.0.1:0"
         )
+        self.record.proxy_name = proxy_name
         self.client_url = f"http://{proxy.listen}{parts.path or '/mcp'}"
-        self._check_interrupt()
+        self.record.client_url = self.client_url
 
         # Load: Locust master + workers. The run's clock starts here.
-        settings_path = self.dir / "locust-settings.json"
-        settings_path.write_text(self._load_settings().to_json(), encoding="utf-8")
-        env = {SETTINGS_ENV: str(settings_path)}
+        settings = write_secret(self.dir, "locust-settings.json", self._load_settings().to_json())
         master_port = _free_port()
-        self.run_start = time.time()
-        self._write_plan(plan, self.run_start)  # the addon re-reads it: windows now count from here
-        master_args = [
-            _bin("locust"),
-            "-f",
-            str(LOCUSTFILE),
-            "--master",
-            "--master-bind-host",
-            "127.0.0.1",
-            "--master-bind-port",
-            str(master_port),
-            "--expect-workers",
-            str(self.workers),
-            "--expect-workers-max-wait",
-            "30",
-            "--stop-timeout",
-            "10",
-            "--only-summary",
-            "--exit-code-on-error",  # failed calls are what a chaos run is about, not a failure of the run
-            "0",
-            "--json-file",
-            str(self.dir / "locust"),
-        ]
-        if self.opts.ui:
-            web_port = _free_port()
-            master_args += ["--autostart", "--web-host", "127.0.0.1", "--web-port", str(web_port)]
-            self.say(f"Locust web UI: http://127.0.0.1:{web_port}")
-        else:
-            master_args += ["--headless"]
-        self.locust_master = self.group.start("locust-master", master_args, extra_env=env)
+        self.record.run_start = time.time()
+        self.record.write_plan(plan, self.record.run_start)  # the addon re-reads it: windows count from here
+        ui_port = _free_port() if self.opts.ui else None
+        if ui_port is not None:
+            self.say(f"Locust web UI: http://127.0.0.1:{ui_port}")
+        env = {SETTINGS_ENV: str(settings)}
+        self.master = self._start(
+            topology.master(
+                site, run, port=master_port, workers=str(self.workers), ui_port=ui_port, worker_wait=30
+            ),
+            env=env,
+        )
         for i in range(self.workers):
-            self.group.start(
-                f"locust-worker-{i}",
-                [
-                    _bin("locust"),
-                    "-f",
-                    str(LOCUSTFILE),
-                    "--worker",
-                    "--master-host",
-                    "127.0.0.1",
-                    "--master-port",
-                    str(master_port),
-                ],
-                extra_env={**env, "LAB_WORKER_INDEX": str(i)},
+            part = topology.worker(site, run, master_host="127.0.0.1", master_port=master_port)
+            self._start(
+                part,
+                f"worker-{i}",
+                essential=True,
+                exits_when_done=True,
+                env={**env, "LAB_WORKER_INDEX": str(i)},
             )
-        self._start_toxics()
-
-    def _check_interrupt(self) -> None:
-        if self._interrupted.is_set():
-            raise RunError("interrupted while starting")
-
-    def _write_plan(self, path: Path, run_start: float) -> None:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(self.sc.fault_plan_json(run_start), encoding="utf-8")
-        os.replace(tmp, path)
+        self._start_toxics(proxy_name)
 
     def _load_settings(self) -> LoadSettings:
         settings = self.sc.load_settings(self.client_url, str(self.dir))
         return replace(
             settings,
-            origin=_client_origin(self.sc.target.allowed_origins),
+            origin=client_origin(self.sc.target.allowed_origins),
             tokens=self.client_tokens,
             workers=self.workers,
         )
 
-    def _start_toxics(self) -> None:
-        schedule = self.sc.toxics_schedule()
-        if not schedule:
-            return
-        from lab.nemesis.schedule import ScheduledToxic, ToxicScheduleRunner
-        from lab.nemesis.toxics import make_toxic
-
-        entries = [
-            ScheduledToxic(
-                PROXY_NAME,
-                make_toxic(
-                    t["kind"], stream=t["stream"], name=t["name"], toxicity=t["toxicity"], **t["attributes"]
-                ),
-                float(t["at"]),
-                None if t["until"] is None else float(t["until"]),
-            )
-            for t in schedule
-        ]
-        self.toxics_runner = ToxicScheduleRunner(self.toxiproxy, entries, self.run_start)
-        self._toxics_thread = threading.Thread(target=self.toxics_runner.run, name="toxics", daemon=True)
-        self._toxics_thread.start()
+    def _start_toxics(self, proxy_name: str) -> None:
+        self.outcomes = ToxicOutcomes(JsonLines(self.dir / "nemesis.jsonl"))
+        self.schedule = start_schedule(self.sc, self.toxiproxy, proxy_name, self.record.run_start)
+        self.outcomes.runner = self.schedule.runner if self.schedule is not None else None
 
     def _monitor(self) -> None:
-        load = self.sc.load
-        horizon = self.sc.horizon
-        hard = load.hard_timeout
-        tap = TapCounter(self.dir / "proxy" / "tap.jsonl")
-        nemesis = NemesisCounter(self.dir / "nemesis.jsonl")
-        line = ProgressLine(self.sc.reconnect.budget_qps, horizon, load.event_target)
-        master = self.locust_master
-        assert master is not None
+        load, group, master, outcomes = self.sc.load, self.group, self.master, self.outcomes
+        assert group is not None and master is not None and outcomes is not None
+        watcher = Watcher(self.dir, self.sc, self.record.run_start, outcomes)
         while True:
-            time.sleep(1.0)
+            self._interrupted.wait(1.0)
             now = time.time()
-            elapsed = now - self.run_start
-            tap.update()
-            nemesis.update()
-            self.say(
-                line.render(elapsed, now, read_progress(self.dir / "progress.json"), tap, nemesis.toxics)
-            )
+            elapsed = now - self.record.run_start
+            text, reason, complete = watcher.tick(now)
+            self.say(text)
             if self._interrupted.is_set():
-                self.end_reason = "interrupted"
+                self.record.end("interrupted")
                 return
-            for child in self.essential:
-                if not child.alive():
-                    raise RunError(f"{child.name} died (exit {child.proc.returncode}):\n{child.tail()}")
-            if load.event_target is not None and tap.events >= load.event_target:
-                self.end_reason, self.complete = "event_target", True
+            for child in group.children:
+                if child.essential and child.died():
+                    group.reap(child)
+                    code = child.proc.returncode
+                    self.record.end(f"part died: {child.name} exited with {code}", died=child.name)
+                    self.say(f"lab run: {child.name} died (exit {code}):\n{child.tail()}", err=True)
+                    return
+            if reason is not None:
+                self.record.end(reason, complete=complete)
+                if not complete:
+                    self.say(f"lab run: {reason}", err=True)
                 return
             if not master.alive():
+                group.reap(master)
                 # The load shape ended (or Locust gave up): the duration is over.
-                ok = master.proc.returncode == 0 and elapsed >= horizon - 2
-                self.end_reason = (
-                    "duration" if ok else f"error: Locust master exited with {master.proc.returncode}"
-                )
-                self.complete = ok
-                if not ok:
+                if master.proc.returncode == 0 and elapsed >= self.sc.horizon - 2:
+                    self.record.end("duration", complete=True)
+                else:
+                    self.record.end(f"part died: master exited with {master.proc.returncode}", died="master")
                     self.say(master.tail(), err=True)
                 return
-            if elapsed >= hard:
-                self.end_reason = "hard_timeout"
+            if elapsed >= load.hard_timeout:
+                self.record.end("hard_timeout")
                 return
 
     def _stop_all(self) -> None:
-        if self.toxics_runner is not None:
-            self.toxics_runner.stop()
-            if self._toxics_thread is not None:
-                self._toxics_thread.join(timeout=15)
-        master = self.locust_master
+        group = self.group
+        if group is None:
+            return
+        if self.schedule is not None:
+            self.schedule.stop()
+        if self._force.is_set():
+            group.kill_all()
+            return
+        master = self.master
         if master is not None and master.alive():
             # Ask the master to quit (see lab/load/locustfile.py): it tells its workers, which
             # stop their users gracefully (users DELETE their sessions) and exit by themselves.
             (self.dir / "stop-requested").touch()
-            deadline = time.monotonic() + 20
-            while master.alive() and time.monotonic() < deadline:
-                time.sleep(0.2)
-            self.group.stop(master, grace=10)  # only if it did not go by itself
-        workers = [c for c in self.group.children if c.name.startswith("locust-worker")]
-        deadline = time.monotonic() + 30
-        while any(w.alive() for w in workers) and time.monotonic() < deadline:
-            time.sleep(0.2)
+            self._wait_for([master], 20)
+            group.stop(master, grace=STOP_GRACE)  # only if it did not go by itself
+        workers = [c for c in group.children if c.name.startswith("worker-")]
+        self._wait_for(workers, 30)
         for child in workers:  # only the ones that did not go by themselves
-            self.group.stop(child, grace=15)
-        self.group.stop_all(grace=10)
-        self.stopped_at = time.time()
+            group.stop(child, grace=0 if self._force.is_set() else 15)
+        if self._force.is_set():
+            group.kill_all()
+        for child in reversed(group.children):
+            group.stop(child, grace=0 if self._force.is_set() else STOP_GRACE)
+
+    def _wait_for(self, children: list[Child], seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while any(c.alive() for c in children) and time.monotonic() < deadline and not self._force.is_set():
+            time.sleep(0.2)
 
     # ------------------------------------------------------------------ records
 
-    def _write_run_json(self) -> None:
-        splits = []
-        split_file = self.dir / "budget_split.jsonl"
-        if split_file.exists():
-            for raw in split_file.read_text(encoding="utf-8").splitlines():
-                try:
-                    splits.append(json.loads(raw))
-                except ValueError:
-                    continue
-        record = {
-            "schema": "mcpLabRun.v1",
-            "run_id": self.run_id,
-            "scenario": self.sc.to_dict(),
-            "scenario_file": str(self.sc.path),
-            "seed": self.sc.seed,
-            "started_at": self.run_start,
-            "stopped_at": self.stopped_at,
-            "complete": self.complete,
-            "end_reason": self.end_reason,
-            "budgets": self.sc.budgets(),
-            "budget_split": splits,
-            "fault_windows": self.sc.fault_windows(self.run_start),
-            "processes": [c.as_json() for c in self.group.children],
-            "versions": _versions(self.opts.toxiproxy),
-            "target": {
-                "kind": "reference" if self.target == "reference" else "url",
-                "url": None if self.target == "reference" else self.target,
-            },
-            "client_url": self.client_url,
-            "workers": self.workers,
-        }
-        tmp = self.dir / "run.json.tmp"
-        tmp.write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
-        os.replace(tmp, self.dir / "run.json")
-
-    def prepare(self, client_url: str, *, run_schedule: bool) -> int:
-        """Compose mode: containers run the parts; this writes their inputs into the run
-        folder (fault plan, Locust settings, run.json) and, given a Toxiproxy API, carries
-        out the scenario's toxics schedule until the scenario's horizon."""
-        self.check(compose=True)
-        for sub in ("clients", "server", "proxy", "logs"):
-            (self.dir / sub).mkdir(parents=True, exist_ok=True)
-        self.client_url = client_url
-        self.run_start = time.time()
-        self.end_reason = "compose"
-        self._write_plan(self.dir / "proxy" / "plan.json", self.run_start)
-        (self.dir / "locust-settings.json").write_text(self._load_settings().to_json(), encoding="utf-8")
-        self._write_run_json()
-        self.say(f"prepared {self.dir}")
-        if run_schedule and self.opts.toxiproxy is not None:
-            from lab.nemesis.client import ToxiproxyClient, wait_until_up
-
-            self.toxiproxy = ToxiproxyClient(self.opts.toxiproxy)
-            wait_until_up(self.toxiproxy, within=60.0)
-            self._start_toxics()
-            if self._toxics_thread is not None:
-                self._toxics_thread.join(timeout=self.sc.horizon + 30)
-        return 0
+    def _finish_record(self) -> None:
+        if self.group is not None:
+            self.record.processes = [c.as_json() for c in self.group.children]
+        if self.outcomes is not None:
+            self.outcomes.update()
+            self.record.toxic_outcomes = self.outcomes.records
+        self.record.finish()
 
     def _report(self) -> int:
+        assert self.group is not None
         self.say("checking the ledgers ...")
-        proc = subprocess.run([_bin("lab"), "report", str(self.dir)], cwd=ROOT, check=False)
+        code = self.group.run([topology.LOCAL.program("lab"), "report", str(self.dir)])
         html = self.dir / "report.html"
         if html.exists():
             self.say(f"report: {html}")
-        return proc.returncode
+        return code

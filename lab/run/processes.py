@@ -2,23 +2,64 @@
 
 Every child gets its own process group and log file (`<run>/logs/<name>.log`); stopping
 is SIGTERM to the child's PID, then SIGKILL to its group after a grace period, so that
-nothing a run started outlives it. What was started and how it ended goes into run.json.
+nothing a run started outlives it. What was started and how it ended goes into run.json,
+with every secret in its command line replaced by a placeholder.
+
+Children die with their parent, whatever kills it: on Linux each child asks the kernel
+(`prctl(PR_SET_PDEATHSIG, SIGTERM)`) to be sent SIGTERM when the `lab run` that started
+it dies, even by `kill -9`, and exits at once if that parent is already gone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+PR_SET_PDEATHSIG = 1
+"""From <linux/prctl.h>."""
+
 
 class StartError(RuntimeError):
     """A child did not come up; the message holds the tail of its log."""
+
+
+def _death_signal_hook() -> Callable[[], None] | None:
+    """A preexec function that ties a child's life to this process (Linux), or None.
+
+    The libc function is looked up here, before any fork: the child only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    prctl = libc.prctl
+    parent = os.getpid()
+
+    def tie_to_parent() -> None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died between fork and prctl
+            os._exit(1)
+
+    return tie_to_parent
+
+
+def redact_argv(argv: Iterable[str], secrets: dict[str, str]) -> list[str]:
+    """`argv` with every occurrence of a secret value replaced by `<name>` (secrets: value -> name)."""
+    out = []
+    for arg in argv:
+        for value, name in secrets.items():
+            if value:
+                arg = arg.replace(value, f"<{name}>")
+        out.append(arg)
+    return out
 
 
 @dataclass
@@ -31,6 +72,10 @@ class Child:
     ended_at: float | None = None
     exit_code: int | None = None
     ready: str = ""
+    essential: bool = False
+    """The run cannot go on without it: its death ends the run as incomplete."""
+    exits_when_done: bool = False
+    """Exit 0 is its normal end (a Locust worker quits when its master tells it to)."""
 
     @property
     def pid(self) -> int:
@@ -39,6 +84,11 @@ class Child:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def died(self) -> bool:
+        """Ended, and not the way it ends when its work is done."""
+        code = self.proc.poll()
+        return code is not None and not (self.exits_when_done and code == 0)
+
     def tail(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
@@ -46,10 +96,11 @@ class Child:
             return ""
 
     def as_json(self) -> dict[str, Any]:
+        """How it ran, for run.json (whose writer redacts the argv: `redact_argv`)."""
         return {
             "name": self.name,
             "pid": self.pid,
-            "argv": self.argv,
+            "argv": list(self.argv),
             "started_at": self.started_at,
             "ended_at": self.ended_at,
             "exit_code": self.exit_code,
@@ -62,8 +113,17 @@ class ProcessGroup:
     env: dict[str, str]
     cwd: Path
     children: list[Child] = field(default_factory=list)
+    _tie: Callable[[], None] | None = field(default_factory=_death_signal_hook)
 
-    def start(self, name: str, argv: list[str], *, extra_env: dict[str, str] | None = None) -> Child:
+    def start(
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        extra_env: dict[str, str] | None = None,
+        essential: bool = False,
+        exits_when_done: bool = False,
+    ) -> Child:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"{name}.log"
         with log.open("wb") as out:
@@ -75,15 +135,39 @@ class ProcessGroup:
                 cwd=self.cwd,
                 env={**self.env, **(extra_env or {})},
                 start_new_session=True,  # its own process group: stop() can reach its children
+                preexec_fn=self._tie,
             )
-        child = Child(name, argv, proc, log, time.time())
+        child = Child(
+            name, argv, proc, log, time.time(), essential=essential, exits_when_done=exits_when_done
+        )
         self.children.append(child)
         return child
 
-    def wait_ready(self, child: Child, prefix: str, timeout: float = 30.0) -> str:
+    def run(self, argv: list[str], *, timeout: float | None = None) -> int:
+        """Run a command to its end (output to this process's), tied to this process like
+        the children; its exit code. On timeout it is killed and the code is -9."""
+        proc = subprocess.Popen(argv, cwd=self.cwd, env=self.env, preexec_fn=self._tie)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return -signal.SIGKILL
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+
+    def wait_ready(
+        self,
+        child: Child,
+        prefix: str,
+        timeout: float = 30.0,
+        interrupted: Callable[[], bool] = lambda: False,
+    ) -> str:
         """Wait for a line starting with `prefix` in the child's log; return the rest of it."""
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not interrupted():
             try:
                 text = child.log.read_text(errors="replace")
             except OSError:
@@ -97,12 +181,15 @@ class ProcessGroup:
                     f"{child.name} exited with {child.proc.returncode} before it was ready:\n{child.tail()}"
                 )
             time.sleep(0.05)
+        if interrupted():
+            raise StartError(f"interrupted while waiting for {child.name}")
         raise StartError(f"{child.name} was not ready within {timeout:.0f}s:\n{child.tail()}")
 
     def stop(self, child: Child, *, grace: float = 10.0, sig: int = signal.SIGTERM) -> int:
         """Stop one child by PID (SIGTERM, then SIGKILL of its process group)."""
         if child.alive():
             with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
                 os.kill(child.pid, sig)
             try:
                 child.proc.wait(timeout=grace)
@@ -111,9 +198,23 @@ class ProcessGroup:
                 child.proc.wait(timeout=10)
         # Anything the child left in its group (e.g. a worker of its own) goes too.
         self._kill_group(child)
-        child.exit_code = child.proc.returncode
-        child.ended_at = child.ended_at or time.time()
-        return child.exit_code
+        self.reap(child)
+        return child.proc.returncode
+
+    def reap(self, child: Child) -> None:
+        """Note how a child that has ended ended (a no-op while it runs)."""
+        if child.proc.poll() is not None:
+            child.exit_code = child.proc.returncode
+            child.ended_at = child.ended_at or time.time()
+
+    def kill_all(self) -> None:
+        """SIGKILL every child's group at once (the fast stop of a second Ctrl-C)."""
+        for child in self.children:
+            self._kill_group(child)
+        for child in self.children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.proc.wait(timeout=5)
+            self.reap(child)
 
     @staticmethod
     def _kill_group(child: Child) -> None:

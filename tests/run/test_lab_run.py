@@ -84,7 +84,7 @@ def test_short_run_completes_and_stops_everything(
     run = json.loads((folder / "run.json").read_text())
     assert run["schema"] == "mcpLabRun.v1" and run["complete"] is True and run["end_reason"] == "duration"
     names = {p["name"] for p in run["processes"]}
-    assert {"server", "mitmdump", "nemesis", "locust-master", "locust-worker-0", "locust-worker-1"} == names
+    assert {"server", "mitmproxy", "nemesis", "master", "worker-0", "worker-1"} == names
     for p in run["processes"]:
         assert p["exit_code"] == 0, p
         assert not pid_alive(p["pid"]), f"{p['name']} ({p['pid']}) is still running"

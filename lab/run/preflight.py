@@ -1,0 +1,175 @@
+"""First contact with a target that is not ours, before any load: `lab run --target URL`.
+
+One `initialize`, `notifications/initialized`, one `tools/list`, then `DELETE` of the
+session, straight to the target (no proxy, no fault). The run is refused, naming the
+reason, when the target:
+- does not answer, or answers `initialize` with an error;
+- negotiates a protocol revision without sessions (2026-07-28 and later removed
+  sessions and resumption: there is nothing for this lab to check there), or one the lab
+  does not speak;
+- gives no `MCP-Session-Id` (no session, so nothing to resume);
+- lacks a tool of the target contract (docs/targets.md): echo, clock, ticker,
+  ledger.append — each missing one is named.
+
+The revision it negotiated goes into run.json (`target.protocol_version`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass
+from typing import Any, Final
+
+import httpx
+
+from lab.wire.revisions import PROTOCOL_VERSION_HEADER, SESSION_HEADER, SUPPORTED_REVISIONS
+from lab.wire.sse import SseDecoder
+
+CONTRACT_TOOLS: Final = ("echo", "clock", "ticker", "ledger.append")
+"""The tools a target must offer (the reference server's, `lab.server.tools.TOOLS`)."""
+SESSIONLESS_FROM: Final = "2026-07-28"
+"""The first revision without sessions or resumption."""
+
+
+class PreflightRefused(RuntimeError):
+    """The target cannot be run against; the message says why, in one paragraph."""
+
+
+@dataclass(frozen=True, slots=True)
+class TargetFacts:
+    protocol_version: str
+    server_info: dict[str, Any]
+    tools: tuple[str, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "protocol_version": self.protocol_version,
+            "server_info": self.server_info,
+            "tools": self.tools,
+        }
+
+
+def check_target(
+    url: str,
+    *,
+    protocol_version: str,
+    token: str | None = None,
+    origin: str | None = None,
+    timeout: float = 10.0,
+) -> TargetFacts:
+    """Initialize a session on `url`, list its tools, delete the session; PreflightRefused
+    when the target cannot serve this lab (see the module docstring)."""
+    headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    if origin:
+        headers["origin"] = origin
+    with httpx.Client(timeout=timeout, headers=headers) as http:
+        init = _post(
+            http,
+            url,
+            {
+                "jsonrpc": "2.0",
+                "id": 1,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": protocol_version,
+                    "capabilities": {},
+                    "clientInfo": {"name": "lab-preflight", "version": "1"},
+                },
+            },
+            {},
+        )
+        result = init.get("result")
+        if not isinstance(result, dict):
+            raise PreflightRefused(f"target {url}: initialize was answered with {_brief(init)}")
+        revision = str(result.get("protocolVersion", ""))
+        _check_revision(url, revision)
+        session = init.get("_session")
+        if not session:
+            raise PreflightRefused(
+                f"target {url}: initialize gave no Mcp-Session-Id header; without a session there is "
+                "nothing to resume, and this lab checks session resumption"
+            )
+        after = {SESSION_HEADER: session, PROTOCOL_VERSION_HEADER: revision}
+        _post(http, url, {"jsonrpc": "2.0", "method": "notifications/initialized"}, after, expect=False)
+        listed = _post(http, url, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, after)
+        with contextlib.suppress(httpx.HTTPError):  # leaving politely is not part of the contract
+            http.delete(url, headers=after)
+    tools_obj = listed.get("result", {}).get("tools") if isinstance(listed.get("result"), dict) else None
+    if not isinstance(tools_obj, list):
+        raise PreflightRefused(f"target {url}: tools/list was answered with {_brief(listed)}")
+    tools = tuple(str(t.get("name")) for t in tools_obj if isinstance(t, dict))
+    missing = [t for t in CONTRACT_TOOLS if t not in tools]
+    if missing:
+        raise PreflightRefused(
+            f"target {url} lacks {'the tool' if len(missing) == 1 else 'the tools'} "
+            f"{', '.join(missing)} of the target contract (docs/targets.md: {', '.join(CONTRACT_TOOLS)}); "
+            f"it offers: {', '.join(tools) or 'none'}"
+        )
+    info = result.get("serverInfo")
+    return TargetFacts(revision, info if isinstance(info, dict) else {}, tools)
+
+
+def _check_revision(url: str, revision: str) -> None:
+    if revision in SUPPORTED_REVISIONS:
+        return
+    if revision >= SESSIONLESS_FROM:
+        raise PreflightRefused(
+            f"target {url} negotiated protocol revision {revision}: from {SESSIONLESS_FROM} on, MCP has no "
+            "sessions and session resumption does not exist there, so this lab has nothing to check; "
+            f"offer one of {', '.join(SUPPORTED_REVISIONS)}"
+        )
+    raise PreflightRefused(
+        f"target {url} negotiated protocol revision {revision or '(none)'}, which this lab does not speak "
+        f"(it speaks {', '.join(SUPPORTED_REVISIONS)})"
+    )
+
+
+def _post(
+    http: httpx.Client, url: str, message: dict[str, Any], headers: dict[str, str], *, expect: bool = True
+) -> dict[str, Any]:
+    """POST one message; the JSON-RPC answer (from JSON or the SSE stream) with the
+    session header under `_session`. `expect=False`: a notification, no answer wanted."""
+    try:
+        with http.stream("POST", url, json=message, headers=headers) as r:
+            if not expect:
+                return {}
+            if r.status_code >= 400:
+                body = r.read().decode("utf-8", "replace")[:200]
+                raise PreflightRefused(f"target {url}: {message['method']} got HTTP {r.status_code}: {body}")
+            answer = _answer(r, message.get("id"))
+            answer["_session"] = r.headers.get(SESSION_HEADER)
+            return answer
+    except httpx.HTTPError as e:
+        raise PreflightRefused(f"target {url}: {message['method']} failed: {type(e).__name__}: {e}") from None
+
+
+def _answer(r: httpx.Response, mid: object) -> dict[str, Any]:
+    """The JSON-RPC response to `mid` from a JSON body or an SSE stream."""
+    if r.headers.get("content-type", "").startswith("text/event-stream"):
+        decoder = SseDecoder()
+        for chunk in r.iter_bytes():
+            for event in decoder.feed(chunk):
+                found = _match(event.data, mid)
+                if found is not None:
+                    return found
+        return {"error": "the stream ended without a response"}
+    found = _match(r.read().decode("utf-8", "replace"), mid)
+    return found if found is not None else {"error": "no JSON-RPC response in the body"}
+
+
+def _match(text: str, mid: object) -> dict[str, Any] | None:
+    try:
+        obj = json.loads(text) if text else None
+    except ValueError:
+        return None
+    if isinstance(obj, dict) and obj.get("id") == mid and ("result" in obj or "error" in obj):
+        return obj
+    return None
+
+
+def _brief(answer: dict[str, Any]) -> str:
+    text = json.dumps({k: v for k, v in answer.items() if k != "_session"})
+    return text if len(text) <= 200 else text[:200] + "..."

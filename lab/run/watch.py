@@ -1,0 +1,283 @@
+"""What a run keeps an eye on while the load goes: its nemesis and its traffic.
+
+- **Toxic outcomes.** Every add and remove of a scheduled toxic ends `ok`, `failed`
+  (the API refused it), `timeout` or `unknown` (no answer: it may or may not have
+  happened). They are read from `nemesis.jsonl` (`toxic_outcome` records) or, where the
+  log has none, taken from the schedule runner itself; all go into run.json
+  (`toxic_outcomes`). A removal that did not end `ok` leaves a toxic in place that the
+  scenario meant to end: the run is then incomplete ("toxic removal failed").
+- **Real fault windows.** `fault_windows` says when each toxic was really added and
+  removed, or that it never was removed (`ended: false`, `end` = the end of the run).
+- **Stalls.** No event sent by the server (tap) and no call completed OK for
+  `stall_after` seconds while clients are active ends the run as incomplete
+  ("traffic stalled"), naming what was in place then. Failed or timed-out calls are not
+  progress: a target that stopped answering fails calls until the clients give up.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from lab.run.progress import NemesisCounter, ProgressLine, TapCounter, read_progress
+from lab.scenario import Scenario
+
+OUTCOMES: Final = ("ok", "failed", "timeout", "unknown")
+
+
+@dataclass
+class JsonLines:
+    """Follows a JSON-lines file as it grows: the complete records appended since the
+    last call (a torn last line waits for the next call; a bad line is skipped)."""
+
+    path: Path
+    _offset: int = 0
+
+    def new_records(self) -> list[dict[str, Any]]:
+        try:
+            with self.path.open("rb") as f:
+                f.seek(self._offset)
+                data = f.read()
+        except OSError:
+            return []
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        out = []
+        for line in complete.splitlines():
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(rec, dict):
+                out.append(rec)
+        return out
+
+
+def outcome_record(
+    *, t: float, proxy: str, toxic: str, kind: str, action: str, ok: bool, unknown: bool, error: str | None
+) -> dict[str, Any]:
+    """A `toxic_outcome` record (the nemesis log's shape) from a schedule step's outcome."""
+    if ok:
+        outcome = "ok"
+    elif unknown:
+        outcome = "timeout" if error and "timed out" in error.lower() else "unknown"
+    else:
+        outcome = "failed"
+    return {
+        "type": "toxic_outcome",
+        "t": t,
+        "proxy": proxy,
+        "toxic": toxic,
+        "kind": kind,
+        "action": action,
+        "outcome": outcome,
+        "detail": error or "",
+    }
+
+
+def runner_outcomes(runner: Any) -> list[dict[str, Any]]:
+    """`toxic_outcome` records of a `lab.nemesis.schedule.ToxicScheduleRunner`'s outcomes."""
+    return [
+        outcome_record(
+            t=o.done_at,
+            proxy=o.step.proxy,
+            toxic=o.step.toxic.name,
+            kind=o.step.toxic.kind,
+            action=o.step.action,
+            ok=o.ok,
+            unknown=o.unknown,
+            error=o.error,
+        )
+        for o in list(runner.outcomes)
+    ]
+
+
+@dataclass
+class ToxicOutcomes:
+    """The outcomes seen so far, from the nemesis log and (where it has none) the runner."""
+
+    log: JsonLines
+    from_log: list[dict[str, Any]] = field(default_factory=list)
+    runner: Any = None
+
+    def update(self) -> None:
+        self.from_log += [r for r in self.log.new_records() if r.get("type") == "toxic_outcome"]
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        if self.from_log or self.runner is None:
+            return list(self.from_log)
+        return runner_outcomes(self.runner)
+
+    def failed_removal(self) -> dict[str, Any] | None:
+        """The first removal that did not end ok (a toxic the scenario ended is still there)."""
+        return next(
+            (r for r in self.records if r.get("action") == "remove" and r.get("outcome") != "ok"), None
+        )
+
+    def in_place(self) -> list[str]:
+        """Toxics added (or maybe added) and not removed OK since: `name (kind)`."""
+        held: dict[str, str] = {}
+        for r in self.records:
+            name = str(r.get("toxic"))
+            if r.get("action") == "add" and r.get("outcome") != "failed":
+                held[name] = str(r.get("kind"))
+            elif r.get("action") == "remove" and r.get("outcome") == "ok":
+                held.pop(name, None)
+        return [f"{n} ({k})" for n, k in sorted(held.items())]
+
+
+def describe_outcome(r: dict[str, Any]) -> str:
+    detail = f": {r['detail']}" if r.get("detail") else ""
+    return f"{r.get('action')} of toxic {r.get('toxic')} ({r.get('kind')}) on proxy {r.get('proxy')} {r.get('outcome')}{detail}"
+
+
+def real_fault_windows(
+    planned: list[dict[str, Any]], outcomes: list[dict[str, Any]], stopped_at: float | None
+) -> list[dict[str, Any]]:
+    """run.json `fault_windows`: the planned windows, each toxic's with when it was really
+    added and removed. A toxic whose removal never succeeded has `ended: false` and
+    `end` = the end of the run (it was in place until then, at least)."""
+    out = []
+    for w in planned:
+        if not str(w.get("fault", "")).startswith("toxic:"):
+            out.append(w)
+            continue
+        mine = [r for r in outcomes if r.get("toxic") == w.get("rule")]
+        added = next((r for r in mine if r.get("action") == "add"), None)
+        removed = next((r for r in mine if r.get("action") == "remove"), None)
+        entry = {**w, "planned_start": w["start"], "planned_end": w["end"]}
+        if added is None:
+            entry.update(added="never", ended=True)  # nothing was put in place
+        else:
+            entry.update(start=added["t"], added=added.get("outcome"))
+            if removed is not None and removed.get("outcome") == "ok":
+                entry.update(end=removed["t"], removal="ok", ended=True)
+            else:
+                end = stopped_at if stopped_at is not None else w["end"]
+                entry.update(
+                    end=max(end, added["t"]),
+                    removal=removed.get("outcome") if removed else "never attempted",
+                    ended=False,
+                )
+        out.append(entry)
+    return out
+
+
+@dataclass
+class StallDetector:
+    """Traffic has stalled when neither the events the server sent nor the calls completed
+    OK moved for `after` seconds while clients were active."""
+
+    after: float
+    _events: int = -1
+    _calls: int = -1
+    _since: float | None = None
+
+    def observe(self, now: float, *, events: int, calls_ok: int, clients: int) -> float | None:
+        """Seconds without progress when that reaches the bound (a stall), else None."""
+        moved = events != self._events or calls_ok != self._calls
+        self._events, self._calls = events, calls_ok
+        if clients <= 0 or moved or self._since is None:
+            self._since = now
+            return None
+        idle = now - self._since
+        return idle if idle >= self.after else None
+
+
+def active_windows(windows: list[dict[str, Any]], now: float) -> list[str]:
+    """The faults whose planned window holds `now`: `kind (rule)`."""
+    return [
+        f"{w.get('fault')} ({w.get('rule')})"
+        for w in windows
+        if isinstance(w.get("start"), int | float) and w["start"] <= now <= w.get("end", now)
+    ]
+
+
+class Watcher:
+    """One look a second at a running run's files: prints the progress line and says when
+    the run must end on its own account (event target reached, a toxic removal failed,
+    traffic stalled). `lab run` adds what only it knows (its processes, signals); compose's
+    `lab watch` uses it as it is."""
+
+    def __init__(self, run_dir: Path, scenario: Scenario, run_start: float, outcomes: ToxicOutcomes) -> None:
+        self.run_dir = run_dir
+        self.sc = scenario
+        self.outcomes = outcomes
+        self.tap = TapCounter(run_dir / "proxy" / "tap.jsonl")
+        self.nemesis = NemesisCounter(run_dir / "nemesis.jsonl")
+        self.line = ProgressLine(scenario.reconnect.budget_qps, scenario.horizon, scenario.load.event_target)
+        self.stall = StallDetector(scenario.load.stall_timeout)
+        self.windows = scenario.fault_windows(run_start)
+        self.run_start = run_start
+
+    def tick(self, now: float) -> tuple[str, str | None, bool]:
+        """(progress line, end reason or None, complete)."""
+        self.tap.update()
+        self.nemesis.update()
+        self.outcomes.update()
+        progress = read_progress(self.run_dir / "progress.json")
+        text = self.line.render(now - self.run_start, now, progress, self.tap, self.nemesis.toxics)
+        failed = self.outcomes.failed_removal()
+        if failed is not None:
+            return text, f"toxic removal failed: {describe_outcome(failed)}", False
+        users = int(progress.get("users", 0))
+        idle = self.stall.observe(
+            now, events=self.tap.events, calls_ok=int(progress.get("calls_ok", 0)), clients=users
+        )
+        if idle is not None:
+            active = self.outcomes.in_place() + [
+                w for w in active_windows(self.windows, now) if not w.startswith("toxic:")
+            ]
+            return (
+                text,
+                f"traffic stalled: no event sent and no call completed for {idle:.0f}s with {users} clients "
+                f"active; in place then: {', '.join(active) or 'no toxic, no fault window'}",
+                False,
+            )
+        target = self.sc.load.event_target
+        if target is not None and self.tap.events >= target:
+            return text, "event_target", True
+        return text, None, False
+
+
+@dataclass
+class RunningSchedule:
+    """A toxics schedule carried out by a `ToxicScheduleRunner` in a thread of its own."""
+
+    runner: Any
+    thread: threading.Thread
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Stop it; its thread removes every toxic it put in place, then ends."""
+        self.runner.stop()
+        self.thread.join(timeout=timeout)
+
+
+def start_schedule(scenario: Scenario, api: Any, proxy: str, run_start: float) -> RunningSchedule | None:
+    """Start the scenario's toxics schedule on `proxy` through `api` (a Toxiproxy client);
+    None when the scenario has no toxics."""
+    schedule = scenario.toxics_schedule()
+    if not schedule:
+        return None
+    from lab.nemesis.schedule import ScheduledToxic, ToxicScheduleRunner
+    from lab.nemesis.toxics import make_toxic
+
+    entries = [
+        ScheduledToxic(
+            proxy,
+            make_toxic(
+                t["kind"], stream=t["stream"], name=t["name"], toxicity=t["toxicity"], **t["attributes"]
+            ),
+            float(t["at"]),
+            None if t["until"] is None else float(t["until"]),
+        )
+        for t in schedule
+    ]
+    runner = ToxicScheduleRunner(api, entries, run_start)
+    thread = threading.Thread(target=runner.run, name="toxics", daemon=True)
+    thread.start()
+    return RunningSchedule(runner, thread)
