@@ -8,12 +8,24 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SCENARIO ?= smoke
+IS_312 := import sys; sys.exit(sys.version_info[:2] != (3, 12))
 
 .PHONY: run test lint types pytest venv clean-venv
 
-$(STAMP): pyproject.toml constraints.txt
-	@test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
-	@$(PY) -c 'import sys; assert sys.version_info[:2] == (3, 12), "need Python 3.12, got " + sys.version' 
+# A .venv whose Python is not 3.12, or no longer runs (its base interpreter was removed),
+# is rebuilt, whatever its stamp says: checked on every make, before anything uses it.
+ifneq ($(shell $(PY) -c '$(IS_312)' >/dev/null 2>&1 && echo ok),ok)
+$(shell rm -f $(STAMP))
+endif
+
+$(STAMP): pyproject.toml setup.py constraints.txt
+	@$(PYTHON_BOOT) -c '$(IS_312)' >/dev/null 2>&1 || { \
+	  echo "make: .venv needs Python 3.12, and '$(PYTHON_BOOT)' is not one that runs."; \
+	  echo "      Install it (pyenv install 3.12) or name it: make PYTHON_BOOT=/path/to/python3.12"; \
+	  exit 3; }
+	@if ! $(PY) -c '$(IS_312)' >/dev/null 2>&1; then \
+	  if [ -e $(VENV) ]; then echo "make: .venv was built by another Python or is broken: rebuilding it"; fi; \
+	  rm -rf $(VENV) && $(PYTHON_BOOT) -m venv $(VENV); fi
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)

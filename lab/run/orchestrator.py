@@ -174,9 +174,10 @@ class Run:
     def execute(self) -> int:
         """The whole run; its exit code. RunError (nothing started) and RunFolderError
         (the folder cannot be written: exit 4) propagate to the caller."""
+        for folder in mark_abandoned_runs(self.opts.out):
+            self.say(f"marked abandoned (its lab run died without finishing): {folder}", err=True)
         self.check()
         self.preflight()
-        mark_abandoned_runs(self.opts.out)
         self.dir = create_run_folder(self.opts.out, self.sc.name)
         self.record.start(self.dir)
         self.group = ProcessGroup(
@@ -192,6 +193,8 @@ class Run:
                 (self.dir / sub).mkdir(exist_ok=True)
             self.record.write()
             self._start_all()
+            self.record.processes = [c.as_json() for c in self.group.children]
+            self.record.write()  # what runs, by PID, while it runs
             self._monitor()
         except StartError as e:
             self.record.end(f"error: {e}")
@@ -303,11 +306,13 @@ class Run:
         if ui_port is not None:
             self.say(f"Locust web UI: http://127.0.0.1:{ui_port}")
         env = {SETTINGS_ENV: str(settings)}
+        # Orphaned Locust processes are killed outright (see lab.run.processes).
         self.master = self._start(
             topology.master(
                 site, run, port=master_port, workers=str(self.workers), ui_port=ui_port, worker_wait=30
             ),
             env=env,
+            death_signal=signal.SIGKILL,
         )
         for i in range(self.workers):
             part = topology.worker(site, run, master_host="127.0.0.1", master_port=master_port)
@@ -316,6 +321,7 @@ class Run:
                 f"worker-{i}",
                 essential=True,
                 exits_when_done=True,
+                death_signal=signal.SIGKILL,
                 env={**env, "LAB_WORKER_INDEX": str(i)},
             )
         self._start_toxics(proxy_name)

@@ -6,8 +6,11 @@ nothing a run started outlives it. What was started and how it ended goes into r
 with every secret in its command line replaced by a placeholder.
 
 Children die with their parent, whatever kills it: on Linux each child asks the kernel
-(`prctl(PR_SET_PDEATHSIG, SIGTERM)`) to be sent SIGTERM when the `lab run` that started
-it dies, even by `kill -9`, and exits at once if that parent is already gone.
+(`prctl(PR_SET_PDEATHSIG, sig)`) to be sent a signal when the `lab run` that started it
+dies, even by `kill -9`, and exits at once if that parent is already gone. The signal is
+SIGTERM by default, so a part can flush its ledger; a part whose graceful stop can take
+long (a Locust worker's users leave one by one, through a chain that may be gone) gets
+SIGKILL: its ledger commits every row as it goes, so nothing written is lost.
 """
 
 from __future__ import annotations
@@ -33,10 +36,10 @@ class StartError(RuntimeError):
     """A child did not come up; the message holds the tail of its log."""
 
 
-def _death_signal_hook() -> Callable[[], None] | None:
-    """A preexec function that ties a child's life to this process (Linux), or None.
-
-    The libc function is looked up here, before any fork: the child only calls it."""
+def death_signal_hook(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A preexec function that has the child sent `sig` when this process dies (Linux),
+    or None elsewhere. The libc function is looked up here, before any fork: the child
+    only calls it."""
     if not sys.platform.startswith("linux"):
         return None
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -44,7 +47,7 @@ def _death_signal_hook() -> Callable[[], None] | None:
     parent = os.getpid()
 
     def tie_to_parent() -> None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
         if os.getppid() != parent:  # the parent died between fork and prctl
             os._exit(1)
 
@@ -113,7 +116,6 @@ class ProcessGroup:
     env: dict[str, str]
     cwd: Path
     children: list[Child] = field(default_factory=list)
-    _tie: Callable[[], None] | None = field(default_factory=_death_signal_hook)
 
     def start(
         self,
@@ -123,7 +125,10 @@ class ProcessGroup:
         extra_env: dict[str, str] | None = None,
         essential: bool = False,
         exits_when_done: bool = False,
+        death_signal: int = signal.SIGTERM,
     ) -> Child:
+        """Start `argv` as child `name` (log: `<log_dir>/<name>.log`); it is sent
+        `death_signal` if this process dies before it."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = self.log_dir / f"{name}.log"
         with log.open("wb") as out:
@@ -135,7 +140,7 @@ class ProcessGroup:
                 cwd=self.cwd,
                 env={**self.env, **(extra_env or {})},
                 start_new_session=True,  # its own process group: stop() can reach its children
-                preexec_fn=self._tie,
+                preexec_fn=death_signal_hook(death_signal),
             )
         child = Child(
             name, argv, proc, log, time.time(), essential=essential, exits_when_done=exits_when_done
@@ -146,7 +151,7 @@ class ProcessGroup:
     def run(self, argv: list[str], *, timeout: float | None = None) -> int:
         """Run a command to its end (output to this process's), tied to this process like
         the children; its exit code. On timeout it is killed and the code is -9."""
-        proc = subprocess.Popen(argv, cwd=self.cwd, env=self.env, preexec_fn=self._tie)
+        proc = subprocess.Popen(argv, cwd=self.cwd, env=self.env, preexec_fn=death_signal_hook())
         try:
             return proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
