@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import tempfile
 import time
@@ -103,6 +104,10 @@ def _registrars() -> list[Callable[[argparse._SubParsersAction[argparse.Argument
     return out
 
 
+PRINT_ONLY = frozenset({"scenarios", "compose", "diagram"})
+"""Commands whose whole job is printing: a reader that stops reading is not a failure."""
+
+
 def crash_log(command: str, exc: BaseException) -> Path:
     """Write the traceback of `exc` to a log file of its own; its path."""
     stamp = time.strftime("%Y%m%dT%H%M%S")
@@ -130,6 +135,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"lab {command}: interrupted", file=sys.stderr)
         return ExitCode.INCONCLUSIVE
+    except BrokenPipeError:  # the reader closed our stdout (`lab scenarios | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        if command in PRINT_ONLY:
+            return ExitCode.PASS
+        print(f"lab {command}: the lab failed: its output was closed before the end", file=sys.stderr)
+        return ExitCode.LAB_FAILED
     except Exception as e:
         try:
             where = f"traceback in {crash_log(command, e)}"

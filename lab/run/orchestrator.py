@@ -112,6 +112,7 @@ class Run:
         self.outcomes: ToxicOutcomes | None = None
         self._interrupted = threading.Event()
         self._force = threading.Event()
+        self._mute_out = self._mute_err = False
         self.server_settings = make_server_settings(self.sc.target, admin_token=self.admin_token)
 
     # ------------------------------------------------------------------ checks
@@ -174,11 +175,12 @@ class Run:
     def execute(self) -> int:
         """The whole run; its exit code. RunError (nothing started) and RunFolderError
         (the folder cannot be written: exit 4) propagate to the caller."""
-        for folder in mark_abandoned_runs(self.opts.out):
+        root = self.opts.out.absolute()  # the parts run in the run folder: no relative path may reach them
+        for folder in mark_abandoned_runs(root):
             self.say(f"marked abandoned (its lab run died without finishing): {folder}", err=True)
         self.check()
         self.preflight()
-        self.dir = create_run_folder(self.opts.out, self.sc.name)
+        self.dir = create_run_folder(root, self.sc.name)
         self.record.start(self.dir)
         self.group = ProcessGroup(
             self.dir / "logs", {**os.environ, "LAB_LEDGER_KEY": self.record.key_hex}, self.dir
@@ -229,8 +231,16 @@ class Run:
         return code
 
     def say(self, text: str, *, err: bool = False) -> None:
-        if not self.opts.quiet or err:
+        """Print a line; a closed stdout or stderr (the terminal went away) does not stop the run."""
+        if (self.opts.quiet and not err) or (err and self._mute_err) or (not err and self._mute_out):
+            return
+        try:
             print(text, file=sys.stderr if err else sys.stdout, flush=True)
+        except OSError:  # BrokenPipeError, EIO of a hung-up terminal
+            if err:
+                self._mute_err = True
+            else:
+                self._mute_out = True
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
@@ -421,7 +431,8 @@ class Run:
     def _report(self) -> int:
         assert self.group is not None
         self.say("checking the ledgers ...")
-        code = self.group.run([topology.LOCAL.program("lab"), "report", str(self.dir)])
+        quiet = ["--quiet"] if self.opts.quiet else []
+        code = self.group.run([topology.LOCAL.program("lab"), "report", str(self.dir), *quiet])
         html = self.dir / "report.html"
         if html.exists():
             self.say(f"report: {html}")
