@@ -49,11 +49,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = base / "src"
     src.mkdir()
     for name in SOURCES:
-        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy2)(
-            ROOT / name,
-            src / name,
-            **({"ignore": shutil.ignore_patterns("__pycache__")} if (ROOT / name).is_dir() else {}),
-        )
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(ROOT / name, src / name)
     venv = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     site = Path(sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"])

@@ -43,6 +43,7 @@ def stub(
                 self.send_response(202)
                 self.end_headers()
                 return
+            result: dict[str, object]
             if msg["method"] == "initialize":
                 result = {
                     "protocolVersion": revision,
