@@ -40,7 +40,7 @@ from lab.run.processes import Child, ProcessGroup, StartError
 from lab.run.record import RunRecord
 from lab.run.serverconf import UnsafeSetting, serve_accepts_config, serve_options, server_config_file
 from lab.run.serverconf import server_settings as make_server_settings
-from lab.run.watch import JsonLines, RunningSchedule, ToxicOutcomes, Watcher, start_schedule
+from lab.run.watch import JsonLines, LoadStopped, RunningSchedule, ToxicOutcomes, Watcher, start_schedule
 from lab.runfolder import (
     RunFolderError,
     create_run_folder,
@@ -354,6 +354,7 @@ class Run:
         load, group, master, outcomes = self.sc.load, self.group, self.master, self.outcomes
         assert group is not None and master is not None and outcomes is not None
         watcher = Watcher(self.dir, self.sc, self.record.run_start, outcomes)
+        ui_stop = LoadStopped() if self.opts.ui else None
         while True:
             self._interrupted.wait(1.0)
             now = time.time()
@@ -384,6 +385,10 @@ class Run:
                     self.record.end(f"part died: master exited with {master.proc.returncode}", died="master")
                     self.say(master.tail(), err=True)
                 return
+            if ui_stop is not None and ui_stop.observe(now, int(watcher.progress.get("users", 0))):
+                # The web UI's STOP (or the shape's end, the UI staying up): the load is over.
+                self.record.end("stopped from the Locust UI", complete=elapsed >= self.sc.horizon - 2)
+                return
             if elapsed >= load.hard_timeout:
                 self.record.end("hard_timeout")
                 return
@@ -402,10 +407,12 @@ class Run:
             # Ask the master to quit (see lab/load/locustfile.py): it tells its workers, which
             # stop their users gracefully (users DELETE their sessions) and exit by themselves.
             (self.dir / "stop-requested").touch()
-            self._wait_for([master], 20)
+            # With the web UI up, Locust's quit stops the load but not the process, and a
+            # worker the UI's STOP let go is told nothing more: both get SIGTERM soon.
+            self._wait_for([master], 3 if self.opts.ui else 20)
             group.stop(master, grace=STOP_GRACE)  # only if it did not go by itself
         workers = [c for c in group.children if c.name.startswith("worker-")]
-        self._wait_for(workers, 30)
+        self._wait_for(workers, 5 if self.opts.ui else 30)
         for child in workers:  # only the ones that did not go by themselves
             group.stop(child, grace=0 if self._force.is_set() else 15)
         if self._force.is_set():

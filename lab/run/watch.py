@@ -213,13 +213,15 @@ class Watcher:
         self.stall = StallDetector(scenario.load.stall_timeout)
         self.windows = scenario.fault_windows(run_start)
         self.run_start = run_start
+        self.progress: dict[str, Any] = {}
+        """progress.json as last read (the Locust master's sums)."""
 
     def tick(self, now: float) -> tuple[str, str | None, bool]:
         """(progress line, end reason or None, complete)."""
         self.tap.update()
         self.nemesis.update()
         self.outcomes.update()
-        progress = read_progress(self.run_dir / "progress.json")
+        progress = self.progress = read_progress(self.run_dir / "progress.json")
         text = self.line.render(now - self.run_start, now, progress, self.tap, self.nemesis.toxics)
         failed = self.outcomes.failed_removal()
         if failed is not None:
@@ -281,3 +283,24 @@ def start_schedule(scenario: Scenario, api: Any, proxy: str, run_start: float) -
     thread = threading.Thread(target=runner.run, name="toxics", daemon=True)
     thread.start()
     return RunningSchedule(runner, thread)
+
+
+@dataclass
+class LoadStopped:
+    """The load was stopped without Locust quitting (the web UI's STOP, or the end of the
+    load shape with the UI open): clients were active, and none has been for `after`
+    seconds while the master still runs."""
+
+    after: float = 3.0
+    _seen: bool = False
+    _since: float | None = None
+
+    def observe(self, now: float, clients: int) -> bool:
+        if clients > 0:
+            self._seen, self._since = True, None
+            return False
+        if not self._seen:
+            return False
+        if self._since is None:
+            self._since = now
+        return now - self._since >= self.after
