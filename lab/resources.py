@@ -10,7 +10,6 @@ path from `__file__`: a wheel installed into site-packages has no repository aro
 from __future__ import annotations
 
 import importlib.util
-from importlib import resources
 from pathlib import Path
 from typing import Final
 
@@ -25,23 +24,22 @@ class MissingDataError(RuntimeError):
 def package_dir(package: str) -> Path:
     """The folder holding the data package `package`, as a filesystem path.
 
-    `importlib.resources.files` answers for a wheel. An editable install maps the name to
-    the source folder through a namespace package whose search path also holds a
-    placeholder entry, which Python 3.12's `MultiplexedPath` refuses
-    (`NotADirectoryError`); the package's own search locations then name the folder.
+    The package's import spec names its folder: in a wheel, `site-packages/<package>`; in
+    an editable install, the source folder (mapped by setuptools' finder). That is what
+    `importlib.resources.files` reads too, but it is not used here: for the editable
+    install's namespace package it fails on Python 3.12 (a placeholder entry of the search
+    path is not a directory), and it imports `zipfile` (threads) into the scenario loader,
+    which must stay light.
     """
     try:
-        root = resources.files(package)
-        if isinstance(root, Path) and root.is_dir():
-            return root
-    except ModuleNotFoundError:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None:
         raise MissingDataError(
             f"the data package {package!r} is not installed: reinstall lab (`pip install .` or `make venv`)"
-        ) from None
-    except NotADirectoryError:
-        pass
-    spec = importlib.util.find_spec(package)
-    for location in (spec.submodule_search_locations or []) if spec is not None else []:
+        )
+    for location in spec.submodule_search_locations or []:
         if Path(location).is_dir():
             return Path(location)
     raise MissingDataError(f"the data package {package!r} has no folder on disk (a zipped install?)")

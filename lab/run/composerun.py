@@ -71,7 +71,7 @@ def watch(run_dir: Path, toxiproxy: str, *, say: Any = print, poll: float = 1.0)
     client = ToxiproxyClient(toxiproxy, log=NemesisLog(run_dir / "nemesis.jsonl"))
     wait_until_up(client, within=60.0)
     outcomes = ToxicOutcomes(JsonLines(run_dir / "nemesis.jsonl"))
-    schedule = start_schedule(sc, client, PROXY_NAME, record.run_start)
+    schedule = start_schedule(sc, client, PROXY_NAME, record.run_start, run_dir / "nemesis.jsonl")
     outcomes.runner = schedule.runner if schedule is not None else None
     watcher = Watcher(run_dir, sc, record.run_start, outcomes)
     stop = threading.Event()

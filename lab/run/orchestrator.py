@@ -21,6 +21,7 @@ incomplete, 3 the run could not be made, 4 the lab itself failed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -53,6 +54,8 @@ from lab.scenario import Scenario
 PROXY_NAME = "mcp"
 """The nemesis proxy in front of the fault layer (compose/toxiproxy.json names it too)."""
 STOP_GRACE = 10.0
+BROKEN_CHAIN = ("traffic stalled", "toxic removal failed", "part died")
+"""End reasons after which the chain may not carry the users' goodbyes."""
 
 
 class RunError(RuntimeError):
@@ -191,8 +194,11 @@ class Run:
         self.say(f"results: {self.dir}")
         lab_failure: str | None = None
         try:
-            for sub in ("clients", "server", "proxy", "logs"):
-                (self.dir / sub).mkdir(exist_ok=True)
+            try:
+                for sub in ("clients", "server", "proxy", "logs"):
+                    (self.dir / sub).mkdir(exist_ok=True)
+            except OSError as e:
+                raise RunFolderError(f"cannot create the folders of {self.dir}: {e.strerror or e}") from None
             self.record.write()
             self._start_all()
             self.record.processes = [c.as_json() for c in self.group.children]
@@ -289,7 +295,7 @@ class Run:
         mitm_port = urlsplit(mitm.ready).port
 
         # The TCP nemesis (or a real Toxiproxy) in front of mitmdump.
-        from lab.nemesis.client import ToxiproxyClient
+        from lab.nemesis.client import ToxiproxyClient, ToxiproxyError
 
         if self.opts.toxiproxy is None:
             nem = self._start(topology.nemesis(site, run, self.sc.seed), essential=True)
@@ -300,9 +306,12 @@ class Run:
 
             self.toxiproxy = ToxiproxyClient(self.opts.toxiproxy, log=NemesisLog(self.dir / "nemesis.jsonl"))
             proxy_name = f"{PROXY_NAME}-{self.dir.name}"  # a shared Toxiproxy: one proxy per run
-        proxy = self.toxiproxy.create_proxy(
-            proxy_name, upstream=f"127.0.0.1:{mitm_port}", listen="127.0.0.1:0"
-        )
+        try:
+            proxy = self.toxiproxy.create_proxy(
+                proxy_name, upstream=f"127.0.0.1:{mitm_port}", listen="127.0.0.1:0"
+            )
+        except ToxiproxyError as e:
+            raise StartError(f"the nemesis refused the proxy {proxy_name}: {e}") from None
         self.record.proxy_name = proxy_name
         self.client_url = f"http://{proxy.listen}{parts.path or '/mcp'}"
         self.record.client_url = self.client_url
@@ -347,7 +356,9 @@ class Run:
 
     def _start_toxics(self, proxy_name: str) -> None:
         self.outcomes = ToxicOutcomes(JsonLines(self.dir / "nemesis.jsonl"))
-        self.schedule = start_schedule(self.sc, self.toxiproxy, proxy_name, self.record.run_start)
+        self.schedule = start_schedule(
+            self.sc, self.toxiproxy, proxy_name, self.record.run_start, self.dir / "nemesis.jsonl"
+        )
         self.outcomes.runner = self.schedule.runner if self.schedule is not None else None
 
     def _monitor(self) -> None:
@@ -399,22 +410,32 @@ class Run:
             return
         if self.schedule is not None:
             self.schedule.stop()
+        if self.opts.toxiproxy is not None and self.record.proxy_name is not None:
+            # A shared Toxiproxy keeps no proxy of a run that is over.
+            with contextlib.suppress(Exception):
+                self.toxiproxy.delete_proxy(self.record.proxy_name)
         if self._force.is_set():
             group.kill_all()
             return
+        # Locust's own stop lets every user leave (DELETE its session): worth waiting for
+        # while the chain works. Not when a part died or stopped answering (the users' last
+        # requests would hang), nor with the web UI up (Locust's quit then stops the load
+        # but not the process, and a worker the UI's STOP let go is told nothing more).
+        reason = self.record.end_reason
+        patient = not self.opts.ui and self.record.died is None and not reason.startswith(BROKEN_CHAIN)
         master = self.master
-        if master is not None and master.alive():
+        workers = [c for c in group.children if c.name.startswith("worker-")]
+        if patient and master is not None and master.alive():
             # Ask the master to quit (see lab/load/locustfile.py): it tells its workers, which
             # stop their users gracefully (users DELETE their sessions) and exit by themselves.
-            (self.dir / "stop-requested").touch()
-            # With the web UI up, Locust's quit stops the load but not the process, and a
-            # worker the UI's STOP let go is told nothing more: both get SIGTERM soon.
-            self._wait_for([master], 3 if self.opts.ui else 20)
-            group.stop(master, grace=STOP_GRACE)  # only if it did not go by itself
-        workers = [c for c in group.children if c.name.startswith("worker-")]
-        self._wait_for(workers, 5 if self.opts.ui else 30)
+            with contextlib.suppress(OSError):  # a full disk: the master is stopped by signal then
+                (self.dir / "stop-requested").touch()
+            self._wait_for([master], 20)
+        if master is not None:
+            group.stop(master, grace=STOP_GRACE if patient else 3)  # only if it did not go by itself
+        self._wait_for(workers, 30 if patient else 2)
         for child in workers:  # only the ones that did not go by themselves
-            group.stop(child, grace=0 if self._force.is_set() else 15)
+            group.stop(child, grace=0 if self._force.is_set() else 15 if patient else 3)
         if self._force.is_set():
             group.kill_all()
         for child in reversed(group.children):

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
 from dataclasses import dataclass, field
@@ -79,9 +80,15 @@ def outcome_record(
 
 
 def runner_outcomes(runner: Any) -> list[dict[str, Any]]:
-    """`toxic_outcome` records of a `lab.nemesis.schedule.ToxicScheduleRunner`'s outcomes."""
-    return [
-        outcome_record(
+    """`toxic_outcome` records of a `lab.nemesis.schedule.ToxicScheduleRunner`'s outcomes
+    (a runner whose outcomes name themselves, `outcome` and `detail`, or older ones that
+    say `ok`, `unknown` and `error`)."""
+    out = []
+    for o in list(runner.outcomes):
+        if not getattr(o, "called", True):
+            continue  # a remove skipped because its add never happened: no call, no outcome
+        detail = getattr(o, "detail", None) or getattr(o, "error", None) or None
+        rec = outcome_record(
             t=o.done_at,
             proxy=o.step.proxy,
             toxic=o.step.toxic.name,
@@ -89,10 +96,13 @@ def runner_outcomes(runner: Any) -> list[dict[str, Any]]:
             action=o.step.action,
             ok=o.ok,
             unknown=o.unknown,
-            error=o.error,
+            error=detail,
         )
-        for o in list(runner.outcomes)
-    ]
+        named = getattr(o, "outcome", None)
+        if named in OUTCOMES:
+            rec["outcome"] = named
+        out.append(rec)
+    return out
 
 
 @dataclass
@@ -259,12 +269,16 @@ class RunningSchedule:
         self.thread.join(timeout=timeout)
 
 
-def start_schedule(scenario: Scenario, api: Any, proxy: str, run_start: float) -> RunningSchedule | None:
+def start_schedule(
+    scenario: Scenario, api: Any, proxy: str, run_start: float, log: Path
+) -> RunningSchedule | None:
     """Start the scenario's toxics schedule on `proxy` through `api` (a Toxiproxy client);
-    None when the scenario has no toxics."""
+    None when the scenario has no toxics. A runner that can log writes its outcomes into
+    `log` (the run's nemesis.jsonl) as `toxic_outcome` records."""
     schedule = scenario.toxics_schedule()
     if not schedule:
         return None
+    from lab.nemesis.log import NemesisLog
     from lab.nemesis.schedule import ScheduledToxic, ToxicScheduleRunner
     from lab.nemesis.toxics import make_toxic
 
@@ -279,7 +293,12 @@ def start_schedule(scenario: Scenario, api: Any, proxy: str, run_start: float) -
         )
         for t in schedule
     ]
-    runner = ToxicScheduleRunner(api, entries, run_start)
+    extra: dict[str, Any] = {}
+    if "log" in inspect.signature(ToxicScheduleRunner).parameters:
+        # Outcomes only: the toxics themselves are logged by the embedded nemesis, or by
+        # the client that drives a real Toxiproxy.
+        extra["log"] = NemesisLog(log)
+    runner = ToxicScheduleRunner(api, entries, run_start, **extra)
     thread = threading.Thread(target=runner.run, name="toxics", daemon=True)
     thread.start()
     return RunningSchedule(runner, thread)

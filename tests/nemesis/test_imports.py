@@ -36,7 +36,7 @@ def test_lab_help_lists_the_nemesis_and_the_command_needs_a_log() -> None:
     lab = str(Path(sys.executable).with_name("lab"))
     assert "nemesis" in subprocess.run([lab, "--help"], capture_output=True, text=True, check=True).stdout
     missing = subprocess.run([lab, "nemesis", "--api-port", "0"], capture_output=True, text=True)
-    assert missing.returncode == 2 and "--log" in missing.stderr
+    assert missing.returncode == 3 and "--log" in missing.stderr  # a usage error: could not run
 
 
 def test_a_taken_api_port_is_a_clear_error(tmp_path: Path) -> None:

@@ -78,8 +78,12 @@ class Background:
     results: Path
 
     def folder(self) -> Path | None:
-        folders = [p for p in self.results.iterdir() if p.is_dir()] if self.results.exists() else []
-        return folders[0] if len(folders) == 1 else None
+        """This run's folder: the one `lab run` names on its `results:` line (a results
+        root may hold other runs' folders)."""
+        for line in self.out.read_text(errors="replace").splitlines():
+            if line.startswith("results: "):
+                return Path(line.removeprefix("results: ").strip())
+        return None
 
     def run_json(self) -> dict[str, Any]:
         folder = self.folder()

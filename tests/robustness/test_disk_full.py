@@ -50,7 +50,7 @@ def tiny_disk(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
 
 def _run_on(mount: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [LAB, "run", str(SCENARIOS / "mini.toml"), "--out", str(mount / "results"), "--no-report", "--quiet"],
+        [LAB, "run", str(SCENARIOS / "url.toml"), "--out", str(mount / "results"), "--no-report", "--quiet"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -68,7 +68,7 @@ def test_a_disk_full_before_the_run(tiny_disk: Path, tmp_path: Path) -> None:
     assert list(tiny_disk.rglob("*.tmp")) == []
 
 
-@pytest.mark.parametrize("tiny_disk", [(4096, 1300)], indirect=True)
+@pytest.mark.parametrize("tiny_disk", [(4096, 700)], indirect=True)
 def test_a_disk_that_fills_up_during_the_run(tiny_disk: Path, tmp_path: Path) -> None:
     proc = _run_on(tiny_disk, tmp_path)
     assert proc.returncode == 4, proc.stdout + proc.stderr[-3000:]

@@ -17,7 +17,7 @@ def test_two_runs_at_once_work_side_by_side(tmp_path: Path) -> None:
     results = tmp_path / "results"
     for name in ("a", "b"):
         (tmp_path / name).mkdir()
-    runs = [start_run(tmp_path / n, SCENARIOS / "mini.toml", "--no-report", results=results) for n in "ab"]
+    runs = [start_run(tmp_path / n, SCENARIOS / "url.toml", "--no-report", results=results) for n in "ab"]
     codes = [r.wait(150) for r in runs]
     folders = sorted(p for p in results.iterdir() if p.is_dir())
     assert len(folders) == 2, [f.name for f in folders]
@@ -29,7 +29,7 @@ def test_two_runs_at_once_work_side_by_side(tmp_path: Path) -> None:
         assert doc["run_id"] == folder.name
         tap = [json.loads(line) for line in (folder / "proxy" / "tap.jsonl").read_text().splitlines()]
         sent = sum(rec["type"] == "sent" for rec in tap)
-        assert sent > 50, f"{folder.name}: {sent} events"
+        assert sent > 20, f"{folder.name}: {sent} events"
         for line in (folder / "budget_split.jsonl").read_text().splitlines():
             assert json.loads(line)["workers"] <= 1, "a master saw the other run's worker"
     assert codes == [0, 0], [r.output() for r in runs]

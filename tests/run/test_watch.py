@@ -153,7 +153,7 @@ def test_lab_watch_carries_out_the_toxics_and_completes_run_json(
     assert doc["state"] == "finished" and doc["complete"] is True and doc["end_reason"] == "duration"
     assert [(o["action"], o["outcome"]) for o in doc["toxic_outcomes"]] == [("add", "ok"), ("remove", "ok")]
     (window,) = [w for w in doc["fault_windows"] if w["fault"] == "toxic:latency"]
-    assert window["ended"] is True and window["planned_end"] - window["planned_start"] == pytest.approx(2.0)
+    assert window["ended"] is True and window["planned_end"] - window["planned_start"] == pytest.approx(1.0)
     # The real times: never early (a late step acts at once), and the removal after the add.
     assert window["planned_start"] <= window["start"] < window["end"]
     assert window["end"] >= window["planned_end"] - 0.05
@@ -181,7 +181,7 @@ def test_lab_watch_ends_the_run_incomplete_when_a_removal_fails(
         while b"toxic_added" not in (run / "nemesis.jsonl").read_bytes():
             assert time.monotonic() < deadline, "the toxic was never added"
             time.sleep(0.1)
-        os.kill(nem.pid, signal.SIGSTOP)  # the nemesis stops answering: the removal at 3 s cannot happen
+        os.kill(nem.pid, signal.SIGSTOP)  # the nemesis stops answering: the removal at 2 s cannot happen
         started = time.monotonic()
         _, err = watch.communicate(timeout=60)
     finally:
