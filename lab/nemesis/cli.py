@@ -36,6 +36,7 @@ def _port(text: str) -> int:
 def _cmd_nemesis(args: argparse.Namespace) -> int:
     import trio
 
+    from lab.exitcodes import ExitCode
     from lab.nemesis.server import run_nemesis
 
     def announce(line: str) -> None:
@@ -45,5 +46,5 @@ def _cmd_nemesis(args: argparse.Namespace) -> int:
         trio.run(lambda: run_nemesis(args.api_port, args.log, seed=args.seed, announce=announce))
     except OSError as exc:
         print(f"lab nemesis: {exc}", file=sys.stderr)
-        return 2
+        return int(ExitCode.CANNOT_RUN)
     return 0

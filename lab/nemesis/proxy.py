@@ -180,9 +180,6 @@ class Proxy:
     def running(self) -> bool:
         return self._scope is not None
 
-    def open_links(self) -> int:
-        return len(self._links)
-
     def to_json(self) -> dict[str, object]:
         """The proxy as the API shows it (with its toxics)."""
         return {
