@@ -13,15 +13,17 @@ follow Toxiproxy's toxics (see `lab.nemesis.toxics` for the attributes):
 - slicer: a chunk is cut into slices of `average_size ± size_variation`, `delay` µs apart.
 - limit_data: `bytes` pass (counted per connection and toxic), then the connection closes.
 - timeout: data is dropped; the connection closes `timeout` ms after the toxic first
-  applied to it (never, for 0). Removing the toxic closes the connections it applied to
-  (Toxiproxy does the same: their byte streams have a hole).
+  applied to it (never, for 0). Removing the toxic closes every connection of the proxy,
+  whether the toxic applied to it or not (as Toxiproxy does; a held byte stream has a hole).
 - reset_peer: the first chunk after the toxic applies is dropped; `timeout` ms later the
-  connection is reset (RST, SO_LINGER 0) towards the receiving side of that direction.
+  connection is reset (RST, SO_LINGER 0) towards the receiving side of that direction,
+  even if the toxic was removed meanwhile (Toxiproxy's removal waits for the reset).
 - slow_close: the end of the stream (EOF) is passed on `delay` ms late.
 - toxicity: rolled once per connection and toxic version (an update rolls again).
 
 A sleep inside a toxic ends early when that toxic is removed, and the data goes on at
-once ("never drop data on the floor", as Toxiproxy puts it). Unlike Toxiproxy, the end of
+once ("never drop data on the floor", as Toxiproxy puts it); reset_peer's wait is the
+exception, as in Toxiproxy. Unlike Toxiproxy, the end of
 one direction is passed on as a half-close (FIN), and the connection closes when both
 directions have ended.
 """
@@ -339,11 +341,13 @@ class Proxy:
             if state.triggered:
                 return True
             state.triggered = True  # this chunk is dropped; the reset follows
-            if await self._sleep_while_present(entry, trio.current_time() + spec.attribute("timeout") / 1000):
-                link.finish("reset_peer", "client" if direction == "downstream" else "upstream")
-                return False
-            state.triggered = False
-            return True
+            # Once triggered, the reset happens at its time even if the toxic is removed or
+            # updated meanwhile, as with Toxiproxy (whose removal waits for it). Going on
+            # instead would deliver the stream with this chunk missing: a corruption no
+            # real proxy makes.
+            await trio.sleep_until(trio.current_time() + spec.attribute("timeout") / 1000)
+            link.finish("reset_peer", "client" if direction == "downstream" else "upstream")
+            return False
         return await onward(data, read_at)  # slow_close acts at the end of the stream
 
     def _latency_s(self, spec: ToxicSpec) -> float:
@@ -386,16 +390,26 @@ class Proxy:
             with trio.move_on_at(until):
                 await changed.wait()
 
+    def remove_toxic(self, name: str) -> ToxicEntry:
+        """Take a toxic out of the chain (KeyError if absent). Removing a `timeout` toxic
+        closes every connection of the proxy, whether or not the toxic applied to it
+        (Toxiproxy's timeout toxic closes its stub on cleanup, and every connection has a
+        stub of every toxic, whatever its toxicity roll said)."""
+        entry = self.toxics.remove(name)
+        if entry.spec.kind == "timeout":
+            for link in list(self._links):
+                if link.scope is not None:  # its pumps run: the toxic was in its path
+                    link.finish("timeout toxic removed")
+        return entry
+
     async def _watch_timeouts(self, link: Link) -> None:
-        """Close the connection when a timeout toxic's time is up, or when one that applied
-        to it is removed."""
+        """Close the connection when a timeout toxic that applies to it has run its time."""
         since: dict[int, float] = {}  # added_id -> when the toxic first applied to this link
         while True:  # until the connection ends (its cancel scope)
             now = trio.current_time()
             present = {e.added_id: e for e in self.toxics.entries() if e.spec.kind == "timeout"}
-            if any(added_id not in present for added_id in since):
-                link.finish("timeout toxic removed")
-                return
+            for gone in [added_id for added_id in since if added_id not in present]:
+                del since[gone]
             deadline = math.inf
             for added_id, entry in present.items():
                 if not link.applies(entry):

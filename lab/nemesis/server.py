@@ -177,7 +177,7 @@ class Nemesis:
         async with self._lock:
             proxy = self.proxy(proxy_name)
             spec = self.toxic(proxy_name, toxic_name)
-            proxy.toxics.remove(toxic_name)
+            proxy.remove_toxic(toxic_name)
             self._log_toxic("toxic_removed", proxy, spec)
 
     async def reset(self) -> None:
@@ -226,7 +226,7 @@ class Nemesis:
 
     def _remove_all_toxics(self, proxy: Proxy) -> None:
         for entry in proxy.toxics.entries():
-            proxy.toxics.remove(entry.spec.name)
+            proxy.remove_toxic(entry.spec.name)
             self._log_toxic("toxic_removed", proxy, entry.spec)
 
     def _log_proxy(self, type_: str, proxy: Proxy) -> None:
