@@ -83,6 +83,11 @@ class ToxicChain:
     def entries(self) -> list[ToxicEntry]:
         return list(self._entries.values())
 
+    def listing(self) -> list[ToxicEntry]:
+        """As the API lists them: upstream toxics, then downstream ones, each in the order
+        they were added (Toxiproxy's order)."""
+        return sorted(self._entries.values(), key=lambda e: e.spec.stream != "upstream")
+
     def for_stream(self, stream: str) -> list[ToxicEntry]:
         return [e for e in self._entries.values() if e.spec.stream == stream]
 
@@ -182,15 +187,19 @@ class Proxy:
     def running(self) -> bool:
         return self._scope is not None
 
-    def to_json(self) -> dict[str, object]:
-        """The proxy as the API shows it (with its toxics)."""
-        return {
+    def to_json(self, *, compat: bool = False) -> dict[str, object]:
+        """The proxy as the API shows it (with its toxics). `compat` adds the empty
+        `Logger` object that Toxiproxy 2.12 shows (its logger, marshalled by mistake)."""
+        out: dict[str, object] = {
             "name": self.config.name,
             "listen": str(self.config.listen),
             "upstream": str(self.config.upstream),
             "enabled": self.config.enabled,
-            "toxics": [e.spec.to_json() for e in self.toxics.entries()],
         }
+        if compat:
+            out["Logger"] = {}
+        out["toxics"] = [e.spec.to_json() for e in self.toxics.listing()]
+        return out
 
     async def start(self, nursery: trio.Nursery) -> None:
         """Bind the listen address (OSError if it cannot) and serve in `nursery`."""
@@ -351,13 +360,16 @@ class Proxy:
         return await onward(data, read_at)  # slow_close acts at the end of the stream
 
     def _latency_s(self, spec: ToxicSpec) -> float:
+        # Negative values (compat mode only) act as Toxiproxy's: no jitter, no delay.
         jitter = spec.attribute("jitter")
-        delay_ms = spec.attribute("latency") + (self._rng.randint(-jitter, jitter) if jitter else 0)
+        delay_ms = spec.attribute("latency") + (self._rng.randint(-jitter, jitter) if jitter > 0 else 0)
         return max(0, delay_ms) / 1000
 
     async def _pace(self, link: Link, entry: ToxicEntry, data: bytes, onward: _Onward) -> bool:
         state = link.state_for(entry)
         rate = entry.spec.attribute("rate") * 1000  # bytes per second
+        if rate <= 0:  # compat mode only: Toxiproxy spins (0) or panics (< 0); here no cap
+            return await onward(data, trio.current_time())
         step = max(1, rate // 10)  # at most 100 ms worth of data per write keeps the rate smooth
         for offset in range(0, len(data), step):
             piece = data[offset : offset + step]
@@ -444,7 +456,9 @@ async def _read_chunks(source: trio.SocketStream, send: trio.MemorySendChannel[t
 
 
 def _slice_bounds(size: int, spec: ToxicSpec, rng: random.Random) -> Iterator[tuple[int, int]]:
-    average, variation = spec.attribute("average_size"), spec.attribute("size_variation")
+    # Compat mode may bring average_size <= 0 or variation >= average: every slice still
+    # carries at least one byte.
+    average, variation = spec.attribute("average_size"), max(0, spec.attribute("size_variation"))
     start = 0
     while start < size:  # each slice is at least 1 byte long
         length = max(1, average + (rng.randint(-variation, variation) if variation else 0))
