@@ -129,7 +129,9 @@ class ToxicChain:
 
     def _notify(self) -> None:
         streams = {e.spec.stream for e in self._entries.values()}
-        self._by_stream = {st: tuple(e for e in self._entries.values() if e.spec.stream == st) for st in streams}
+        self._by_stream = {
+            st: tuple(e for e in self._entries.values() if e.spec.stream == st) for st in streams
+        }
         self._changed.set()
         self._changed = trio.Event()
 
