@@ -2,10 +2,10 @@
 and a cache for the joins several gates use.
 
 Budgets come from run.json `budgets` (docs/ledgers.md). Where run.json does not give
-one, the SPEC.md value is used and the name is listed in `Budgets.defaulted` (reported);
+one, the docs/spec.md value is used and the name is listed in `Budgets.defaulted` (reported);
 the reconnect QPS budget has no SPEC value ("the configured budget"), so without it gate
 6 is inconclusive. Evidence minima without a value default to 1 (at least one), except
-`min_events`, which defaults to SPEC.md's 100,000.
+`min_events`, which defaults to docs/spec.md's 100,000.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A gate whose input is missing or refused is inconclusive with the reason; a gate
 own code raises is inconclusive with the error (exception type, message and the line
 that raised), and the other gates still run. The run's verdict is the combination of
 the six (fail > inconclusive > pass), and never better than inconclusive when run.json
-could not be used (the budgets then are SPEC.md's defaults, not the scenario's) or when
+could not be used (the budgets then are docs/spec.md's defaults, not the scenario's) or when
 any input file was refused.
 """
 
@@ -56,7 +56,9 @@ def check_run(data: RunData, *, witness_limit: int = 5, started: float | None = 
         problems.append(Problem("run.json", f"budgets not usable as numbers: {', '.join(budgets.invalid)}"))
     if data.run is not None and budgets.defaulted:
         problems.append(
-            Problem("run.json", f"budgets missing, SPEC.md defaults used: {', '.join(budgets.defaulted)}")
+            Problem(
+                "run.json", f"budgets missing, docs/spec.md defaults used: {', '.join(budgets.defaulted)}"
+            )
         )
     run = run_info(data)
     if run.complete is False:

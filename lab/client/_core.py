@@ -13,7 +13,7 @@ call and carries out the `SendRequest` / `CloseConnection` commands it returns.
     response_end(conn) / connection_failed(conn)      accept_stream_event()
     tick(now) when now >= next_wakeup()  ->  [SendRequest(resume ...)]
 
-Rules it keeps (SPEC.md):
+Rules it keeps (docs/spec.md):
 - the session ID from the InitializeResult goes on every later request; a 404 to a request
   that carried it ends the session: calls in flight are reported outcome-UNKNOWN (never
   re-sent silently) and a new initialize *without* a session ID is the next request;

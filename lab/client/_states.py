@@ -1,6 +1,6 @@
 """Every state transition of the client lives in this file, as data.
 
-SPEC.md draws one diagram for a session and its streams:
+docs/spec.md draws one diagram for a session and its streams:
 
     SESSION_ACTIVE -> STREAM_OPEN -> DISCONNECTED -> RESUME_PENDING
     RESUME_PENDING -> STREAM_OPEN | CURSOR_REJECTED | SESSION_EXPIRED
@@ -15,7 +15,7 @@ stream per POST request), so the table has two roles, as h11 has CLIENT and SERV
   (`STREAM_OPEN_REQUIRES`).
 - STREAM: one machine per stream, created in STREAM_OPEN.
 
-Additions to SPEC.md's diagram, because a working client needs them:
+Additions to docs/spec.md's diagram, because a working client needs them:
 - INITIALIZING (SESSION): a handshake is in flight, so no second one is started.
 - CLOSED (STREAM): the stream ended normally (its response arrived, or it was cancelled).
 - DISCONNECTED -> CURSOR_REJECTED on NO_VALID_CURSOR: the client's own check of its cursor

@@ -1,4 +1,4 @@
-"""ClientCore against the in-memory model server: each rule of SPEC.md, one scenario each."""
+"""ClientCore against the in-memory model server: each rule of docs/spec.md, one scenario each."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def test_a_call_completes_on_its_post_stream() -> None:
 
 
 def test_cut_after_the_write_resumes_with_last_event_id_and_writes_once() -> None:
-    """SPEC.md's failure story: the server wrote, the connection dropped before the response."""
+    """docs/spec.md's failure story: the server wrote, the connection dropped before the response."""
     core, server, link, inbox = make()
     handle, cmds = core.call_tool("ledger.append", {"x": 1}, link.now, write=True)
     link.run(cmds)

@@ -1,6 +1,6 @@
 """Model-based test: two ClientCores against the model server, with every fault at random.
 
-Invariants (SPEC.md's gates, on the ground truth of the model server):
+Invariants (docs/spec.md's gates, on the ground truth of the model server):
 - no cross-stream acceptance: every accepted message was sent by the server on the
   stream (of the session) the client filed it under;
 - no duplicate dispatch: no idempotency key caused two side effects on the server, and no
