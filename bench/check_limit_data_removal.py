@@ -3,8 +3,10 @@
     .venv/bin/python bench/check_limit_data_removal.py [--real /path/to/toxiproxy-server] [--clients 40] [--seconds 12]
 
 gate-100k's toxics in small: many clients read endless streams through a proxy and
-reconnect whenever theirs ends; `latency` is added and removed, then `limit_data`
-(toxicity 0.05, 64 KiB) is added and, once connections have hit their limit, removed.
+reconnect whenever theirs ends; `latency` is added, then `limit_data` (64 KiB, toxicity
+`--toxicity`, gate-100k's 0.05 by default); `latency` is removed, then, once connections
+have hit their limit, `limit_data`. Toxiproxy 2.12.0 hung at the first removal with
+`--toxicity 0.5 --clients 60` (docs/nemesis.md).
 Each removal is timed with a 60 s API timeout. Run against `lab nemesis`, and against a
 `toxiproxy-server` given with `--real` (built outside this repository). Prints, per
 server, how long each API call took and whether it answered. 127.0.0.1 only; the load
@@ -19,6 +21,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -27,7 +30,6 @@ from bench_nemesis import embedded, real
 from lab.nemesis.client import ToxiproxyClient, ToxiproxyError
 from lab.nemesis.toxics import make_toxic
 
-LIMIT_TOXICITY = 0.05
 _LINE = b"data: " + b"x" * 1000 + b"\n\n"
 
 
@@ -75,7 +77,7 @@ def _client(port: int, stop: threading.Event, counts: list[int]) -> None:
         counts[1] += 1
 
 
-def check(url: str, upstream_port: int, clients: int, seconds: float) -> None:
+def check(url: str, upstream_port: int, clients: int, seconds: float, toxicity: float) -> None:
     api = ToxiproxyClient(url, timeout=60)
     if api.get_proxy("hang") is not None:
         api.delete_proxy("hang")
@@ -88,12 +90,12 @@ def check(url: str, upstream_port: int, clients: int, seconds: float) -> None:
     for t in threads:
         t.start()
     third = seconds / 3
-    steps = [
+    steps: list[tuple[float, str, Callable[[], object]]] = [
         (0.0, "add latency", lambda: api.add_toxic("hang", make_toxic("latency", latency=50, jitter=25))),
         (
             third * 0.8,
             "add limit_data",
-            lambda: api.add_toxic("hang", make_toxic("limit_data", toxicity=LIMIT_TOXICITY, bytes=65536)),
+            lambda: api.add_toxic("hang", make_toxic("limit_data", toxicity=toxicity, bytes=65536)),
         ),
         (third, "remove latency", lambda: api.remove_toxic("hang", "latency_downstream")),
         (2 * third, "remove limit_data", lambda: api.remove_toxic("hang", "limit_data_downstream")),
@@ -132,8 +134,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=12.0, help="length of the check (3..120)")
     p.add_argument("--toxicity", type=float, default=0.05, help="limit_data's toxicity (gate-100k: 0.05)")
     args = p.parse_args(argv)
-    global LIMIT_TOXICITY
-    LIMIT_TOXICITY = args.toxicity
     if not (1 <= args.clients <= 200 and 3 <= args.seconds <= 120):
         p.error("--clients 1..200, --seconds 3..120")
     stop = threading.Event()
@@ -143,11 +143,11 @@ def main(argv: list[str] | None = None) -> int:
             upstream = int(server.getsockname()[1])
             with embedded(Path(tmp)) as (url, _pid):
                 print("embedded nemesis")
-                check(url, upstream, args.clients, args.seconds)
+                check(url, upstream, args.clients, args.seconds, args.toxicity)
             if args.real is not None:
                 with real(args.real, Path(tmp)) as (url, _pid):
                     print(f"real: {args.real}")
-                    check(url, upstream, args.clients, args.seconds)
+                    check(url, upstream, args.clients, args.seconds, args.toxicity)
     finally:
         stop.set()
         server.close()

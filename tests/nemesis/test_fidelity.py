@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from lab.nemesis.client import ToxiproxyClient
+from lab.nemesis.log import NemesisLog, read_toxic_outcomes
+from lab.nemesis.schedule import API_TIMEOUT_BASE_S, ScheduledToxic, ToxicScheduleRunner
 from lab.nemesis.toxics import make_toxic
 from tests.nemesis.conftest import NemesisProcess, listen_port
 from tests.nemesis.realserver import real_server_binary, running_real_toxiproxy
@@ -105,3 +108,28 @@ def test_a_connection_that_took_no_reset_goes_on_after_the_removal(api: Toxiprox
         api.add_toxic("fidelity_idle", make_toxic("reset_peer", timeout=1500))
         api.remove_toxic("fidelity_idle", "reset_peer_downstream")
         assert round_trip(s, b"bc") < 5
+
+
+def test_the_schedule_outlasts_a_removal_held_by_a_waiting_reset(
+    api: ToxiproxyClient, tmp_path: Path
+) -> None:
+    """A real Toxiproxy answers the DELETE of a triggered reset_peer only once the reset
+    fired (3 s here). The runner's API timeout is derived from the toxic's wait, so the
+    removal comes back `ok`, not as a timeout that would leave the run unsure."""
+    reset = make_toxic("reset_peer", timeout=3000)
+    with TcpServer(echo) as up, _proxy(api, "fidelity_held", up.port) as port, connect(port) as s:
+        start = time.time()
+        entries = [ScheduledToxic("fidelity_held", reset, at=0.0, until=1.0)]
+        with NemesisLog(tmp_path / "outcomes.jsonl") as log:
+            runner = ToxicScheduleRunner(api, entries, start, log=log)
+            assert runner.api_timeout == API_TIMEOUT_BASE_S + 3.0
+            thread = threading.Thread(target=runner.run)
+            thread.start()
+            time.sleep(0.5)  # the toxic is in place
+            s.sendall(b"x")  # its echo triggers the wait
+            thread.join(timeout=30)
+        got = read_until_end(s, within=8)
+    assert not thread.is_alive()
+    outcomes = read_toxic_outcomes(tmp_path / "outcomes.jsonl")
+    assert [(o.action, o.outcome) for o in outcomes] == [("add", "ok"), ("remove", "ok")], outcomes
+    assert _ended(got) and got.data == b""
