@@ -16,7 +16,8 @@ Prints events/s of each, the medians and their ratio (aim >= 0.75), and what the
 did according to the tap. Asserts nothing.
 
 Against the raw upstream some faults cannot apply and never fire (it has no admin control,
-no tokens, no resumption and no DELETE; its last event is not a JSON-RPC response).
+no sessions, no tokens, no resumption and no DELETE; its last event is not a JSON-RPC
+response).
 """
 
 from __future__ import annotations
@@ -35,25 +36,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sse_load import LoadResult, run_load
 
+from lab.faults.kinds import NAMES
 from lab.faults.launch import ADDONS, mitmdump_argv, ready_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-KINDS = (
-    "drop_priming",
-    "cross_ids",
-    "replay_after_ack",
-    "inject_foreign",
-    "rewrite_origin",
-    "storm",
-    "executed_then_lost",
-    "lose_delete_response",
-    "strip_protocol_version",
-    "rewrite_last_event_id",
-    "old_token",
-    "expiry_race",
-    "cut_stream",
-)
+KINDS = NAMES
 
 
 def start(argv: list[str], prefix: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
