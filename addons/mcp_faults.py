@@ -10,6 +10,7 @@ When ready it prints `mcp_faults listening on http://HOST:PORT` (flushed).
 
 # No `from __future__ import annotations` (see addons/mcp_tap.py).
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -113,7 +114,7 @@ class McpFaults:
         if ff.on_head(resp.status_code, sse) is not None:
             proxy_io.kill(flow)
         elif sse:
-            race = lambda a: self._start(self._race(flow, ff, a))  # noqa: E731
+            race = functools.partial(self._race_soon, flow, ff)  # as the response event passes
             ff.stream(self.holder, self.memory, flow.request.headers.get(LAST_EVENT_ID_HEADER), race)
 
     async def response(self, flow: http.HTTPFlow) -> None:
@@ -166,6 +167,9 @@ class McpFaults:
             self.tap.flush()
 
         return run()
+
+    def _race_soon(self, flow: http.HTTPFlow, ff: FlowFaults, a: Armed) -> None:
+        self._start(self._race(flow, ff, a))
 
     def _start(self, race: Awaitable[None] | None) -> None:
         if race is not None:

@@ -8,6 +8,7 @@ module: mitmproxy puts a script's folder on sys.path while it loads the script. 
 # No `from __future__ import annotations`: this module is imported while mitmproxy loads
 # the script, and its dataclasses must resolve their annotations (see mcp_faults.py).
 import asyncio
+import json
 import math
 import os
 from collections.abc import Mapping
@@ -147,6 +148,27 @@ def check_admin_url(value: str) -> str:
 
 
 # ---------------------------------------------------------------------- I/O seams
+
+
+class TapFile:
+    """Append-only JSON lines; each batch of records goes out in one write(2), unbuffered."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, records: list[str | dict[str, Any]]) -> None:
+        text = "\n".join(r if isinstance(r, str) else json.dumps(r, separators=(",", ":")) for r in records)
+        view = memoryview((text + "\n").encode())
+        for _ in range(1000):  # a regular file takes it in one go; bounded just in case
+            if not view:
+                return
+            view = view[os.write(self._fd, view) :]
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def cut_client_connection(flow: http.HTTPFlow) -> None:

@@ -12,7 +12,6 @@ unbuffered write(2) before it returns. When ready it prints `mcp_tap listening o
 # No `from __future__ import annotations`: mitmproxy runs this file as a module that is not
 # in sys.modules yet, and dataclasses cannot resolve string annotations there.
 import asyncio
-import json
 import os
 import secrets
 import time
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from mcp_faults_io import announce, options_error, parse_key, parse_origin_patterns
+from mcp_faults_io import TapFile, announce, options_error, parse_key, parse_origin_patterns
 from mitmproxy import ctx, http
 from mitmproxy.addonmanager import Loader
 
@@ -50,27 +49,6 @@ class FaultLayer(Protocol):
     def event_faults(self, flow: http.HTTPFlow) -> EventFaults | None: ...
     def holds(self, flow: http.HTTPFlow) -> bool: ...
     def cut(self, flow: http.HTTPFlow) -> None: ...
-
-
-class TapFile:
-    """Append-only JSON lines; each batch of records goes out in one write(2), unbuffered."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-
-    def write(self, records: list[Record]) -> None:
-        text = "\n".join(r if isinstance(r, str) else json.dumps(r, separators=(",", ":")) for r in records)
-        view = memoryview((text + "\n").encode())
-        for _ in range(1000):  # a regular file takes it in one go; bounded just in case
-            if not view:
-                return
-            view = view[os.write(self._fd, view) :]
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
 
 
 @dataclass(slots=True)
