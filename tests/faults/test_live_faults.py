@@ -29,6 +29,7 @@ from tests.faults.live import (
     origin_of,
     reference_server,
     server_available,
+    tap_proxy,
     wait_rows,
     write_plan,
 )
@@ -454,3 +455,22 @@ def test_write_receipts_are_recorded_from_what_the_server_sent(lab: Lab) -> None
     assert replayed["structuredContent"]["effect"] == "replayed"
     performed = {**replayed, "structuredContent": {**replayed["structuredContent"], "effect": "performed"}}
     assert [r["result_digest"] for r in results] == [result_digest(performed), result_digest(replayed)]
+
+
+def test_the_tap_runs_alone(tmp_path: Path) -> None:
+    # -s addons/mcp_tap.py without the fault addon: a proxy that only records.
+    tap = Tap(tmp_path / "tap.jsonl")
+    with (
+        reference_server(tmp_path, "--tokens", TOKENS) as srv,
+        tap_proxy(tmp_path, origin_of(srv.url), tap.path) as px,
+        McpClient(px.url + "/mcp", "alone") as c,
+    ):
+        c.initialize()
+        ex = c.call("ticker", {"count": 3, "interval_ms": 1}, key="alone-1")
+        assert ex.status == 200 and "result" in ex.messages()[-1]
+        [result] = tap.wait(type="result")
+    flow = next(r for r in tap.records(type="flow") if r["flow"] == result["flow"])
+    assert flow["faults"] == [] and flow["tool"] == "ticker"
+    sent, fwd = tap.of_flow(flow["flow"], "sent"), tap.of_flow(flow["flow"], "forwarded")
+    assert len(sent) == len(fwd) == len(ex.events) and all(x["fault"] is None for x in fwd)
+    assert tap.records(type="plan") == [], "no fault addon, no plan"
