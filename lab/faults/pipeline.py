@@ -110,13 +110,6 @@ class SsePipe:
         self._head_fwd = '{"type":"forwarded","flow":' + self._flow_js + ',"t":'
         self._head_drop = '{"type":"dropped","flow":' + self._flow_js + ',"t":'
 
-    @property
-    def sent_count(self) -> int:
-        return self._sent
-
-    def __call__(self, chunk: bytes) -> bytes:
-        return self.feed(chunk)
-
     def feed(self, chunk: bytes) -> bytes:
         if self._ended:
             return b""
