@@ -13,6 +13,9 @@ from pathlib import Path
 
 ADDONS = Path(__file__).resolve().parents[2] / "addons"
 FAULT_ADDON = ADDONS / "mcp_faults.py"
+"""The fault addon; it loads the tap (`TAP_ADDON`) alongside itself, so one `-s` runs both."""
+TAP_ADDON = ADDONS / "mcp_tap.py"
+"""The tap alone: a proxy that records what passes and injects nothing."""
 
 
 def mitmdump_argv(
