@@ -1,0 +1,450 @@
+"""The adapter loop for Python implementations: commands in, application log out.
+
+`serve(driver)` reads commands (`lab.sut.protocol`) from stdin, runs every client of the
+process on one anyio event loop (asyncio, uvloop when installed), and writes the
+application log. A driver only knows its implementation: how to open a client (an async
+context manager whose exit is the implementation's own way of leaving) and how to call a
+tool. Everything the protocol promises — outcomes for every call, `cancelled` only when
+the application asked, lifecycle lines, pseudonyms instead of raw session IDs — is kept
+here, once, for every driver.
+
+Exit codes (`lab.exitcodes`): 0 after `stop` or end of input, 3 when the adapter cannot
+run (no `LAB_LEDGER_KEY`, a log file it cannot open), 4 when the adapter itself crashed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextvars
+import json
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, suppress
+from dataclasses import dataclass, field
+from typing import IO, Any, Protocol
+
+import anyio
+import anyio.abc
+import anyio.from_thread
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from lab.exitcodes import ExitCode
+from lab.sut.protocol import (
+    SCHEMA,
+    Call,
+    Cancel,
+    CommandError,
+    Leave,
+    ReconnectKind,
+    Scrubber,
+    Start,
+    Stop,
+    describe,
+    message_digest,
+    parse_command,
+    secrets_of_headers,
+)
+from lab.wire.jsonrpc import JsonRpcId
+from lab.wire.redact import Redactor
+
+STOP_GRACE_S = 10.0
+"""How long `stop` waits for clients to leave before it abandons them."""
+
+current_client: contextvars.ContextVar[ClientContext | None] = contextvars.ContextVar(
+    "lab_sut_current_client", default=None
+)
+"""The client whose task is running: tasks an implementation spawns inherit it, so a log
+line the implementation writes can be attributed to its client."""
+
+
+class CallFailed(Exception):
+    """The implementation handed the application a JSON-RPC error for the call."""
+
+    def __init__(self, code: int | None, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Connected(Protocol):
+    """A started client of the implementation."""
+
+    @property
+    def protocol_version(self) -> str | None: ...
+
+    async def call(self, call: Call) -> None:
+        """Run the tool call; return on a result, raise CallFailed on a JSON-RPC error."""
+
+
+class Driver(Protocol):
+    adapter: str
+    """The adapter's name in the `ready` line (`python-sdk`)."""
+    implementation: tuple[str, str]
+    """(name, version) of the implementation, e.g. ("mcp", "2.3.0")."""
+
+    def open(self, start: Start, ctx: ClientContext) -> AbstractAsyncContextManager[Connected]:
+        """Start a client; leaving the context is the implementation's way of leaving (DELETE)."""
+        ...
+
+
+class AppLog:
+    """Writes `mcpLabAppLog.v1` lines; flushed at once for lifecycle lines, else every 0.2 s."""
+
+    def __init__(self, out: IO[str]) -> None:
+        self._out = out
+        self._dirty = False
+
+    def write(self, ev: str, *, flush: bool = False, **fields: Any) -> None:
+        rec = {"ev": ev, "t": round(time.time(), 6), **fields}
+        self._out.write(json.dumps(rec, separators=(",", ":"), ensure_ascii=False) + "\n")
+        self._dirty = True
+        if flush:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._dirty:
+            self._out.flush()
+            self._dirty = False
+
+
+class ClientContext:
+    """What a driver reports about one client; turns raw session IDs into pseudonyms."""
+
+    def __init__(self, client: str, log: AppLog, redactor: Redactor, keys: dict[str, str]) -> None:
+        self.client = client
+        self._log = log
+        self._redactor = redactor
+        self._keys = keys  # idempotency key -> call ID, for this client's calls
+        self._rpc_calls: dict[JsonRpcId, str] = {}
+        self.call_rpc: dict[str, JsonRpcId] = {}
+        self.scrub = Scrubber()
+        self._session: str | None = None
+
+    @property
+    def session(self) -> str | None:
+        """The pseudonym of the session the client uses now (None before it has one)."""
+        return self._session
+
+    def set_session_id(self, raw: str | None) -> None:
+        self._session = self._redactor.session(raw)
+        if raw is not None and self._session is not None:
+            self.scrub.add(raw, self._session)
+
+    def request_sent(self, rpc_id: JsonRpcId, idempotency_key: str | None) -> None:
+        """The implementation sent a request carrying a call's key: join its JSON-RPC id to the call."""
+        call = self._keys.get(idempotency_key) if idempotency_key is not None else None
+        if call is not None:
+            self._rpc_calls[rpc_id] = call
+            self.call_rpc.setdefault(call, rpc_id)
+
+    def deliver(self, message: dict[str, Any]) -> None:
+        kind, rid, method = describe(message)
+        call = self._rpc_calls.get(rid) if rid is not None and kind in ("response", "error") else None
+        self._log.write(
+            "deliver",
+            client=self.client,
+            session=self._session,
+            kind=kind,
+            id=rid,
+            method=method,
+            call=call,
+            digest=message_digest(message),
+        )
+
+    def reconnect(self, kind: ReconnectKind) -> None:
+        self._log.write("reconnect", client=self.client, session=self._session, kind=kind)
+
+    def notice(self, text: str) -> None:
+        self._log.write("notice", client=self.client, session=self._session, text=self.scrub(text)[:2000])
+
+
+@dataclass
+class _CallState:
+    cmd: Call
+    t0: float
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    cancel_asked: bool = False
+    done: bool = False
+
+
+@dataclass
+class _ClientState:
+    start: Start
+    ctx: ClientContext
+    keys: dict[str, str]
+    leave: anyio.Event = field(default_factory=anyio.Event)
+    tg: anyio.abc.TaskGroup | None = None
+    conn: Connected | None = None
+    queued: list[Call] = field(default_factory=list)
+    calls: dict[str, _CallState] = field(default_factory=dict)
+    leaving: bool = False
+    ended: anyio.Event = field(default_factory=anyio.Event)
+
+
+def _error_text(e: BaseException) -> str:
+    if isinstance(e, BaseExceptionGroup) and len(e.exceptions) == 1:
+        return _error_text(e.exceptions[0])
+    text = str(e)
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+class Adapter:
+    def __init__(self, driver: Driver, log: AppLog, redactor: Redactor) -> None:
+        self.driver = driver
+        self.log = log
+        self.redactor = redactor
+        self.clients: dict[str, _ClientState] = {}
+        self.calls: dict[str, _ClientState] = {}
+
+    # -- commands --------------------------------------------------------------------------
+
+    def handle(self, line: bytes, lineno: int, tg: anyio.abc.TaskGroup) -> bool:
+        """Carry out one command line; False after `stop`."""
+        try:
+            cmd = parse_command(line)
+        except CommandError as e:
+            self.log.write("rejected", flush=True, line=lineno, error=str(e))
+            return True
+        match cmd:
+            case Start():
+                if cmd.client in self.clients:
+                    self.log.write("rejected", line=lineno, error=f"start: client {cmd.client!r} exists")
+                    return True
+                keys: dict[str, str] = {}
+                cl = _ClientState(cmd, ClientContext(cmd.client, self.log, self.redactor, keys), keys)
+                for secret in secrets_of_headers(cmd.headers):
+                    cl.ctx.scrub.add(secret, "<credential>")
+                self.clients[cmd.client] = cl
+                tg.start_soon(self._run_client, cl, name=f"client {cmd.client}")
+            case Call():
+                cl_or_none = self.clients.get(cmd.client)
+                if cl_or_none is None or cmd.call in self.calls:
+                    why = "unknown client" if cl_or_none is None else "call ID already used"
+                    self.log.write("rejected", line=lineno, error=f"call {cmd.call!r}: {why}")
+                    return True
+                cl = cl_or_none
+                self.calls[cmd.call] = cl
+                cl.keys[cmd.idempotency_key] = cmd.call
+                if cl.tg is None or cl.conn is None:
+                    cl.queued.append(cmd)  # the application called before the client was up
+                else:
+                    self._spawn_call(cl, cmd)
+            case Cancel():
+                owner = self.calls.get(cmd.call)
+                st = owner.calls.get(cmd.call) if owner is not None else None
+                if st is None or st.done:
+                    self.log.write("rejected", line=lineno, error=f"cancel: no running call {cmd.call!r}")
+                    return True
+                st.cancel_asked = True
+                st.scope.cancel()
+            case Leave():
+                leaving = self.clients.get(cmd.client)
+                if leaving is None:
+                    self.log.write("rejected", line=lineno, error=f"leave: unknown client {cmd.client!r}")
+                    return True
+                leaving.leaving = True
+                leaving.leave.set()
+            case Stop():
+                return False
+        return True
+
+    # -- clients ---------------------------------------------------------------------------
+
+    async def _run_client(self, cl: _ClientState) -> None:
+        ctx, t0 = cl.ctx, time.time()
+        current_client.set(ctx)
+        started = False
+        failure: str | None = None
+        try:
+            async with self.driver.open(cl.start, ctx) as conn:
+                started = True
+                self.log.write(
+                    "started",
+                    flush=True,
+                    client=ctx.client,
+                    session=ctx.session,
+                    protocolVersion=conn.protocol_version,
+                    elapsed_s=round(time.time() - t0, 6),
+                )
+                async with anyio.create_task_group() as calls_tg:
+                    cl.tg, cl.conn = calls_tg, conn
+                    for queued in cl.queued:
+                        self._spawn_call(cl, queued)
+                    cl.queued.clear()
+                    await cl.leave.wait()
+                    cl.leaving = True
+                    calls_tg.cancel_scope.cancel()
+        except Exception as e:
+            failure = ctx.scrub(_error_text(e))
+        except anyio.get_cancelled_exc_class():
+            failure = "abandoned: it did not leave within the stop grace period"
+            raise
+        finally:
+            cl.tg = cl.conn = None
+            reason = failure or ("left" if started else "client did not start")
+            for st in cl.calls.values():
+                if not st.done:
+                    self._outcome(cl, st, "exception", f"client ended: {reason}", None)
+            for queued in cl.queued:
+                st = _CallState(queued, time.time())
+                self._outcome(cl, st, "exception", f"client ended: {reason}", None)
+            cl.queued.clear()
+            if failure is None:
+                self.log.write("left", flush=True, client=ctx.client, session=ctx.session)
+            elif started:
+                self.log.write(
+                    "client_failed", flush=True, client=ctx.client, session=ctx.session, error=failure
+                )
+            else:
+                self.log.write("start_failed", flush=True, client=ctx.client, error=failure)
+            cl.ended.set()
+
+    def _spawn_call(self, cl: _ClientState, cmd: Call) -> None:
+        assert cl.tg is not None and cl.conn is not None
+        st = _CallState(cmd, time.time())
+        cl.calls[cmd.call] = st
+        cl.tg.start_soon(self._run_call, cl, st, cl.conn, name=f"call {cmd.call}")
+
+    async def _run_call(self, cl: _ClientState, st: _CallState, conn: Connected) -> None:
+        try:
+            with st.scope:
+                await conn.call(st.cmd)
+                self._outcome(cl, st, "ok", None, None)
+                return
+        except CallFailed as e:
+            self._outcome(cl, st, "error", cl.ctx.scrub(str(e)), e.code)
+            return
+        except anyio.get_cancelled_exc_class():
+            if st.cancel_asked or cl.leaving:
+                self._outcome(cl, st, "cancelled", "cancel" if st.cancel_asked else "leave", None)
+            raise  # otherwise the client is failing: _run_client records the outcome with its cause
+        except Exception as e:
+            self._outcome(cl, st, "exception", cl.ctx.scrub(_error_text(e)), None)
+            return
+        if st.cancel_asked:  # the scope swallowed the cancellation the application asked for
+            self._outcome(cl, st, "cancelled", "cancel", None)
+
+    def _outcome(
+        self, cl: _ClientState, st: _CallState, status: str, error: str | None, code: int | None
+    ) -> None:
+        if st.done:
+            return
+        st.done = True
+        self.log.write(
+            "outcome",
+            client=cl.ctx.client,
+            session=cl.ctx.session,
+            call=st.cmd.call,
+            id=cl.ctx.call_rpc.get(st.cmd.call),
+            status=status,
+            error=error,
+            code=code,
+            elapsed_s=round(time.time() - st.t0, 6),
+        )
+
+    async def stop(self) -> None:
+        for cl in self.clients.values():
+            cl.leaving = True
+            cl.leave.set()
+        with anyio.move_on_after(STOP_GRACE_S):
+            for cl in list(self.clients.values()):
+                await cl.ended.wait()
+
+
+def _stdin_lines() -> MemoryObjectReceiveStream[bytes | None]:
+    """Lines of stdin, read by a daemon thread (works for pipes, files and terminals, and
+    never holds the loop up at exit); None at end of input. Call from the event loop."""
+    send: MemoryObjectSendStream[bytes | None]
+    recv: MemoryObjectReceiveStream[bytes | None]
+    send, recv = anyio.create_memory_object_stream[bytes | None](1000)
+    token = anyio.lowlevel.current_token()
+
+    def pump() -> None:
+        with suppress(Exception):  # the loop is gone: nobody is listening any more
+            for line in sys.stdin.buffer:
+                anyio.from_thread.run(send.send, line, token=token)
+            anyio.from_thread.run(send.send, None, token=token)
+
+    threading.Thread(target=pump, name="stdin", daemon=True).start()
+    return recv
+
+
+async def _serve(driver: Driver, log: AppLog, redactor: Redactor) -> None:
+    adapter = Adapter(driver, log, redactor)
+    name, version = driver.implementation
+    log.write(
+        "ready",
+        flush=True,
+        schema=SCHEMA,
+        adapter=driver.adapter,
+        implementation={"name": name, "version": version},
+        pid=os.getpid(),
+    )
+
+    async def flusher() -> None:
+        while True:
+            await anyio.sleep(0.2)
+            log.flush()
+
+    reading = anyio.CancelScope()
+
+    async def on_signal() -> None:
+        # SIGTERM/SIGINT is a `stop`: clients leave their way, the log ends with `stopped`.
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _ in signals:
+                reading.cancel()
+                return
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(flusher)
+        tg.start_soon(on_signal)
+        with reading, _stdin_lines() as lines:
+            lineno = 0
+            async for line in lines:
+                lineno += 1
+                if line is None or (line.strip() and not adapter.handle(line, lineno, tg)):
+                    break
+        await adapter.stop()
+        log.write("stopped", flush=True, clients=len(adapter.clients))
+        tg.cancel_scope.cancel()
+
+
+def serve(make_driver: Callable[[], Driver], argv: list[str] | None = None, *, prog: str) -> int:
+    """The adapter's `main`: parse the command line, run until `stop`, return the exit code."""
+    parser = argparse.ArgumentParser(prog=prog, description="An MCP client adapter (docs/clients.md).")
+    parser.add_argument("--log", help="write the application log to this file instead of stdout")
+    args = parser.parse_args(argv)
+    key_hex = os.environ.get("LAB_LEDGER_KEY", "")
+    try:
+        redactor = Redactor(bytes.fromhex(key_hex))
+    except ValueError:
+        print(f"{prog}: LAB_LEDGER_KEY must be the run's pseudonym key (hex, >= 16 bytes)", file=sys.stderr)
+        return ExitCode.CANNOT_RUN
+    try:
+        out: IO[str] = open(args.log, "a", encoding="utf-8") if args.log else sys.stdout  # noqa: SIM115
+    except OSError as e:
+        print(f"{prog}: cannot open the application log {args.log}: {e}", file=sys.stderr)
+        return ExitCode.CANNOT_RUN
+    log = AppLog(out)
+    try:
+        driver = make_driver()
+        try:
+            import uvloop  # noqa: F401  (the event loop is the adapter's budget: use the fast one)
+
+            options: dict[str, Any] = {"use_uvloop": True}
+        except ImportError:
+            options = {}
+        anyio.run(_serve, driver, log, redactor, backend="asyncio", backend_options=options)
+    except Exception as e:
+        traceback.print_exc()
+        log.write("crashed", flush=True, error=_error_text(e))
+        return ExitCode.LAB_FAILED
+    finally:
+        log.flush()
+        if out is not sys.stdout:
+            out.close()
+    return ExitCode.PASS
