@@ -157,7 +157,12 @@ class AdapterProcess:
         )
 
     def send(self, cmd: Command) -> None:
-        data = command_line(cmd).encode("utf-8")
+        self.send_raw(command_line(cmd))
+
+    def send_raw(self, line: str) -> None:
+        """One line as it is (a well-formed command comes from `send`; this is for testing
+        what an adapter does with a bad one)."""
+        data = (line if line.endswith("\n") else line + "\n").encode("utf-8")
         with self._lock:
             try:
                 self._stdin.write(data)

@@ -183,6 +183,7 @@ class _ClientState:
     calls: dict[str, _CallState] = field(default_factory=dict)
     leaving: bool = False
     ended: anyio.Event = field(default_factory=anyio.Event)
+    end_reason: str = ""
 
 
 def _error_text(e: BaseException) -> str:
@@ -229,18 +230,21 @@ class Adapter:
                 cl = cl_or_none
                 self.calls[cmd.call] = cl
                 cl.keys[cmd.idempotency_key] = cmd.call
-                if cl.tg is None or cl.conn is None:
+                if cl.ended.is_set():
+                    gone = _CallState(cmd, time.time())
+                    self._outcome(cl, gone, "exception", f"client ended: {cl.end_reason}", None)
+                elif cl.tg is None or cl.conn is None:
                     cl.queued.append(cmd)  # the application called before the client was up
                 else:
                     self._spawn_call(cl, cmd)
             case Cancel():
                 owner = self.calls.get(cmd.call)
-                st = owner.calls.get(cmd.call) if owner is not None else None
-                if st is None or st.done:
+                running = owner.calls.get(cmd.call) if owner is not None else None
+                if running is None or running.done:
                     self.log.write("rejected", line=lineno, error=f"cancel: no running call {cmd.call!r}")
                     return True
-                st.cancel_asked = True
-                st.scope.cancel()
+                running.cancel_asked = True
+                running.scope.cancel()
             case Leave():
                 leaving = self.clients.get(cmd.client)
                 if leaving is None:
@@ -293,6 +297,7 @@ class Adapter:
                 st = _CallState(queued, time.time())
                 self._outcome(cl, st, "exception", f"client ended: {reason}", None)
             cl.queued.clear()
+            cl.end_reason = reason
             if failure is None:
                 self.log.write("left", flush=True, client=ctx.client, session=ctx.session)
             elif started:
@@ -364,9 +369,16 @@ def _stdin_lines() -> MemoryObjectReceiveStream[bytes | None]:
     token = anyio.lowlevel.current_token()
 
     def pump() -> None:
+        # os.read on the descriptor, not sys.stdin.buffer: a daemon thread blocked inside the
+        # buffered reader's lock makes the interpreter abort at exit.
+        fd, pending = sys.stdin.fileno(), b""
         with suppress(Exception):  # the loop is gone: nobody is listening any more
-            for line in sys.stdin.buffer:
-                anyio.from_thread.run(send.send, line, token=token)
+            while chunk := os.read(fd, 1 << 16):
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    anyio.from_thread.run(send.send, line, token=token)
+            if pending:
+                anyio.from_thread.run(send.send, pending, token=token)
             anyio.from_thread.run(send.send, None, token=token)
 
     threading.Thread(target=pump, name="stdin", daemon=True).start()

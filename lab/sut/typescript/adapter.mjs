@@ -214,9 +214,10 @@ async function runClient(cl) {
     cl.state = 'started';
   } catch (e) {
     cl.state = 'ended';
-    write('start_failed', { client: cl.id, error: scrub(cl, errorText(e)) });
+    cl.endReason = scrub(cl, errorText(e));
+    write('start_failed', { client: cl.id, error: cl.endReason });
     for (const cmd of cl.queued.splice(0)) {
-      outcome({ cl, cmd, done: false, t0: now() }, 'exception', 'client ended: client did not start', null);
+      outcome({ cl, cmd, done: false, t0: now() }, 'exception', `client ended: ${cl.endReason}`, null);
     }
     cl.ended();
   }
@@ -236,6 +237,7 @@ async function leave(cl) {
   }
   await cl.client.close();
   cl.state = 'ended';
+  cl.endReason = 'left';
   write('left', { client: cl.id, session: cl.session });
   cl.ended();
 }
@@ -284,7 +286,7 @@ function handle(line, lineno) {
         calls.set(cmd.call, { done: false });
         cl.queued.push(cmd);
       } else if (cl.state === 'started' && !cl.leaving) startCall(cl, cmd);
-      else outcome({ cl, cmd, done: false, t0: now() }, 'exception', 'client ended', null);
+      else outcome({ cl, cmd, done: false, t0: now() }, 'exception', `client ended: ${cl.endReason ?? 'leaving'}`, null);
       return;
     }
     case 'cancel': {
