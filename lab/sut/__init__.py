@@ -8,6 +8,7 @@ protocol is in `docs/clients.md`.
 
 Modules:
     protocol     the commands and records, parsing and digests (no I/O)
+    applog       the application log as a driver writes it (pseudonyms, digests, scrubbing)
     runtime      the adapter loop for Python implementations (one anyio event loop)
     python_sdk   the adapter for the official Python SDK (`python -m lab.sut.python_sdk`)
     host         starting an adapter process and talking to it (python-sdk,

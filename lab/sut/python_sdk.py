@@ -44,8 +44,9 @@ from mcp.shared.message import SessionMessage
 from mcp_types import JSONRPCMessage, JSONRPCRequest, RequestParamsMeta
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
 
+from lab.sut.applog import ClientContext, current_client
 from lab.sut.protocol import Call, Start
-from lab.sut.runtime import CallFailed, ClientContext, current_client, serve
+from lab.sut.runtime import CallFailed, serve
 from lab.wire.extensions import IDEMPOTENCY_META
 
 ADAPTER: Final = "python-sdk"

@@ -15,9 +15,8 @@ run (no `LAB_LEDGER_KEY`, a log file it cannot open), 4 when the adapter itself 
 from __future__ import annotations
 
 import argparse
-import contextvars
-import json
 import os
+import resource
 import signal
 import sys
 import threading
@@ -34,32 +33,22 @@ import anyio.from_thread
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from lab.exitcodes import ExitCode
+from lab.sut.applog import AppLog, ClientContext, current_client
 from lab.sut.protocol import (
     SCHEMA,
     Call,
     Cancel,
     CommandError,
     Leave,
-    ReconnectKind,
-    Scrubber,
     Start,
     Stop,
-    describe,
-    message_digest,
     parse_command,
     secrets_of_headers,
 )
-from lab.wire.jsonrpc import JsonRpcId
 from lab.wire.redact import Redactor
 
 STOP_GRACE_S = 10.0
 """How long `stop` waits for clients to leave before it abandons them."""
-
-current_client: contextvars.ContextVar[ClientContext | None] = contextvars.ContextVar(
-    "lab_sut_current_client", default=None
-)
-"""The client whose task is running: tasks an implementation spawns inherit it, so a log
-line the implementation writes can be attributed to its client."""
 
 
 class CallFailed(Exception):
@@ -89,77 +78,6 @@ class Driver(Protocol):
     def open(self, start: Start, ctx: ClientContext) -> AbstractAsyncContextManager[Connected]:
         """Start a client; leaving the context is the implementation's way of leaving (DELETE)."""
         ...
-
-
-class AppLog:
-    """Writes `mcpLabAppLog.v1` lines; flushed at once for lifecycle lines, else every 0.2 s."""
-
-    def __init__(self, out: IO[str]) -> None:
-        self._out = out
-        self._dirty = False
-
-    def write(self, ev: str, *, flush: bool = False, **fields: Any) -> None:
-        rec = {"ev": ev, "t": round(time.time(), 6), **fields}
-        self._out.write(json.dumps(rec, separators=(",", ":"), ensure_ascii=False) + "\n")
-        self._dirty = True
-        if flush:
-            self.flush()
-
-    def flush(self) -> None:
-        if self._dirty:
-            self._out.flush()
-            self._dirty = False
-
-
-class ClientContext:
-    """What a driver reports about one client; turns raw session IDs into pseudonyms."""
-
-    def __init__(self, client: str, log: AppLog, redactor: Redactor, keys: dict[str, str]) -> None:
-        self.client = client
-        self._log = log
-        self._redactor = redactor
-        self._keys = keys  # idempotency key -> call ID, for this client's calls
-        self._rpc_calls: dict[JsonRpcId, str] = {}
-        self.call_rpc: dict[str, JsonRpcId] = {}
-        self.scrub = Scrubber()
-        self._session: str | None = None
-
-    @property
-    def session(self) -> str | None:
-        """The pseudonym of the session the client uses now (None before it has one)."""
-        return self._session
-
-    def set_session_id(self, raw: str | None) -> None:
-        self._session = self._redactor.session(raw)
-        if raw is not None and self._session is not None:
-            self.scrub.add(raw, self._session)
-
-    def request_sent(self, rpc_id: JsonRpcId, idempotency_key: str | None) -> None:
-        """The implementation sent a request carrying a call's key: join its JSON-RPC id to the call."""
-        call = self._keys.get(idempotency_key) if idempotency_key is not None else None
-        if call is not None:
-            self._rpc_calls[rpc_id] = call
-            self.call_rpc.setdefault(call, rpc_id)
-
-    def deliver(self, message: dict[str, Any]) -> None:
-        kind, rid, method = describe(message)
-        call = self._rpc_calls.get(rid) if rid is not None and kind in ("response", "error") else None
-        self._log.write(
-            "deliver",
-            client=self.client,
-            session=self._session,
-            kind=kind,
-            id=rid,
-            method=method,
-            call=call,
-            digest=message_digest(message),
-        )
-
-    def reconnect(self, kind: ReconnectKind) -> None:
-        self._log.write("reconnect", client=self.client, session=self._session, kind=kind)
-
-    def notice(self, text: str) -> None:
-        self._log.write("notice", client=self.client, session=self._session, text=self.scrub(text)[:2000])
 
 
 @dataclass
@@ -360,12 +278,13 @@ class Adapter:
                 await cl.ended.wait()
 
 
-def _stdin_lines() -> MemoryObjectReceiveStream[bytes | None]:
-    """Lines of stdin, read by a daemon thread (works for pipes, files and terminals, and
-    never holds the loop up at exit); None at end of input. Call from the event loop."""
-    send: MemoryObjectSendStream[bytes | None]
-    recv: MemoryObjectReceiveStream[bytes | None]
-    send, recv = anyio.create_memory_object_stream[bytes | None](1000)
+def _stdin_lines() -> MemoryObjectReceiveStream[list[bytes] | None]:
+    """Lines of stdin in batches (whatever one read returned), read by a daemon thread: works
+    for pipes, files and terminals, never holds the loop up at exit, and costs the loop one
+    wake-up per batch, not per line. None at end of input. Call from the event loop."""
+    send: MemoryObjectSendStream[list[bytes] | None]
+    recv: MemoryObjectReceiveStream[list[bytes] | None]
+    send, recv = anyio.create_memory_object_stream[list[bytes] | None](100)
     token = anyio.lowlevel.current_token()
 
     def pump() -> None:
@@ -375,10 +294,10 @@ def _stdin_lines() -> MemoryObjectReceiveStream[bytes | None]:
         with suppress(Exception):  # the loop is gone: nobody is listening any more
             while chunk := os.read(fd, 1 << 16):
                 *lines, pending = (pending + chunk).split(b"\n")
-                for line in lines:
-                    anyio.from_thread.run(send.send, line, token=token)
+                if lines:
+                    anyio.from_thread.run(send.send, lines, token=token)
             if pending:
-                anyio.from_thread.run(send.send, pending, token=token)
+                anyio.from_thread.run(send.send, [pending], token=token)
             anyio.from_thread.run(send.send, None, token=token)
 
     threading.Thread(target=pump, name="stdin", daemon=True).start()
@@ -414,12 +333,16 @@ async def _serve(driver: Driver, log: AppLog, redactor: Redactor) -> None:
     async with anyio.create_task_group() as tg:
         tg.start_soon(flusher)
         tg.start_soon(on_signal)
-        with reading, _stdin_lines() as lines:
+        with reading, _stdin_lines() as batches:
             lineno = 0
-            async for line in lines:
-                lineno += 1
-                if line is None or (line.strip() and not adapter.handle(line, lineno, tg)):
+            async for batch in batches:
+                if batch is None:
                     break
+                for line in batch:
+                    lineno += 1
+                    if line.strip() and not adapter.handle(line, lineno, tg):
+                        reading.cancel()
+                        break
         await adapter.stop()
         log.write("stopped", flush=True, clients=len(adapter.clients))
         tg.cancel_scope.cancel()
@@ -442,6 +365,9 @@ def serve(make_driver: Callable[[], Driver], argv: list[str] | None = None, *, p
         print(f"{prog}: cannot open the application log {args.log}: {e}", file=sys.stderr)
         return ExitCode.CANNOT_RUN
     log = AppLog(out)
+    with suppress(ValueError, OSError):  # each client holds a few sockets: allow what the system allows
+        _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     try:
         driver = make_driver()
         try:
