@@ -146,3 +146,22 @@ def test_the_example_adapter_of_the_docs_works_against_the_reference_server(tmp_
     assert {r["call"] for r in answers} == set(results)
     assert all(r["digest"] in ledger.event_digests() for r in answers)
     assert ledger.dispatches() == [("k-docs-write", "performed")]
+
+
+def test_the_host_loads_no_event_loop_and_no_sdk() -> None:
+    # Locust's gevent-patched processes import the host; an event-loop library or an SDK
+    # imported there would run under gevent's patches (and cost every worker its memory).
+    code = (
+        "import sys, lab.sut.host, lab.sut.protocol\n"
+        "print(','.join(m for m in ('anyio', 'asyncio', 'trio', 'mcp', 'httpx2', 'locust') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys, lab.sut.runtime; print('anyio' in sys.modules)"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert probe.stdout.strip() == "True"  # the probe sees an import where there is one
