@@ -123,7 +123,7 @@ def docs_example() -> str:
 def test_the_example_adapter_of_the_docs_works_against_the_reference_server(tmp_path: Path) -> None:
     script = tmp_path / "adapter.py"
     script.write_text(docs_example())
-    assert len(docs_example().splitlines()) <= 90, "the example should stay an afternoon's work"
+    assert len(docs_example().splitlines()) <= 85, "the example should stay an afternoon's work"
     log = tmp_path / "app.jsonl"
     command = adapter_command(f"cmd:{sys.executable} {script}")
     with reference_server(tmp_path) as srv, AdapterProcess(command, log, key=KEY) as adapter:
