@@ -4,7 +4,8 @@
 
 Starts the reference server and one `python-sdk` adapter (lab/sut/python_sdk.py), then
 grows the adapter's client count step by step. Every client is the SDK's own stack with
-an initialized session and its standalone GET stream open. At each step it measures the
+an initialized session and its standalone GET stream open, and has made one call (not
+measured: its first call costs the SDK an extra tools/list). At each step it measures the
 adapter idle (3 s: RSS, RSS per client, CPU), then under a paced load where every client
 calls `echo` once per `--period` seconds for `--window` seconds (calls/s done, latency as
 the application saw it, errors, the adapter's and the server's CPU; 100 % = one core).
@@ -87,7 +88,7 @@ def run(steps: list[int], period: float, window: float) -> None:
                 f"{'adapter CPU':>11} {'server CPU':>10}"
             )
             started: dict[str, float] = {}
-            failed = 0
+            failed = warmed = 0
             seq = 0
             for target in steps:
                 for n in range(len(started) + failed, target):
@@ -103,7 +104,17 @@ def run(steps: list[int], period: float, window: float) -> None:
                 if len(started) + failed < target:
                     print(f"{target:>7} only {len(started)} clients started within 120 s: stopping here")
                     break
-                time.sleep(1.0)  # every standalone GET stream opens
+                # Warm-up, not measured: each new client's first call (the SDK follows a client's
+                # first tools/call of a tool with a tools/list), and every GET stream opens.
+                warm = {f"w{n}" for n in range(warmed, target)}
+                for n in range(warmed, target):
+                    adapter.send(Call(f"c{n}", f"w{n}", "echo", {"text": "warm-up"}, f"w{n}"))
+                warmed = target
+                deadline = time.monotonic() + 60
+                while warm and time.monotonic() < deadline:
+                    warm -= {r["call"] for r in tail.poll() if r["ev"] == "outcome"}
+                    time.sleep(0.05)
+                time.sleep(1.0)
                 tail.poll()
                 c0, t0 = cpu_s(apid), time.monotonic()
                 time.sleep(3.0)

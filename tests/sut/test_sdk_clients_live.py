@@ -180,3 +180,26 @@ def test_a_cancel_the_application_asks_for_is_a_notifications_cancelled(tmp_path
     assert outcomes(records)["long"]["status"] == "cancelled"
     assert outcomes(records)["long"]["elapsed_s"] < 5.0
     assert [w["status"] for w in wire if w["rpc"] == "notifications/cancelled"] == [202]
+
+
+@pytest.mark.parametrize("name", ADAPTERS)
+def test_an_older_session_era_revision_is_asked_for_the_sdks_way(tmp_path: Path, name: str) -> None:
+    adapter_or_skip(name)
+    log = tmp_path / "app.jsonl"
+    versions = ("2025-03-26", "2025-06-18")
+    with reference_server(tmp_path) as srv, AdapterProcess(adapter_command(name), log, key=KEY) as adapter:
+        adapter.wait_ready()
+        for v in versions:
+            adapter.send(Start(v, srv.url, v))
+            adapter.send(Call(v, f"{v}:echo", "echo", {"text": v}, f"k-{v}"))
+        records = wait_for(log, lambda r: len(outcomes(r)) == 2)
+        adapter.stop()
+    if name == "typescript-sdk":
+        # Its Client always asks for its newest revision: the adapter says so instead of pretending.
+        assert {r["client"] for r in by_ev(records, "start_failed")} == set(versions)
+        assert all("2025-11-25 only" in r["error"] for r in by_ev(records, "start_failed"))
+        return
+    assert {r["client"]: r["protocolVersion"] for r in by_ev(records, "started")} == {v: v for v in versions}
+    assert {c: o["status"] for c, o in outcomes(records).items()} == {f"{v}:echo": "ok" for v in versions}
+    db = ServerLedger(tmp_path / "ledger.sqlite").db
+    assert sorted(r[0] for r in db.execute("SELECT protocol_version FROM sessions")) == list(versions)
