@@ -62,7 +62,12 @@ try {
   process.exit(EXIT_CANNOT_RUN);
 }
 
+const EXIT_CRASHED = 4;
 const out = option('--log') ? fs.createWriteStream(option('--log'), { flags: 'a' }) : process.stdout;
+out.on('error', e => {
+  process.stderr.write(`adapter.mjs: cannot write the application log: ${e.message}\n`);
+  process.exit(EXIT_CANNOT_RUN);
+});
 // Wall-clock Unix seconds with microseconds, like the Python adapters.
 const now = () => Math.round((performance.timeOrigin + performance.now()) * 1000) / 1e6;
 function write(ev, fields) {
@@ -334,4 +339,14 @@ input.on('line', line => {
 });
 input.on('close', () => stop());
 process.on('SIGTERM', () => stop());
+// The adapter itself failed (never the client under test: its errors are caught per call).
+for (const event of ['uncaughtException', 'unhandledRejection']) {
+  process.on(event, e => {
+    process.stderr.write(`adapter.mjs: ${event}: ${e?.stack ?? e}\n`);
+    write('crashed', { error: errorText(e) });
+    process.exitCode = EXIT_CRASHED;
+    if (out === process.stdout) process.stdout.write('', () => process.exit(EXIT_CRASHED));
+    else out.end(() => process.exit(EXIT_CRASHED));
+  });
+}
 process.on('SIGINT', () => stop());
