@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"lab.wire", "lab.exitcodes"}),
     # Independent of one another: the client core, the reference server, the fault layer,
-    # the TCP nemesis. None of them may know another.
-    frozenset({"lab.client", "lab.server", "lab.faults", "lab.nemesis"}),
+    # the TCP nemesis, the adapters of clients under test. None of them may know another.
+    frozenset({"lab.client", "lab.server", "lab.faults", "lab.nemesis", "lab.sut"}),
     frozenset({"lab.inbox", "lab.drivers"}),
     frozenset({"lab.load"}),
     frozenset({"lab.scenario"}),
