@@ -7,7 +7,9 @@
                    K events (sending `retry` first) and the client resumes with GET
     ledger.append  write: a business side effect, once per idempotency key
                    (params._meta["mcp-lab/idempotency-key"]); a retry with the same key, even
-                   after the first attempt's stream was cut, gets the original receipt
+                   after the first attempt's stream was cut, gets the original receipt;
+                   a performed write is announced on the session's standalone stream as
+                   a `notifications/message` (logger `mcp-lab/ledger`)
 
 A tool runs as a task of its own: the client's connection dropping does not stop it.
 """
@@ -23,7 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from lab.server import ledger as L
-from lab.server.state import ServerState, Stream
+from lab.server.defects import Defect
+from lab.server.model import Stream
+from lab.server.state import ServerState
 from lab.wire import jsonrpc
 from lab.wire.extensions import IDEMPOTENCY_META
 
@@ -111,6 +115,8 @@ async def ledger_append(call: ToolCall) -> dict[str, Any]:
     now = time.time()
     ikey = (session.subject, key)
     receipt = state.receipts.get(ikey)
+    if Defect.NO_IDEMPOTENCY in state.defects:  # defect: a repeated key performs the write again
+        receipt = None
     effect = "replayed" if receipt is not None else "performed"
     if receipt is None:
         # Check-and-set without an await in between: two concurrent retries cannot both perform.
@@ -135,11 +141,21 @@ async def ledger_append(call: ToolCall) -> dict[str, Any]:
     )
     if effect == "performed":
         # The side effect is durable before anyone is told it happened.
-        await asyncio.wrap_future(state.ledger.barrier())
-        g = session.standalone
-        if g is not None and g.closed_at is None:
-            note = jsonrpc.notification("notifications/resources/updated", {"uri": f"lab://ledger/{receipt}"})
-            state.emit(g, jsonrpc.dumps(note), "notification", None, time.time())
+        try:
+            await asyncio.wrap_future(state.ledger.barrier())
+        except L.LedgerFailed:
+            raise ToolError(
+                jsonrpc.INTERNAL_ERROR, "the server's ledger failed: this write's outcome is unknown"
+            ) from None
+        # A log message, which the server declares (capability `logging`) and may send
+        # unasked; `notifications/resources/updated` would need `resources` and a subscription.
+        state.log_message(
+            session,
+            "info",
+            "mcp-lab/ledger",
+            {"receipt": receipt, "uri": f"lab://ledger/{receipt}"},
+            time.time(),
+        )
     return _text(receipt, receipt=receipt, effect=effect, entry=entry)
 
 
