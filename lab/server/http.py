@@ -51,15 +51,20 @@ class Request:
         return self.headers.get(name)
 
 
-async def send_plain(send: Send, status: int, text: str, headers: Headers | None = None) -> None:
+async def _send_whole(send: Send, status: int, ctype: bytes, body: bytes, headers: Headers | None) -> None:
+    """A complete response with its length (no chunked encoding for a body known whole)."""
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"text/plain; charset=utf-8"), *(headers or [])],
+            "headers": [(b"content-type", ctype), (b"content-length", b"%d" % len(body)), *(headers or [])],
         }
     )
-    await send({"type": "http.response.body", "body": text.encode()})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_plain(send: Send, status: int, text: str, headers: Headers | None = None) -> None:
+    await _send_whole(send, status, b"text/plain; charset=utf-8", text.encode(), headers)
 
 
 async def send_json(send: Send, status: int, obj: object, headers: Headers | None = None) -> None:
@@ -68,18 +73,17 @@ async def send_json(send: Send, status: int, obj: object, headers: Headers | Non
 
 async def send_json_text(send: Send, status: int, text: str, headers: Headers | None = None) -> None:
     """JSON already serialized (the bytes digested are the bytes sent)."""
+    await _send_whole(send, status, b"application/json", text.encode(), headers)
+
+
+async def send_empty(send: Send, status: int, headers: Headers | None = None) -> None:
     await send(
         {
             "type": "http.response.start",
             "status": status,
-            "headers": [(b"content-type", b"application/json"), *(headers or [])],
+            "headers": [(b"content-length", b"0"), *(headers or [])],
         }
     )
-    await send({"type": "http.response.body", "body": text.encode()})
-
-
-async def send_empty(send: Send, status: int, headers: Headers | None = None) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": headers or []})
     await send({"type": "http.response.body", "body": b""})
 
 

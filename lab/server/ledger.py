@@ -85,6 +85,7 @@ class Ledger:
         self.rows_written = 0
         self.rows_escaped = 0
         self.rows_lost = 0
+        self._inflight = 0
         self.failure: BaseException | None = None
         """Why the writer stopped for good; None while it works."""
         if self.path is not None:
@@ -172,7 +173,9 @@ class Ledger:
                         sql, params = item
                         # Statements keep their first-seen order so an UPDATE follows its INSERT.
                         grouped.setdefault(sql, []).append(params)
+                self._inflight = sum(len(rows) for rows in grouped.values())
                 self._commit(db, grouped)
+                self._inflight = 0
                 for w in waiters:
                     if not w.done():
                         w.set_result(None)
@@ -201,7 +204,7 @@ class Ledger:
         with self._lock:
             self.failure = error
         log.error("ledger writer failed, no further rows are recorded: %r", error)
-        lost = 0
+        lost, self._inflight = self._inflight, 0  # the batch that failed was not committed
         while True:
             try:
                 item = self._q.get_nowait()

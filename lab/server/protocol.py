@@ -11,6 +11,8 @@ where the bytes arrive, before the ASGI app sees a request:
     head not complete within header_timeout            408, connection closed
     body not complete within body_timeout              408 (or a plain close if a
                                                       response has started)
+    more than 16 pipelined requests waiting            connection closed (uvicorn
+                                                      queues them without bound)
 
 The header count is of bytes received while the head is incomplete, checked after each
 read, so the overshoot is at most one read (≤ 256 KiB).
@@ -30,6 +32,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
     max_header_bytes = 64 * 1024
     header_timeout = 10.0
     body_timeout = 30.0
+    max_pipelined = 16
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -64,6 +67,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._arm(self.body_timeout)
         super().on_headers_complete()
+        if len(self.pipeline) > self.max_pipelined:
+            # uvicorn queues pipelined requests without bound (reading resumes whenever the
+            # app reads a body): a client that never waits for answers grows the queue.
+            self._disarm()
+            self.transport.close()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

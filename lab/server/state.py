@@ -330,7 +330,7 @@ class ServerState:
         and end the connection while the stream goes on."""
         if st.close_after is not None and sub.sent >= st.close_after and not st.complete and st.resumable:
             if Defect.NO_RETRY_FIELD not in self.defects:  # defect: close without advising `retry`
-                sub.push(encode_event(None, retry=st.retry_ms or 1000), counts=False)
+                sub.push(encode_event(None, retry=1000 if st.retry_ms is None else st.retry_ms), counts=False)
             self.detach(st, sub, "server_close_polling", now)
             sub.end("server_close_polling")
 
