@@ -79,6 +79,8 @@ def test_the_official_sdk_client_accepts_every_message_and_every_notification_is
                 await anyio.sleep(0.1)
                 if _announced(received):
                     break
+            # Checked here, before anything else is asked: every notification so far declared.
+            assert [why for m in received if (why := undeclared(m, caps)) is not None] == []
             with warnings.catch_warnings():  # deprecated in 2026-07-28, current in 2025-11-25
                 warnings.simplefilter("ignore")
                 await client.set_logging_level("error")  # the heartbeat (info) must stop coming
