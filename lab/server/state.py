@@ -26,7 +26,7 @@ from lab.server import ledger as L
 from lab.server.config import ServerConfig
 from lab.server.cursors import UNKNOWN_CURSOR, naming
 from lab.server.defects import Defect, SharedEventStore
-from lab.server.model import LiveConn, Session, StoredEvent, Stream
+from lab.server.model import EVENT_OVERHEAD, LiveConn, Session, StoredEvent, Stream
 from lab.wire import jsonrpc
 from lab.wire.event_ids import message_digest, post_stream_id, session_tag
 from lab.wire.redact import Redactor
@@ -71,6 +71,9 @@ class ServerState:
         self.kept_generations: set[int] = {0}
         self.rollback = config.rollback
         self.emitted = 0
+        self._indexed = self.names.scheme != "e1"  # opaque IDs need the cursor index
+        self._retention = config.event_retention
+        self._byte_cap = config.max_session_event_bytes
         self.defects = frozenset(Defect(d) for d in config.defects)
         self.shared: SharedEventStore[StoredEvent] | None = (
             SharedEventStore(config.event_retention) if Defect.SHARED_EVENT_STORE in self.defects else None
@@ -253,19 +256,19 @@ class ServerState:
         self.emitted += 1
         digest = message_digest(data)
         event_id = self.names.mint(st, seq, self.emitted, digest) if st.resumable else None
-        ev = StoredEvent(
-            seq, self.emitted, event_id, encode_event(data, id=event_id), digest, kind, jsonrpc_id
-        )
+        wire = encode_event(data, id=event_id)
+        ev = StoredEvent(seq, self.emitted, event_id, wire, digest, kind, jsonrpc_id)
         # Stored even when not resumable: events emitted before the first connection
         # attaches (the priming event, a fast tool) are delivered from here.
         st.events.append(ev)
-        s.retained += ev.cost
-        self.names.remember(st, ev)
+        s.retained += len(wire) + EVENT_OVERHEAD  # = ev.cost, without a call on this hot path
+        if self._indexed:
+            self.names.remember(st, ev)
         if self.shared is not None:  # defect shared-event-store: every session's events in one store
             self.shared.add(SharedEventStore.key(st.request_id), ev)
-        if len(st.events) > self.config.event_retention:
+        if len(st.events) > self._retention:
             self._drop_oldest(st)
-        if s.retained > self.config.max_session_event_bytes:
+        if s.retained > self._byte_cap:
             self._trim(s, st)
         sub = st.subscriber
         final = kind in ("response", "error")
