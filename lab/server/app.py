@@ -439,7 +439,9 @@ class McpApp:
             now = time.time()
             g = st.session.standalone
             if Defect.RESPONSE_ON_GET in self.defects and g is not None and g.closed_at is None:
-                self.state.emit(g, data, kind, rid, now)  # defect: the response on the standalone GET too
+                # defect: the response on the standalone GET too (a kind of its own in the
+                # ledger, so that it neither ends that stream nor passes for the real answer)
+                self.state.emit(g, data, "stray_response", rid, now)
             self.state.emit(st, data, kind, rid, now)
 
     async def _dispatch(self, st: Stream, msg: jsonrpc.Message) -> jsonrpc.JsonObject:

@@ -427,7 +427,7 @@ class ServerState:
             events = sorted(events + others, key=lambda ev: ev.order)
         if Defect.REPLAY_MISORDERED in self.defects:  # defect: the response jumps ahead of its progress
             final = [ev for ev in events if ev.kind in ("response", "error")]
-            events = final + [ev for ev in events if ev not in final]
+            events = final + [ev for ev in events if ev.kind not in ("response", "error")]
         return events
 
     def _resolve_shared(self, s: Session, cursor: str) -> Resumption | str:
