@@ -66,8 +66,9 @@ from lab.server.http import (
 )
 from lab.server.model import LiveConn, Session, Stream
 from lab.server.ratelimit import RequestRateLimiter
-from lab.server.state import LOG_LEVELS, Full, Resumption, ServerState
-from lab.server.tools import TOOL_LIST, TOOLS, ToolCall, ToolError
+from lab.server.sse_out import SSE_HEADERS, serve_live
+from lab.server.state import Full, Resumption, ServerState
+from lab.server.tools import TOOL_LIST, ToolError, dispatch
 from lab.wire import jsonrpc
 from lab.wire.errors import RemoteProtocolError
 from lab.wire.extensions import EVENT_ID_CAPABILITY
@@ -82,13 +83,6 @@ from lab.wire.revisions import (
 log = logging.getLogger("lab.server")
 
 SERVER_INFO = {"name": "mcp-lab-reference", "version": "0.1.0"}
-KEEPALIVE = b":\n\n"
-"""An SSE comment: receivers dispatch nothing, but the bytes keep idle timeouts away."""
-_SSE_HEADERS = [
-    (b"content-type", b"text/event-stream"),
-    (b"cache-control", b"no-cache, no-transform"),
-    (b"x-accel-buffering", b"no"),
-]
 
 
 class McpApp:
@@ -423,7 +417,7 @@ class McpApp:
         assert msg.id is not None
         rid = str(msg.id)
         try:
-            result = await self._dispatch(st, msg)
+            result = await dispatch(self.state, st, msg)
             data, kind = jsonrpc.dumps(jsonrpc.result(msg.id, result)), "response"
         except ToolError as e:
             data, kind = jsonrpc.dumps(jsonrpc.error(msg.id, e.code, e.message)), "error"
@@ -443,31 +437,6 @@ class McpApp:
                 # ledger, so that it neither ends that stream nor passes for the real answer)
                 self.state.emit(g, data, "stray_response", rid, now)
             self.state.emit(st, data, kind, rid, now)
-
-    async def _dispatch(self, st: Stream, msg: jsonrpc.Message) -> jsonrpc.JsonObject:
-        assert msg.id is not None
-        params = msg.params
-        if msg.method == "tools/call":
-            name = params.get("name")
-            tool = TOOLS.get(name) if isinstance(name, str) else None
-            if tool is None:
-                raise ToolError(jsonrpc.INVALID_PARAMS, f"unknown tool {name!r}")
-            args = params.get("arguments") or {}
-            meta = params.get("_meta") or {}
-            if not isinstance(args, dict) or not isinstance(meta, dict):
-                raise ToolError(jsonrpc.INVALID_PARAMS, "arguments and _meta must be objects")
-            return await tool(ToolCall(self.state, st, msg.id, args, meta))
-        if msg.method == "tools/list":
-            return {"tools": TOOL_LIST}
-        if msg.method == "ping":
-            return {}
-        if msg.method == "logging/setLevel":
-            level = params.get("level")
-            if level not in LOG_LEVELS:
-                raise ToolError(jsonrpc.INVALID_PARAMS, f"level must be one of {', '.join(LOG_LEVELS)}")
-            st.session.log_level = level
-            return {}
-        raise ToolError(jsonrpc.METHOD_NOT_FOUND, f"method not found: {msg.method}")
 
     async def _get(self, req: Request, receive: Receive, send: Send, subject: str | None, now: float) -> None:
         if "text/event-stream" not in (req.header("accept") or "").lower():
@@ -523,13 +492,11 @@ class McpApp:
         live = LiveConn(req.conn, self.config.max_session_event_bytes)
         self.open_sse += 1
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
             self.state.attach(st, live, None if resumed is None else resumed.backlog, time.time())
-            watcher = asyncio.ensure_future(self._watch_disconnect(receive, live))
             try:
-                await self._pump(send, live)
+                await serve_live(receive, send, live, self.config.keepalive_s)
             finally:
-                watcher.cancel()
                 self.state.detach(st, live, live.end_reason or "client_gone", time.time())
         except OSError:
             live.end("client_gone")
@@ -537,46 +504,13 @@ class McpApp:
         finally:
             self.open_sse -= 1
 
-    async def _pump(self, send: Send, live: LiveConn) -> None:
-        """Send what the connection's buffer gets until it ends; a comment after
-        `keepalive_s` of silence."""
-        keepalive = self.config.keepalive_s
-        loop = asyncio.get_running_loop()
-        while True:
-            if live.pending:
-                await send({"type": "http.response.body", "body": live.take(), "more_body": True})
-                continue
-            if live.ended:
-                break
-            timer = loop.call_later(keepalive, live.wake.set) if keepalive > 0 else None
-            await live.wake.wait()
-            if timer is not None:
-                timer.cancel()
-            if not live.pending and not live.ended:  # the keep-alive timer rang
-                live.wake.clear()
-                await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
     async def _silent_stream(self, receive: Receive, send: Send) -> None:
         """defect unknown-cursor-silent: an SSE stream with keep-alives and nothing else."""
-        live = LiveConn(None, self.config.max_session_event_bytes)
         self.open_sse += 1
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-            watcher = asyncio.ensure_future(self._watch_disconnect(receive, live))
-            try:
-                await self._pump(send, live)
-            finally:
-                watcher.cancel()
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            await serve_live(receive, send, LiveConn(None, 1), self.config.keepalive_s)
         except OSError:
             pass
         finally:
             self.open_sse -= 1
-
-    @staticmethod
-    async def _watch_disconnect(receive: Receive, live: LiveConn) -> None:
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                live.end("client_gone")
-                return

@@ -12,6 +12,8 @@
                    a `notifications/message` (logger `mcp-lab/ledger`)
 
 A tool runs as a task of its own: the client's connection dropping does not stop it.
+`dispatch` answers every request but initialize: tools/call, tools/list, ping and
+logging/setLevel (the server declares `logging`, so it honours the client's level).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 from lab.server import ledger as L
 from lab.server.defects import Defect
 from lab.server.model import Stream
-from lab.server.state import ServerState
+from lab.server.state import LOG_LEVELS, ServerState
 from lab.wire import jsonrpc
 from lab.wire.extensions import IDEMPOTENCY_META
 
@@ -165,6 +167,33 @@ TOOLS: dict[str, Callable[[ToolCall], Awaitable[dict[str, Any]]]] = {
     "ticker": ticker,
     "ledger.append": ledger_append,
 }
+
+
+async def dispatch(state: ServerState, st: Stream, msg: jsonrpc.Message) -> jsonrpc.JsonObject:
+    """The result of a request other than initialize (ToolError for a JSON-RPC error)."""
+    assert msg.id is not None
+    params = msg.params
+    if msg.method == "tools/call":
+        name = params.get("name")
+        tool = TOOLS.get(name) if isinstance(name, str) else None
+        if tool is None:
+            raise ToolError(jsonrpc.INVALID_PARAMS, f"unknown tool {name!r}")
+        args = params.get("arguments") or {}
+        meta = params.get("_meta") or {}
+        if not isinstance(args, dict) or not isinstance(meta, dict):
+            raise ToolError(jsonrpc.INVALID_PARAMS, "arguments and _meta must be objects")
+        return await tool(ToolCall(state, st, msg.id, args, meta))
+    if msg.method == "tools/list":
+        return {"tools": TOOL_LIST}
+    if msg.method == "ping":
+        return {}
+    if msg.method == "logging/setLevel":
+        level = params.get("level")
+        if level not in LOG_LEVELS:
+            raise ToolError(jsonrpc.INVALID_PARAMS, f"level must be one of {', '.join(LOG_LEVELS)}")
+        st.session.log_level = level
+        return {}
+    raise ToolError(jsonrpc.METHOD_NOT_FOUND, f"method not found: {msg.method}")
 
 
 TOOL_LIST = [
