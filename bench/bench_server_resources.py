@@ -3,7 +3,8 @@
     python bench/bench_server_resources.py [--conns 20] [--header-mib 8] [--seconds 6] [--workers 20]
 
 1. Header flood: --conns connections each send an unfinished --header-mib MiB header and
-   stay open. Against stock uvicorn + httptools, the same with `limit_concurrency`, stock
+   stay open. Against stock uvicorn + httptools, the same with `limit_concurrency` or a
+   1 s `timeout_keep_alive`, stock
    uvicorn + h11 (its `h11_max_incomplete_event_size` defaults to 16 KiB), and `lab serve`
    (its protocol bounds the head: 431). Which of uvicorn's options bound memory, measured.
 2. Session churn: --workers clients create sessions as fast as they can and never delete
@@ -95,6 +96,8 @@ def serve_stock(kind: str) -> None:
     options: dict[str, object] = {"http": "h11" if kind == "h11" else "httptools"}
     if kind == "httptools-limit":
         options["limit_concurrency"] = 5
+    if kind == "httptools-keepalive":
+        options["timeout_keep_alive"] = 1
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -173,6 +176,11 @@ def part_header_flood(conns: int, header_mib: int) -> None:
         (
             "uvicorn httptools limit_concurrency=5",
             [sys.executable, __file__, "--serve-stock", "httptools-limit"],
+            "stock listening on ",
+        ),
+        (
+            "uvicorn httptools timeout_keep_alive=1",
+            [sys.executable, __file__, "--serve-stock", "httptools-keepalive"],
             "stock listening on ",
         ),
         (
