@@ -251,7 +251,8 @@ def test_standalone_get_carries_notifications_never_responses(mcp: Mcp) -> None:
         assert resp.status_code == 200
         note = next(events)
         msg = json.loads(note.data)
-        assert msg["method"] == "notifications/resources/updated" and "id" not in msg
+        assert msg["method"] == "notifications/message" and "id" not in msg
+        assert msg["params"]["logger"] == "mcp-lab/ledger" and msg["params"]["level"] == "info"
 
 
 def test_server_initiated_close_sends_retry_then_client_resumes(mcp: Mcp) -> None:
