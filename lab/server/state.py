@@ -61,7 +61,7 @@ class ServerState:
         self.config = config
         self.ledger = ledger
         self.names = naming(config.event_ids, config.event_id_key)
-        self.redactor = Redactor(config.ledger_key)
+        self.redactor = Redactor(config.ledger_key, cache_size=0)  # a pseudonym is made once per session
         self.sessions: dict[str, Session] = {}
         """Least recently used first (`touch` moves a session to the end)."""
         self.receipts: dict[tuple[str | None, str], str] = (

@@ -158,7 +158,10 @@ async def ledger_append(call: ToolCall) -> dict[str, Any]:
             {"receipt": receipt, "uri": f"lab://ledger/{receipt}"},
             time.time(),
         )
-    return _text(receipt, receipt=receipt, effect=effect, entry=entry)
+    # A retry is answered with the original receipt, byte for byte: whether this call
+    # performed or replayed the write is the ledger's business (`dispatches.effect`), not
+    # the answer's, so the wire shows one result per key unless a write really ran twice.
+    return _text(receipt, receipt=receipt, entry=entry)
 
 
 TOOLS: dict[str, Callable[[ToolCall], Awaitable[dict[str, Any]]]] = {

@@ -170,14 +170,14 @@ def _two_writes(srv: LiveProcess) -> list[dict[str, Any]]:
 def test_no_idempotency_performs_a_repeated_key_twice(tmp_path: Path, pristine: LiveProcess) -> None:
     with defective(tmp_path, "no-idempotency") as srv:
         first, second = _two_writes(srv)
-        assert first["receipt"] != second["receipt"] and second["effect"] == "performed"
+        assert first["receipt"] != second["receipt"]
         time.sleep(0.3)
         db = sqlite3.connect(tmp_path / "ledger.sqlite")
         performed = db.execute("SELECT COUNT(*) FROM dispatches WHERE effect='performed'").fetchone()[0]
         db.close()
         assert performed == 2
     first, second = _two_writes(pristine)
-    assert first["receipt"] == second["receipt"] and second["effect"] == "replayed"
+    assert first == second  # the original receipt, the whole answer identical
 
 
 def test_any_origin_serves_an_illegal_origin(tmp_path: Path, pristine: LiveProcess) -> None:
