@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import ssl
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -56,12 +55,16 @@ class SyncDriver(DriverBase):
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._responses: dict[int, httpx.Response] = {}
-        self._timer = threading.Thread(
-            target=self._timer_loop, name=f"timer-{core.config.client_id}", daemon=True
-        )
-        self._timer.start()
+        self._timer: threading.Thread | None = None
+        """Started by the first `call`: making a driver starts nothing, so a Locust user
+        killed while it is being built leaves no greenlet behind."""
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self._timer is None and not self._stopped:
+            self._timer = threading.Thread(
+                target=self._timer_loop, name=f"timer-{self.core.config.client_id}", daemon=True
+            )
+            self._timer.start()
         with self._lock:
             return super().call(fn, *args, **kwargs)
 
@@ -72,9 +75,7 @@ class SyncDriver(DriverBase):
 
     def stop(self) -> None:
         with self._lock:
-            if not self._stopped:
-                self._after(self.core.close_all(time.time()))  # open exchanges get their records
-            self._stopped = True
+            self._stop_core()
             for conn_id in list(self._responses):
                 self._close(conn_id)
             self._changed.notify_all()

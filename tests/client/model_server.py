@@ -20,8 +20,9 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
-from lab.client import ClientCore
+from lab.client import ClientCore, Notice, Output
 from lab.client._commands import CloseConnection, Command, Purpose, SendRequest
+from lab.wire.client_ledger import Record
 from lab.wire import jsonrpc
 from lab.wire.event_ids import CursorVerdict, EventIdCodec, message_digest, post_stream_id, session_tag
 from lab.wire.extensions import EVENT_ID_CAPABILITY, IDEMPOTENCY_META
@@ -216,11 +217,21 @@ class Link:
         self.defer_head: set[Purpose] = set()
         """Purposes whose answers wait (the request is in flight) until `deliver_head`."""
         self.deferred: dict[int, tuple[SendRequest, Reply]] = {}
+        self.records: list[Record] = []
+        """Every ledger record the core produced, in order (what a driver would write)."""
+        self.notices: list[Notice] = []
+        """Every notice the core produced, in order (what the application would read)."""
 
-    def run(self, cmds: list[Command]) -> None:
-        """Carry out commands in order; what a command's answer causes runs first (depth
-        first), and closing a connection that was not sent yet cancels its request."""
-        queue = list(cmds)
+    def take(self, out: Output) -> list[Command]:
+        """Keep an output's records and notices; its commands are to be carried out."""
+        self.records += out.records
+        self.notices += out.notices
+        return list(out.commands)
+
+    def run(self, out: Output) -> None:
+        """Carry out an output's commands in order; what a command's answer causes runs first
+        (depth first), and closing a connection that was not sent yet cancels its request."""
+        queue = self.take(out)
         cancelled: set[int] = set()
         while queue:
             cmd = queue.pop(0)
@@ -239,7 +250,7 @@ class Link:
                 continue
             if cmd.purpose in self.lose_next_response:
                 self.lose_next_response.discard(cmd.purpose)
-                queue[:0] = self.core.connection_failed(cmd.conn_id, self.now)
+                queue[:0] = self.take(self.core.connection_failed(cmd.conn_id, self.now))
                 continue
             if reply.status == 404 and cmd.header("mcp-session-id") is not None:
                 self._expect_init = True
@@ -249,10 +260,10 @@ class Link:
             key = self.core.stream_key_of(cmd.conn_id)
             if cmd.purpose is Purpose.STANDALONE and reply.stream is not None and key is not None:
                 self.standalone[key] = reply.stream
-            caused = self.core.response_head(cmd.conn_id, reply.status, list(reply.headers), self.now)
+            caused = self.take(self.core.response_head(cmd.conn_id, reply.status, list(reply.headers), self.now))
             if cmd.conn_id in self.open and reply.status != 200:
                 self.open.pop(cmd.conn_id, None)
-                caused += self.core.response_end(cmd.conn_id, self.now)
+                caused += self.take(self.core.response_end(cmd.conn_id, self.now))
             queue[:0] = caused
 
     def deliver_head(self, conn_id: int, status: int | None = None) -> None:
@@ -262,11 +273,11 @@ class Link:
         self.open[conn_id] = OpenConn(
             conn_id, cmd, list(reply.chunks) if head == 200 else [], reply.hold_open, reply.stream
         )
-        caused = self.core.response_head(conn_id, head, list(reply.headers), self.now)
+        caused = self.take(self.core.response_head(conn_id, head, list(reply.headers), self.now))
         if conn_id in self.open and head != 200:
             self.open.pop(conn_id, None)
-            caused += self.core.response_end(conn_id, self.now)
-        self.run(caused)
+            caused += self.take(self.core.response_end(conn_id, self.now))
+        self.run(Output(tuple(caused)))
 
     # -- delivery ----------------------------------------------------------------------
 

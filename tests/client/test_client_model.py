@@ -25,7 +25,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from lab.client._acceptance import ALL_CHECKS, Check, MemoryInbox
 from lab.client._commands import CallFinished, CallOutcome, Purpose
-from lab.client._core import ClientConfig, ClientCore
+from lab.client._config import ClientConfig
+from lab.client._core import ClientCore
 from lab.client._reconnect import BackoffPolicy, ReconnectBudget
 from lab.wire.client_ledger import ReconnectAttempt
 from lab.wire.event_ids import post_stream_id, session_tag
@@ -168,7 +169,7 @@ class ClientAgainstModel(RuleBasedStateMachine):
     @rule(c=clients)
     def retry_unknown(self, c: int) -> None:
         core = self.cores[c]
-        for n in core.notices:
+        for n in self.links[c].notices:
             if isinstance(n, CallFinished) and n.outcome is CallOutcome.UNKNOWN:
                 call = core.calls[n.call.operation_key]
                 if call.done:
@@ -223,8 +224,8 @@ class ClientAgainstModel(RuleBasedStateMachine):
     @invariant()
     def reconnects_within_the_budget(self) -> None:
         bins: Counter[int] = Counter()
-        for core in self.cores:
-            for r in core.records:
+        for link in self.links:
+            for r in link.records:
                 if isinstance(r, ReconnectAttempt):
                     bins[math.floor(r.sent_at)] += 1
                     assert r.sent_at - r.lost_at >= r.planned_delay - 1e-9  # never earlier than planned
