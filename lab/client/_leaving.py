@@ -17,6 +17,8 @@ from lab.client._model import Conn
 from lab.client._reconnector import EndPath, Handler, Kind, Loss, Target
 from lab.client._states import State, Trigger
 
+_WAITED_FOR = frozenset({Purpose.CALL, Purpose.RESUME})
+
 if TYPE_CHECKING:
     from lab.client._core import ClientCore
 
@@ -56,6 +58,11 @@ class Leaving:
         if standalone is not None:
             c.reconnector.end(standalone, path)
         c.streaming.abandon_all(now, reason)
+        # Calls still waiting for their answer head carry no stream yet: their outcome is
+        # decided, so close them too (a late answer must not be taken into the inbox).
+        for conn in list(c.http.live.values()):
+            if conn.purpose in _WAITED_FOR:
+                c.http.abort(conn, now, reason)
 
     # ------------------------------------------------------------------ DELETE's answer
 

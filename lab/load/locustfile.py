@@ -49,6 +49,8 @@ from lab.load.user import WORKER, McpUser, WorkerContext
 
 STOP_FILE = "stop-requested"
 """Created in the run folder by `lab run` to end the load gracefully."""
+QUIT_MESSAGE = "lab_quit"
+"""Master -> worker: the load is over, quit (see `end_the_load`)."""
 LOAD_ENDED_FILE = "load-ended.json"
 """Written by the master when the web UI's STOP ended the load (see the module docstring)."""
 SETTINGS = LoadSettings.from_env()
@@ -180,6 +182,11 @@ def _init_master(environment: Environment, runner: MasterRunner, run_dir: Path) 
         ending.append(reason or "stop_requested")
         if reason is not None:
             _write_json(run_dir / LOAD_ENDED_FILE, {"reason": reason, "at": time.time()})
+        # After a stop, Locust forgets each worker until it reports ready again (after
+        # the stop timeout), and its quit reaches only the workers it knows: tell every
+        # worker this master has heard from to quit, known now or not.
+        for worker in sorted(set(progress) | set(runner.clients.keys())):
+            runner.send_message(QUIT_MESSAGE, None, client_id=worker)
         runner.quit()
         if environment.web_ui is not None:
             environment.web_ui.stop()  # type: ignore[no-untyped-call]
@@ -220,7 +227,11 @@ def _init_worker(
         def on_budget(environment: Environment, msg: Any, **_: Any) -> None:
             budget.set_rate(float(msg.data["qps"]), time.time())
 
+        def on_quit(environment: Environment, msg: Any, **_: Any) -> None:
+            gevent.spawn(runner.quit)  # as on Locust's own quit: stop, then exit
+
         runner.register_message("lab_budget", on_budget)
+        runner.register_message(QUIT_MESSAGE, on_quit)
 
     def loop() -> None:
         for tick in range(1 << 62):

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 from lab.client import ClientCore, Notice, Output
 from lab.client._commands import CloseConnection, Command, Purpose, SendRequest
-from lab.wire.client_ledger import Record
 from lab.wire import jsonrpc
+from lab.wire.client_ledger import Record
 from lab.wire.event_ids import CursorVerdict, EventIdCodec, message_digest, post_stream_id, session_tag
 from lab.wire.extensions import EVENT_ID_CAPABILITY, IDEMPOTENCY_META
 from lab.wire.sse import encode_event
@@ -63,7 +63,7 @@ class Reply:
 
 
 class ModelServer:
-    def __init__(self, *, progress_events: int = 2, seed: int = 0) -> None:
+    def __init__(self, *, progress_events: int = 2, seed: int = 0, announce_ids: bool = True) -> None:
         self.codec = EventIdCodec(b"model-server-key" * 2)
         self.sessions: dict[str, ModelSession] = {}
         self.effects: Counter[tuple[str | None, str]] = Counter()
@@ -74,6 +74,13 @@ class ModelServer:
         self.refuse_next: list[tuple[int, str | None]] = []
         """Queued (status, Retry-After) answers for the next requests (429/503 storms)."""
         self.delete_status = 200
+        self.announce_ids = announce_ids
+        """Announce `e1` event IDs at initialize; else the client takes them as opaque."""
+        self.silent_resumes = 0
+        """The next resumptions are answered 200 with a stream that never carries anything."""
+        self.stalled_calls = 0
+        """The next calls send their priming event, then hold the stream open and send
+        nothing more (the rest is produced, and replayed to a resumption)."""
         self.rng = random.Random(seed)
         self._ids = itertools.count(1)
 
@@ -137,9 +144,10 @@ class ModelServer:
         sid = f"model-session-{next(self._ids)}-{self.rng.getrandbits(64):016x}"
         version = str(msg.params.get("protocolVersion"))
         self.sessions[sid] = ModelSession(sid, session_tag(sid), subject, version)
+        caps = {"experimental": {EVENT_ID_CAPABILITY: {"scheme": "e1"}}} if self.announce_ids else {}
         result = {
             "protocolVersion": version,
-            "capabilities": {"experimental": {EVENT_ID_CAPABILITY: {"scheme": "e1"}}},
+            "capabilities": caps,
             "serverInfo": {"name": "model", "version": "0"},
         }
         body = jsonrpc.dumps(jsonrpc.result(msg.id or 0, result)).encode()
@@ -170,6 +178,9 @@ class ModelServer:
         )
         chunks.append(self._emit(s, st, jsonrpc.dumps(resp)))
         st.complete = True
+        if self.stalled_calls:
+            self.stalled_calls -= 1
+            return Reply(200, SSE, chunks[:1], hold_open=True)
         return Reply(200, SSE, chunks)
 
     def _standalone(self, s: ModelSession) -> Reply:
@@ -183,6 +194,9 @@ class ModelServer:
         if verdict is not CursorVerdict.VALID or parsed is None or parsed.stream_id not in s.streams:
             return Reply(400, JSON, [])
         st = s.streams[parsed.stream_id]
+        if self.silent_resumes:
+            self.silent_resumes -= 1
+            return Reply(200, SSE, [], hold_open=True)
         chunks = [encode_event(d, id=e) for e, d in st.events[parsed.sequence + 1 :]]
         live = st.request_id is None
         return Reply(200, SSE, chunks, hold_open=live, stream=(s.sid, st.stream_id) if live else None)
@@ -260,7 +274,9 @@ class Link:
             key = self.core.stream_key_of(cmd.conn_id)
             if cmd.purpose is Purpose.STANDALONE and reply.stream is not None and key is not None:
                 self.standalone[key] = reply.stream
-            caused = self.take(self.core.response_head(cmd.conn_id, reply.status, list(reply.headers), self.now))
+            caused = self.take(
+                self.core.response_head(cmd.conn_id, reply.status, list(reply.headers), self.now)
+            )
             if cmd.conn_id in self.open and reply.status != 200:
                 self.open.pop(cmd.conn_id, None)
                 caused += self.take(self.core.response_end(cmd.conn_id, self.now))

@@ -328,7 +328,11 @@ def test_a_response_to_a_completed_operation_is_refused_and_never_dispatched_twi
     assert [x.dispatch_key for x in w.inbox.dispatches] == ["op:op-1"]
     # Without the correlation check the event gets in, but the outbox still dispatches once.
     unchecked = accept(w, d, late_id, stream=retry, checks=ALL_CHECKS - {Check.CORRELATION})
-    assert unchecked.accepted and unchecked.dispatch is None and unchecked.detail == "operation already dispatched"
+    assert (
+        unchecked.accepted
+        and unchecked.dispatch is None
+        and unchecked.detail == "operation already dispatched"
+    )
     assert [x.dispatch_key for x in w.inbox.dispatches] == ["op:op-1"]
 
 
