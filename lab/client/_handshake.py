@@ -212,7 +212,9 @@ class Handshake:
         c.streaming.standalone = None
         standalone = c.reconnector.get(Target.STANDALONE)
         if standalone is not None:
-            c.reconnector.end(standalone, EndPath.SESSION_LOST)
+            # A standalone stream owes nothing a cursor could replay: the one the next
+            # handshake opens brings it back (a call in flight, by contrast, is lost).
+            c.reconnector.park(standalone, Kind.REOPEN, reason)
         c.fx.notices.append(SessionLost(c.generation, now, reason, tuple(unknown)))
 
     def session_event(self, what: str, now: float, *, version: str | None = None) -> None:

@@ -225,6 +225,11 @@ class Reconnector:
         self.lost(loss.target, loss.name, now, cause, kind=nxt)
         return True
 
+    def park(self, loss: Loss, kind: Kind, cause: str) -> None:
+        """Plan nothing: something else will bring it back (then `recovered` ends it as
+        `kind` would have), e.g. the next handshake opens a new standalone stream."""
+        loss.kind, loss.cause, loss.at = kind, cause, None
+
     # ------------------------------------------------------------------ budget and attempt
 
     def next_wakeup(self) -> float | None:

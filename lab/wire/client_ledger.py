@@ -115,8 +115,10 @@ class Recovery:
            stay silent) the moment the stream was open again; None: never recovered
     path: how it got back: resumed | retried | reopened; or why it never did (with
           recovered_at None): abandoned (every attempt used up) | session_lost (the
-          session ended meanwhile: 404) | cancelled | left (the client left still
-          waiting) | client_stopped (its process quit still waiting)
+          session ended meanwhile, 404, so the call cannot complete; a standalone
+          stream instead comes back with the next session's: reopened, reinitialized)
+          | cancelled | left (the client left still waiting) | client_stopped (its
+          process quit still waiting)
     attempts: reconnect attempts made during the recovery (all kinds)
     reinitialized: a new handshake happened during the recovery.
     """

@@ -147,6 +147,22 @@ def test_a_session_lost_during_a_resumption_ends_its_recovery() -> None:
     assert finished(link)[0].outcome is CallOutcome.UNKNOWN
 
 
+def test_a_standalone_stream_lost_with_its_session_comes_back_with_the_next_one() -> None:
+    # It owes nothing a cursor could replay: the new session's stream brings it back.
+    core, server, link, _ = make()
+    (get,) = link.conns(Purpose.STANDALONE)
+    assert core.session_id is not None
+    link.push(core.session_id)
+    link.deliver(get, 2)
+    server.expire(core.session_id)
+    link.cut(get)
+    link.settle()
+    (rec,) = records(link, Recovery)
+    assert (rec.stream_key, rec.path, rec.reinitialized) == ("get:1", "reopened", True)
+    assert rec.recovered_at is not None and core.generation == 2
+    assert link.conns(Purpose.STANDALONE)  # the new session's stream is open
+
+
 def test_a_resumption_that_fails_before_its_answer_is_tried_again() -> None:
     core, _server, link, _ = make()
     conn = start_write(core, link)
