@@ -108,7 +108,10 @@ class ClientCore:
 
     def connect(self, now: float) -> Output:
         """Start the first handshake."""
-        if self.session.state is not State.REINITIALIZE_REQUIRED or self.reconnector.get(Target.SESSION):
+        if (
+            self.session.state is not State.REINITIALIZE_REQUIRED
+            or self.reconnector.get(Target.SESSION) is not None
+        ):
             raise LocalProtocolError(f"connect() in {self.session.state}")
         self.handshake.send_initialize(now)
         return self.fx.take()

@@ -1,6 +1,6 @@
 """Every state transition of the client lives in this file, as data.
 
-SPEC.md draws one diagram for a session and its streams:
+The rules the lab checks draw one diagram for a session and its streams:
 
     SESSION_ACTIVE -> STREAM_OPEN -> DISCONNECTED -> RESUME_PENDING
     RESUME_PENDING -> STREAM_OPEN | CURSOR_REJECTED | SESSION_EXPIRED
@@ -15,7 +15,7 @@ stream per POST request), so the table has two roles, as h11 has CLIENT and SERV
   (`STREAM_OPEN_REQUIRES`).
 - STREAM: one machine per stream, created in STREAM_OPEN.
 
-Additions to SPEC.md's diagram, because a working client needs them:
+Additions to that diagram, because a working client needs them:
 - INITIALIZING (SESSION): a handshake is in flight, so no second one is started.
 - CLOSED (STREAM): the stream ended normally (its response arrived, or it was cancelled).
 - DISCONNECTED -> CURSOR_REJECTED on NO_VALID_CURSOR: the client's own check of its cursor
@@ -137,7 +137,7 @@ TRANSITIONS: Mapping[Role, Mapping[State, Mapping[Trigger, State]]] = {
 INITIAL: Mapping[Role, State] = {Role.SESSION: S.REINITIALIZE_REQUIRED, Role.STREAM: S.STREAM_OPEN}
 
 STREAM_OPEN_REQUIRES = S.SESSION_ACTIVE
-"""SPEC's `SESSION_ACTIVE -> STREAM_OPEN`: a stream may be opened only in this session state."""
+"""The rules' `SESSION_ACTIVE -> STREAM_OPEN`: a stream may be opened only in this session state."""
 
 TERMINAL_STREAM_STATES = frozenset(s for s, moves in TRANSITIONS[Role.STREAM].items() if not moves)
 

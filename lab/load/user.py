@@ -4,7 +4,7 @@ builds one per simulated user.
 Locust `request` events are fired for what a person running the load wants to see in
 Locust's table: handshakes, tool calls, resumptions (with the resume latency as the
 response time) and errors — not one per SSE event, which would cost a quarter of the
-CPU (DESIGN.md).
+CPU (measured).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """An in-memory model of an MCP server, and a fake link that drives a ClientCore with it.
 
 Deliberately small and independent of the reference server: it answers the core's
-requests by the rules of SPEC.md (sessions, 400/404, streams, event IDs from the codec,
+requests by the protocol's rules (sessions, 400/404, streams, event IDs from the codec,
 replay of one stream only, idempotent writes) and records the ground truth the
 invariants are checked against: which message digest was sent on which stream of which
 session, and how many business side effects each idempotency key caused.
@@ -168,7 +168,7 @@ class ModelServer:
             note = jsonrpc.notification(jsonrpc.PROGRESS, {"progressToken": token, "progress": n + 1})
             chunks.append(self._emit(s, st, jsonrpc.dumps(note)))
         # The business side effect happens here, before the response is sent: exactly the
-        # moment SPEC.md's failure story cuts the connection.
+        # moment the lab's founding failure story cuts the connection.
         ikey = (s.subject, str(key))
         if ikey not in self.receipts:
             self.effects[ikey] += 1

@@ -1,4 +1,4 @@
-"""ClientCore against the in-memory model server: each rule of SPEC.md, one scenario each."""
+"""ClientCore against the in-memory model server: each rule of the protocol, one scenario each."""
 
 from __future__ import annotations
 
@@ -106,7 +106,7 @@ def test_a_call_completes_on_its_post_stream() -> None:
 
 
 def test_cut_after_the_write_resumes_with_last_event_id_and_writes_once() -> None:
-    """SPEC.md's failure story: the server wrote, the connection dropped before the response."""
+    """The failure the lab exists to catch: the server wrote, the connection dropped before the response."""
     core, server, link, inbox = make()
     handle, cmds = core.call_tool("ledger.append", {"x": 1}, link.now, write=True)
     link.run(cmds)

@@ -1,6 +1,6 @@
 """Model-based test: two ClientCores against the model server, with every fault at random.
 
-Invariants (SPEC.md's gates, on the ground truth of the model server):
+Invariants (the lab's gates, on the ground truth of the model server):
 - no cross-stream acceptance: every accepted message was sent by the server on the
   stream (of the session) the client filed it under;
 - no duplicate dispatch: no idempotency key caused two side effects on the server, and no
@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
+from dataclasses import asdict
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -176,6 +178,26 @@ class ClientAgainstModel(RuleBasedStateMachine):
                     self.links[c].run(core.retry_call(n.call, self.links[c].now))
                     return
 
+    # -- the ledgers, as the checker reads them ----------------------------------------
+
+    def client_ledger(self) -> dict[str, list[dict[str, Any]]]:
+        """Both clients' ledgers as rows of the tables of `mcpClientLedger.v1` (the names
+        and columns of the SQLite files: the record types' tables, plus `inbox` and
+        `outbox`), built from what the cores returned and what their inboxes hold. The
+        invariants below read it, and so can any function that checks ledgers."""
+        tables: dict[str, list[dict[str, Any]]] = {"inbox": [], "outbox": []}
+        for link in self.links:
+            for r in link.records:
+                tables.setdefault(r.table, []).append(asdict(r))
+        for inbox in self.inboxes:
+            for rec in inbox.receipts:
+                row = {k: v for k, v in asdict(rec).items() if k != "key"}
+                tables["inbox"].append({**row, **asdict(rec.key)})
+            for d in inbox.dispatches:
+                row = {k: v for k, v in asdict(d).items() if k != "key"}
+                tables["outbox"].append({**row, **asdict(d.key)})
+        return tables
+
     # -- invariants --------------------------------------------------------------------
 
     def _server_stream(self, c: int, generation: int, stream_key: str) -> tuple[str, str]:
@@ -224,11 +246,9 @@ class ClientAgainstModel(RuleBasedStateMachine):
     @invariant()
     def reconnects_within_the_budget(self) -> None:
         bins: Counter[int] = Counter()
-        for link in self.links:
-            for r in link.records:
-                if isinstance(r, ReconnectAttempt):
-                    bins[math.floor(r.sent_at)] += 1
-                    assert r.sent_at - r.lost_at >= r.planned_delay - 1e-9  # never earlier than planned
+        for r in self.client_ledger().get(ReconnectAttempt.table, []):
+            bins[math.floor(r["sent_at"])] += 1
+            assert r["sent_at"] - r["lost_at"] >= r["planned_delay"] - 1e-9  # never earlier than planned
         assert max(bins.values(), default=0) <= math.floor(BUDGET)
 
     def teardown(self) -> None:
@@ -297,3 +317,19 @@ def test_each_fault_breaks_an_invariant_of_a_client_without_checks(fault: str) -
     with pytest.raises(AssertionError):
         m.no_cross_stream_acceptance()
         m.no_duplicate_dispatch()
+
+
+def test_the_model_ledger_has_the_columns_the_checker_reads() -> None:
+    from lab.checker.schemas import CLIENT_TABLES
+
+    m = ClientAgainstModel()
+    m.connect()
+    m.call(c=0, write=True)
+    m.cut(c=0, pick=1)
+    m.advance(dt=2.5)
+    m.links[0].settle()
+    tables = m.client_ledger()
+    assert {"inbox", "outbox", "http_exchanges", "reconnects", "recoveries", "operations"} <= set(tables)
+    for name, rows in tables.items():
+        assert rows, name
+        assert set(CLIENT_TABLES[name]) <= set(rows[0]), name
