@@ -18,15 +18,18 @@ code's):
                 higher = gap: something was lost, so resume from the watermark instead);
 8. digest       the same event ID never comes with different content;
 9. message      the data parses as JSON-RPC;
-10. correlation a response ends only its own POST stream (its ID is the POST's request ID),
-                and only if its operation has not completed already (on another attempt);
-                a standalone GET stream never carries a response unless it is the
-                resumption of that POST stream; progress carries the token of the request
-                in flight on this stream; nothing comes after the response;
+10. correlation a response ends only its own POST stream (its ID is the POST's request ID):
+                a response to a request that already completed is refused, on its own
+                stream (nothing comes after the response) as on any other (another
+                request's ID); a standalone GET stream never carries a response unless it
+                is the resumption of that POST stream; progress carries the token of the
+                request in flight on this stream;
 
 then writes the inbox receipt and the business dispatch in one transaction through the
 `InboxStore`. The dispatch key of a response is the logical operation (idempotency key),
-so a late response and a retried call's response cannot both be dispatched.
+so a late response and a retried call's response cannot both be dispatched: the response
+to a new attempt (a new request) of a completed operation is taken, as that attempt's
+answer, but not dispatched again.
 
 Checks are pure; the store is the only effect, and an in-memory store (`MemoryInbox`) and
 a durable SQLite one (`lab.inbox.SqliteInbox`) implement the same protocol.
@@ -75,8 +78,6 @@ class RejectReason(enum.StrEnum):
     RESPONSE_ID_MISMATCH = "response_id_mismatch"
     PROGRESS_TOKEN_MISMATCH = "progress_token_mismatch"
     STREAM_ALREADY_ENDED = "stream_already_ended"
-    REQUEST_ALREADY_COMPLETED = "request_already_completed"
-    """A response for an operation whose response was already taken (on another attempt)."""
     # Refused by the core around the door, not by `accept_stream_event`:
     CONNECTION_ABANDONED = "connection_abandoned"
     """Read in the same chunk after the client gave up on the connection (untrusted)."""
@@ -362,9 +363,6 @@ def accept_stream_event(
         # 10: correlation.
         if Check.CORRELATION in checks:
             bad = _correlate(message, stream)
-            completed = message.kind.is_response and stream.operation_key is not None
-            if bad is None and completed and store.dispatched(_dispatch_key(message, stream, key)):
-                bad = (RejectReason.REQUEST_ALREADY_COMPLETED, "its operation was already completed")
             if bad is not None:
                 return _reject(event_id, digest, bad[0], bad[1])
         ends_stream = message.kind.is_response

@@ -108,6 +108,9 @@ class Calling:
         call = conn.call
         assert call is not None
         status = conn.status or 0
+        if call.done:
+            c.http.abort(conn, now, "call_already_finished")  # cancelled before its answer came
+            return
         if status == 200:
             if conn.sse:
                 structured = c.structured_ids and c.tag is not None

@@ -315,24 +315,28 @@ def test_a_resumed_post_stream_may_carry_its_response_on_get() -> None:
     assert a.accepted and a.ends_stream
 
 
-def test_a_response_to_a_completed_operation_is_refused_and_never_dispatched_twice() -> None:
+def test_late_response_is_received_but_not_dispatched_twice() -> None:
     w = world()
     first = response(RID)
     feed_ok(w, (first, eid(1, first)))
     # A retry of the same operation (new request 8, same idempotency key) gets its response too.
     retry = StreamView("post:8", 8, 8, "op-1", post_stream_id(TAG, 8))
     d = response(8)
-    late_id = CODEC.mint(TAG, 0, retry.server_stream_id or "", 1, d)
-    late = accept(w, d, late_id, stream=retry)
-    assert late.reason is RejectReason.REQUEST_ALREADY_COMPLETED and late.dispatch is None
+    late = accept(w, d, CODEC.mint(TAG, 0, retry.server_stream_id or "", 1, d), stream=retry)
+    assert late.accepted and late.dispatch is None and late.detail == "operation already dispatched"
     assert [x.dispatch_key for x in w.inbox.dispatches] == ["op:op-1"]
-    # Without the correlation check the event gets in, but the outbox still dispatches once.
-    unchecked = accept(w, d, late_id, stream=retry, checks=ALL_CHECKS - {Check.CORRELATION})
-    assert (
-        unchecked.accepted
-        and unchecked.dispatch is None
-        and unchecked.detail == "operation already dispatched"
-    )
+
+
+def test_a_response_to_a_request_that_already_completed_is_refused_wherever_it_comes() -> None:
+    w = world(structured=False)  # opaque IDs: a fresh ID says nothing
+    first = response(RID)
+    feed_ok(w, (first, "a-1"))
+    done = replace(w.post, ended=True)
+    again = accept(w, first, "a-2", stream=done)
+    assert again.reason is RejectReason.STREAM_ALREADY_ENDED
+    other = StreamView("post:8", 8, 8, "op-2", None)
+    elsewhere = accept(w, first, "a-3", stream=other)
+    assert elsewhere.reason is RejectReason.RESPONSE_ID_MISMATCH
     assert [x.dispatch_key for x in w.inbox.dispatches] == ["op:op-1"]
 
 

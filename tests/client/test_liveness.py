@@ -219,3 +219,19 @@ def test_an_output_is_the_only_channel() -> None:
     link.run(out)
     link.settle()
     assert len(link.records) > before and core.fx.take() == Output()
+
+
+def test_a_completed_operation_run_again_completes_and_is_dispatched_once() -> None:
+    # Its new request's response is that attempt's answer: taken, never dispatched twice.
+    # (Refusing it would leave the attempt waiting for a response that cannot come.)
+    core, server, link, inbox = make()
+    handle, out = core.call_tool("ledger.append", {"x": 1}, link.now, write=True)
+    link.run(out)
+    link.settle()
+    link.run(core.retry_call(handle, link.now))
+    link.settle()
+    assert [f.outcome for f in finished(link)] == [CallOutcome.OK, CallOutcome.OK]
+    assert [d.dispatch_key for d in inbox.dispatches if d.dispatch_key.startswith("op:")] == [
+        f"op:{handle.operation_key}"
+    ]
+    assert sum(server.effects.values()) == 1 and core.next_wakeup() is None
