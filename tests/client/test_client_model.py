@@ -6,7 +6,9 @@ Invariants (the lab's gates, on the ground truth of the model server):
 - no duplicate dispatch: no idempotency key caused two side effects on the server, and no
   message was dispatched twice by a client;
 - every 404 to a request carrying a session ID is followed by a new initialize without one;
-- reconnect attempts of the process never exceed the shared budget in any 1-second bin.
+- reconnect attempts of the process never exceed the shared budget in any 1-second bin;
+- liveness (at the end): with the faults over, every call ends, even one whose resumed
+  stream stayed silent or whose stream stalled after its priming event.
 
 And `test_the_invariants_catch_a_client_without_checks` shows the invariants are not
 hollow: the same machine, with the acceptance checks switched off, is caught.
@@ -59,6 +61,8 @@ class ClientAgainstModel(RuleBasedStateMachine):
                     auth_subject=f"user{i}",
                     backoff=BackoffPolicy(0.1, 1.0),
                     max_attempts=6,
+                    resume_silence_s=2.0,
+                    stream_idle_s=4.0,
                     checks=self.checks,
                 ),
                 inbox=self.inboxes[i],
@@ -154,6 +158,16 @@ class ClientAgainstModel(RuleBasedStateMachine):
     )
     def storm(self, status: int, retry_after: str | None, n: int) -> None:
         self.server.refuse_next += [(status, retry_after)] * n
+
+    @rule(n=st.integers(1, 3))
+    def silent_resumptions(self, n: int) -> None:
+        """The next resumptions are answered with a stream that never carries anything."""
+        self.server.silent_resumes += n
+
+    @rule()
+    def stalled_call(self) -> None:
+        """The next call's stream sends its priming event, then nothing, held open."""
+        self.server.stalled_calls += 1
 
     @rule(c=clients)
     def push_notification(self, c: int) -> None:
