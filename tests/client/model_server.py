@@ -320,15 +320,16 @@ class Link:
                 if conn.stream == (sid, stream_id):
                     conn.chunks.append(chunk)
 
-    def settle(self, max_steps: int = 10_000) -> None:
-        """Deliver everything, and run timers, until nothing is left to do."""
+    def settle(self, max_steps: int = 10_000, *, patience: float | None = None) -> None:
+        """Deliver everything, and run timers, until nothing is left to do (or nothing
+        will happen within `patience` seconds of model time)."""
         for _ in range(max_steps):
             busy = [c for c in self.open.values() if c.chunks or not c.hold_open]
             if busy:
                 self.deliver(busy[0].conn_id)
                 continue
             wake = self.core.next_wakeup()
-            if wake is None:
+            if wake is None or (patience is not None and wake - self.now > patience):
                 return
             self.advance_to(wake)
         raise AssertionError("link did not settle")

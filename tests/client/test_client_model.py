@@ -38,6 +38,9 @@ from lab.wire.redact import Redactor
 from tests.client.model_server import Link, ModelServer
 
 BUDGET = 4.0
+PATIENCE = 600.0
+"""Liveness: with the faults over, nothing a client waits for may be more than this many
+seconds (of model time) away."""
 T0 = 1_800_000_000.0
 
 clients = st.integers(0, 1)
@@ -47,6 +50,8 @@ conn_pick = st.integers(0, 7)
 class ClientAgainstModel(RuleBasedStateMachine):
     checks: frozenset[Check] = ALL_CHECKS
     store_guards = True
+    silence_bound = 2.0
+    """`resume_silence_s`; `stream_idle_s` is twice as long."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -61,8 +66,8 @@ class ClientAgainstModel(RuleBasedStateMachine):
                     auth_subject=f"user{i}",
                     backoff=BackoffPolicy(0.1, 1.0),
                     max_attempts=6,
-                    resume_silence_s=2.0,
-                    stream_idle_s=4.0,
+                    resume_silence_s=self.silence_bound,
+                    stream_idle_s=2 * self.silence_bound,
                     checks=self.checks,
                 ),
                 inbox=self.inboxes[i],
@@ -269,7 +274,7 @@ class ClientAgainstModel(RuleBasedStateMachine):
         # Liveness: with the faults over, every call ends, and writes happened at most once.
         self.server.refuse_next.clear()
         for link in self.links:
-            link.settle()
+            link.settle(patience=PATIENCE)
         for core in self.cores:
             assert all(call.done or call.queued for call in core.calls.values())
 
@@ -347,3 +352,22 @@ def test_the_model_ledger_has_the_columns_the_checker_reads() -> None:
     for name, rows in tables.items():
         assert rows, name
         assert set(CLIENT_TABLES[name]) <= set(rows[0]), name
+
+
+class ClientWithoutSilenceBounds(ClientAgainstModel):
+    """The same client, bounds so long that silence is waited out forever."""
+
+    silence_bound = 2 * PATIENCE
+
+
+def test_liveness_catches_a_client_that_waits_for_a_silent_stream() -> None:
+    for machine in (ClientAgainstModel, ClientWithoutSilenceBounds):
+        m = machine()
+        m.connect()
+        m.stalled_call()
+        m.call(c=0, write=True)
+        if machine is ClientAgainstModel:
+            m.teardown()  # the stalled stream is given up on, resumed, and the call ends
+        else:
+            with pytest.raises(AssertionError):
+                m.teardown()
