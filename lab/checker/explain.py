@@ -49,3 +49,10 @@ def at(t: Any, origin: float | None) -> str:
 
 def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def short_reason(reason: object, limit: int = 160) -> str:
+    """The first line of run.json's end_reason, cut to `limit` characters (an `error: …`
+    reason can hold a whole usage message; report.json keeps it whole)."""
+    first = str(reason or "unknown").strip().splitlines()[0] if reason else "unknown"
+    return first if len(first) <= limit else first[: limit - 1] + "…"

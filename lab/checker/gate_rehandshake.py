@@ -170,7 +170,19 @@ def _tap_cross_check(ctx: Context, ex: pd.DataFrame) -> list[str]:
     other = j[pd.to_numeric(j["status"], errors="coerce") != 404]
     if not len(other):
         return []
-    sample = ", ".join(f"{r.client_id}:{r.conn_id} ({r.status})" for r in other.head(3).itertuples())
+    sample = ", ".join(
+        f"{r.client_id}:{r.conn_id} ({_recorded(r.status)})" for r in other.head(3).itertuples()
+    )
     return [
         f"the tap saw {len(other)} session 404(s) that the client ledger records otherwise or not at all: {sample}"
     ]
+
+
+def _recorded(status: object) -> str:
+    """How the client ledger records a request's status, in words (never pandas' `nan`)."""
+    number = pd.to_numeric(pd.Series([status]), errors="coerce").iloc[0]
+    if not present(status):
+        return "not in the client ledger"
+    if pd.isna(number):
+        return f"status {status!r}"
+    return f"recorded as {int(number)}"

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from lab.checker.judge import judge_dir
 from lab.checker.model import Attribution, GateResult, RunReport, Verdict
-from lab.checker.run import check_dir
 from lab.wire.event_ids import message_digest
 from tests.checker.builders import T0, Event, Sim, Stream, clean_run
 
 
 def check(sim: Sim, tmp_path: Path, **write: bool) -> RunReport:
-    _, report = check_dir(sim.write(tmp_path / "run", **write))
+    _, report = judge_dir(sim.write(tmp_path / "run", **write))
     return report
 
 
@@ -281,7 +281,7 @@ def test_gate2_same_dedup_key_twice_across_worker_files(tmp_path: Path) -> None:
     other = connect(run_dir / "clients" / "worker-2.sqlite")
     other.execute(f"INSERT INTO inbox VALUES ({','.join('?' * len(row))})", row)
     other.close()
-    _, report = check_dir(run_dir)
+    _, report = judge_dir(run_dir)
     g = gate(report, "duplicate_dispatch")
     assert g.verdict is Verdict.FAIL and g.measured["inbox_duplicate"] == 1
     (w,) = g.witnesses
