@@ -23,10 +23,10 @@ The API (everything else is internal):
     wire.py      what the server did wrong on the wire, whatever the clients did
     liveness.py  calls that never got an outcome, throughput collapses
     faults.py    faults fired per kind; not_applicable.py faults the target refused
-    judge.py     runs the gates, gives the run's verdict
+    verdict.py   runs the gates, gives the run's verdict
 """
 
-from lab.checker.judge import judge, judge_dir
 from lab.checker.records import gate_check, judge_records, run_data_from_records
+from lab.checker.verdict import judge, judge_dir
 
 __all__ = ["gate_check", "judge", "judge_dir", "judge_records", "run_data_from_records"]

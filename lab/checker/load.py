@@ -177,7 +177,12 @@ def _open_ro(path: Path) -> sqlite3.Connection:
 
 def _quick_check(db: sqlite3.Connection, rel: str) -> None:
     """Refuse a file with any damaged page (b-tree structure, cell bounds, row order)."""
-    rows = db.execute("PRAGMA quick_check").fetchall()
+    try:
+        rows = db.execute("PRAGMA quick_check").fetchall()
+    except sqlite3.DatabaseError as e:
+        if "not a database" in str(e):
+            raise  # not SQLite at all: said as such by the caller
+        raise LedgerError(rel, f"is damaged (PRAGMA quick_check: {_why(e)})") from e
     if rows != [("ok",)]:
         first = " ".join(str(rows[0][0]).split()) if rows else "no answer"
         raise LedgerError(rel, f"is damaged (PRAGMA quick_check: {first[:200]})")

@@ -8,7 +8,7 @@ gates, so the property tests and `lab report` judge by the same code:
 
     data = run_data_from_records(run={"budgets": {...}}, client=core_records,
                                  inbox=receipts, outbox=dispatches, tap=tap_records)
-    report = judge(data)                       # the whole verdict (lab.checker.judge)
+    report = judge(data)                       # the whole verdict (lab.checker.verdict)
     result = gate_check(data, gate_cross_stream)  # or one gate's GateResult
 
 Every row is shaped exactly as its ledger (docs/ledgers.md) and goes through the same
@@ -33,9 +33,9 @@ import pandas as pd
 from lab.checker import schemas
 from lab.checker.context import Context, parse_budgets
 from lab.checker.jsonl import LINE, LedgerError
-from lab.checker.judge import judge, run_gate
 from lab.checker.load import RunData, as_object_strings, check_numeric
 from lab.checker.model import GateResult, RunReport, SourceInfo
+from lab.checker.verdict import judge, run_gate
 
 IN_MEMORY = Path("<memory>")
 

@@ -12,10 +12,10 @@ import pytest
 
 from lab.checker.context import Context, parse_budgets
 from lab.checker.jsonl import LINE, LedgerError, read_jsonl
-from lab.checker.judge import judge_dir, run_gate
 from lab.checker.load import load_run
 from lab.checker.model import Verdict
 from lab.checker.schemas import TAP_RECORDS, TAP_SCHEMA
+from lab.checker.verdict import judge_dir, run_gate
 from tests.checker.builders import clean_run
 
 
@@ -204,3 +204,100 @@ def test_a_bad_line_number_is_exact(tmp_path: Path) -> None:
     path.write_text(f"{good}\n{good}\n{good}\n{{\n{good}\n", encoding="utf-8")
     with pytest.raises(LedgerError, match=r"^t.jsonl: line 4 is not JSON"):
         read_jsonl(path, "t.jsonl", TAP_RECORDS, TAP_SCHEMA)
+
+
+def _bigger_run(tmp_path: Path) -> Path:
+    """A clean run whose ledgers span many pages (so 'the middle' is a data page)."""
+    run = clean_run()
+    for _ in range(30):
+        run.sim.notify(run.get_a, 20)
+    return run.sim.write(tmp_path / "run")
+
+
+def _scribble(path: Path, offset: int, size: int = 4096, seed: int = 1) -> None:
+    """Write `size` random bytes at `offset`, leaving the SQLite header (first 100 bytes) intact."""
+    import random
+
+    assert offset >= 100
+    data = bytearray(path.read_bytes())
+    data[offset : offset + size] = random.Random(seed).randbytes(size)[: len(data) - offset]
+    path.write_bytes(bytes(data))
+
+
+def _middle_index_page(path: Path) -> int:
+    """The byte offset of the index page nearest the middle of a SQLite file: a page that
+    reading the tables never touches (a full scan reads only the table b-trees)."""
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    try:
+        size = db.execute("PRAGMA page_size").fetchone()[0]
+        indexes = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        pages = [p for name, p in db.execute("SELECT name, pageno FROM dbstat") if name in indexes]
+    except sqlite3.OperationalError as e:
+        pytest.skip(f"this SQLite has no dbstat table to find an index page with ({e})")
+    finally:
+        db.close()
+    middle = path.stat().st_size // size // 2
+    return (min(pages, key=lambda p: abs(p - middle)) - 1) * int(size)
+
+
+def test_random_bytes_in_the_middle_of_a_client_ledger_make_the_run_inconclusive(tmp_path: Path) -> None:
+    run_dir = _bigger_run(tmp_path)
+    assert set(_verdicts(run_dir).values()) == {Verdict.PASS}  # pristine: a pass
+    ledger = run_dir / "clients" / "worker-1.sqlite"
+    # 4 KiB of random bytes over one index page in the middle (header intact): every table
+    # still reads, which is how such damage used to pass unseen.
+    _scribble(ledger, _middle_index_page(ledger), 4096)
+    _, report = judge_dir(run_dir)
+    (problem,) = report.problems
+    assert problem.path == "clients/worker-1.sqlite"
+    assert problem.message.startswith("is damaged (PRAGMA quick_check: ")
+    assert "\n" not in problem.message
+    assert report.verdict is Verdict.INCONCLUSIVE
+
+
+@pytest.mark.parametrize("ledger", ["clients/worker-1.sqlite", "server/ledger.sqlite"])
+def test_damaged_inner_pages_give_one_line_and_exit_2_never_a_traceback(tmp_path: Path, ledger: str) -> None:
+    import subprocess
+    import sys
+
+    run_dir = _bigger_run(tmp_path)
+    path = run_dir / ledger
+    size = path.stat().st_size
+    for n, at in enumerate(range(4096, size, 4096 * 3)):  # every third page after the first
+        _scribble(path, at, 512, seed=n)
+    lab = Path(sys.executable).with_name("lab")
+    done = subprocess.run(
+        [str(lab), "report", str(run_dir), "--no-figures"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    (line,) = [x for x in done.stderr.splitlines() if ledger in x]
+    assert line.startswith(f"lab report: evidence unreadable: {ledger}: ")
+
+
+def test_a_sqlite_error_raised_by_pandas_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # pandas wraps sqlite3's errors in its own DatabaseError, with the whole query in the
+    # text; whatever depth raises it, the file is refused with SQLite's own one line.
+    import pandas as pd
+
+    from lab.checker import load
+
+    run_dir = _run(tmp_path)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        import sqlite3
+
+        try:
+            raise sqlite3.DatabaseError("database disk image is malformed")
+        except sqlite3.DatabaseError as e:
+            raise pd.errors.DatabaseError("Execution failed on sql 'SELECT ...': boom") from e
+
+    monkeypatch.setattr(load.pd, "read_sql_query", broken)
+    _, report = judge_dir(run_dir)
+    messages = {p.path: p.message for p in report.problems}
+    assert messages["clients/worker-1.sqlite"] == (
+        "is not a readable SQLite database (database disk image is malformed)"
+    )
+    assert report.verdict is Verdict.INCONCLUSIVE
