@@ -239,7 +239,8 @@ def _middle_index_page(path: Path) -> int:
     finally:
         db.close()
     middle = path.stat().st_size // size // 2
-    return (min(pages, key=lambda p: abs(p - middle)) - 1) * int(size)
+    offset: int = (min(pages, key=lambda p: abs(p - middle)) - 1) * int(size)
+    return offset
 
 
 def test_random_bytes_in_the_middle_of_a_client_ledger_make_the_run_inconclusive(tmp_path: Path) -> None:
@@ -282,8 +283,6 @@ def test_a_sqlite_error_raised_by_pandas_is_one_line(tmp_path: Path, monkeypatch
     # text; whatever depth raises it, the file is refused with SQLite's own one line.
     import pandas as pd
 
-    from lab.checker import load
-
     run_dir = _run(tmp_path)
 
     def broken(*args: object, **kwargs: object) -> None:
@@ -294,7 +293,7 @@ def test_a_sqlite_error_raised_by_pandas_is_one_line(tmp_path: Path, monkeypatch
         except sqlite3.DatabaseError as e:
             raise pd.errors.DatabaseError("Execution failed on sql 'SELECT ...': boom") from e
 
-    monkeypatch.setattr(load.pd, "read_sql_query", broken)
+    monkeypatch.setattr(pd, "read_sql_query", broken)
     _, report = judge_dir(run_dir)
     messages = {p.path: p.message for p in report.problems}
     assert messages["clients/worker-1.sqlite"] == (
