@@ -29,7 +29,7 @@ from typing import Any
 import pandas as pd
 
 from lab.checker.context import Context
-from lab.checker.explain import at, plural, row_of, short
+from lab.checker.explain import at, client_ref, plural, row_of, server_ref, short
 from lab.checker.load import MissingInput
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 from lab.checker.streams import stream_truth
@@ -162,7 +162,8 @@ def _server_witness(group: dict[str, Any], ctx: Context) -> Witness:
     first = rows.iloc[0]
     fields = row_of(first, ["idempotency_key", "auth_subject", "tool", "session", "request_id", "at"])
     fields["performed"] = len(rows)
-    return Witness("server_performed_twice", text, Attribution.SERVER, fields)
+    refs = [r for _, row in rows.head(4).iterrows() for r in server_ref("dispatches", row)]
+    return Witness("server_performed_twice", text, Attribution.SERVER, fields, tuple(refs))
 
 
 def _same_write_new_key(dispatches: pd.DataFrame) -> list[dict[str, Any]]:
@@ -198,7 +199,8 @@ def _rekeyed_witness(group: dict[str, Any], ctx: Context) -> Witness:
     fields = row_of(rows.iloc[0], ["auth_subject", "tool", "arguments_digest", "session", "request_id", "at"])
     fields["keys"] = ", ".join(str(k) for k in keys)
     fields["performed"] = len(rows)
-    return Witness("same_write_under_new_key", text, Attribution.CLIENT, fields)
+    refs = [r for _, row in rows.head(4).iterrows() for r in server_ref("dispatches", row)]
+    return Witness("same_write_under_new_key", text, Attribution.CLIENT, fields, tuple(refs))
 
 
 def _client_over_sent(outbox: pd.DataFrame, sent: pd.DataFrame) -> list[dict[str, Any]]:
@@ -248,13 +250,14 @@ def _inbox_duplicates(inbox: pd.DataFrame) -> list[dict[str, Any]]:
     key = ["client_id", "session_generation", "stream_key", "event_id", "message_digest"]
     dup = inbox[inbox.duplicated(key, keep=False)]
     out: list[dict[str, Any]] = []
-    for values, rows in dup.groupby(key, sort=False):
+    for values, rows in dup.groupby(key, sort=False, dropna=False):
         out.append({"key": dict(zip(key, values, strict=True)), "rows": rows})
     out.sort(key=lambda g: float(g["rows"]["accepted_at"].min()))
     return out
 
 
 def _inbox_witness(group: dict[str, Any], ctx: Context) -> Witness:
+    files = ctx.data.client_files
     k = group["key"]
     rows = group["rows"]
     text = (
@@ -263,7 +266,8 @@ def _inbox_witness(group: dict[str, Any], ctx: Context) -> Witness:
         f"{at(rows['accepted_at'].min(), ctx.origin)}: the dedup key must admit one"
     )
     fields = {name: row_of(rows.iloc[0], [name])[name] for name in k} | {"receipts": len(rows)}
-    return Witness("inbox_duplicate", text, Attribution.CLIENT, fields)
+    refs = [r for _, row in rows.head(4).iterrows() for r in client_ref(files, "inbox", row)]
+    return Witness("inbox_duplicate", text, Attribution.CLIENT, fields, tuple(refs))
 
 
 def _writes_retried(ctx: Context) -> int:

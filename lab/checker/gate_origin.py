@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from lab.checker.context import Context
-from lab.checker.explain import at, present, row_of
+from lab.checker.explain import at, fault_refs, present, row_of, server_ref, tap_ref
 from lab.checker.load import MissingInput
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 
@@ -111,13 +111,15 @@ def _witness(r: pd.Series, source: str, ctx: Context) -> Witness:
             f"{origin!r}{how} and was answered {status}, not 403"
         )
         fields = row_of(r, ["flow", "t", "conn", "method", "origin_in", "origin_out", "status", "session"])
+        refs = tap_ref(r) + fault_refs(f.get("decision") for f in faults if isinstance(f, dict))
     else:
         text = (
             f"a {r['method']} by {r['conn']} arrived {at(r['at'], ctx.origin)} with the illegal Origin "
             f"{r['origin']!r} and the server answered {status}, not 403"
         )
         fields = row_of(r, ["at", "conn", "method", "origin", "status", "reason", "session"])
-    return Witness("not_rejected", text, Attribution.SERVER, fields)
+        refs = server_ref("requests", r)
+    return Witness("not_rejected", text, Attribution.SERVER, fields, tuple(refs))
 
 
 def _disagreements(ctx: Context, tap_illegal: pd.DataFrame) -> list[str]:

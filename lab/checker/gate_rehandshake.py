@@ -29,14 +29,23 @@ from typing import Any
 import pandas as pd
 
 from lab.checker.context import Context, split_conn
-from lab.checker.explain import at, present, row_of
+from lab.checker.explain import at, client_ref, present, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 
 GATE = "missing_rehandshake"
 NUMBER = 3
 TITLE = "404 without a new handshake"
 
-NEXT_COLUMNS = ["conn_id", "purpose", "method", "carried_session", "session_generation", "started_at"]
+NEXT_COLUMNS = [
+    "conn_id",
+    "purpose",
+    "method",
+    "carried_session",
+    "session_generation",
+    "started_at",
+    "_src",
+    "_rowid",
+]
 
 
 def check(ctx: Context) -> GateResult:
@@ -49,7 +58,7 @@ def check(ctx: Context) -> GateResult:
     # merge_asof refuses null keys; an exchange without times cannot be placed anyway.
     lost = ex[is_404].dropna(subset=["ended_at"]).sort_values("ended_at", kind="stable")
     following = (
-        ex[["client_id", *NEXT_COLUMNS]]
+        ex[["client_id", *(c for c in NEXT_COLUMNS if c in ex.columns)]]
         .dropna(subset=["started_at"])
         .sort_values("started_at", kind="stable")
     )
@@ -152,8 +161,10 @@ def _witness(r: pd.Series, ctx: Context) -> Witness:
     fields = row_of(
         r, ["client_id", "conn_id", "purpose", "method", "session_generation", "started_at", "ended_at"]
     )
-    fields |= row_of(r, [f"next_{c}" for c in NEXT_COLUMNS])
-    return Witness("no_rehandshake", text, Attribution.CLIENT, fields)
+    fields |= row_of(r, [f"next_{c}" for c in NEXT_COLUMNS if not c.startswith("_")])
+    files = ctx.data.client_files
+    refs = client_ref(files, "http_exchanges", r) + client_ref(files, "http_exchanges", r, prefix="next_")
+    return Witness("no_rehandshake", text, Attribution.CLIENT, fields, tuple(refs))
 
 
 def _tap_cross_check(ctx: Context, ex: pd.DataFrame) -> list[str]:

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from lab.checker.context import Context
-from lab.checker.explain import at, row_of
+from lab.checker.explain import at, client_ref, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 
 GATE = "resume_p99"
@@ -131,4 +131,5 @@ def _witness(r: pd.Series, budget: float, ctx: Context) -> Witness:
         ],
     )
     fields["latency_s"] = None if math.isinf(latency) else latency
-    return Witness("slow_recovery", text, Attribution.UNATTRIBUTED, fields)
+    refs = client_ref(ctx.data.client_files, "recoveries", r)
+    return Witness("slow_recovery", text, Attribution.UNATTRIBUTED, fields, tuple(refs))

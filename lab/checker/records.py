@@ -33,7 +33,7 @@ import pandas as pd
 from lab.checker import schemas
 from lab.checker.context import Context, parse_budgets
 from lab.checker.jsonl import LINE, LedgerError
-from lab.checker.load import RunData, as_object_strings, check_numeric
+from lab.checker.load import ROWID, RunData, as_object_strings, check_numeric
 from lab.checker.model import GateResult, RunReport, SourceInfo
 from lab.checker.verdict import judge, run_gate
 
@@ -71,6 +71,8 @@ def _frame(rows: Iterable[Any], columns: tuple[str, ...], what: str) -> pd.DataF
     for name in frame.columns:
         if frame[name].dtype == bool:
             frame[name] = frame[name].astype("int64")  # SQLite has no booleans: 0/1 as a file holds
+    if ROWID not in frame.columns:
+        frame[ROWID] = range(1, len(frame) + 1)  # as SQLite numbers the rows of a fresh table
     return as_object_strings(frame)
 
 

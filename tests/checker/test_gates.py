@@ -3,6 +3,7 @@ gate fails that gate (and only that gate) with the right witness and attribution
 
 from __future__ import annotations
 
+import io
 import json
 import sqlite3
 from pathlib import Path
@@ -364,6 +365,16 @@ def test_gate3_tap_sees_the_old_session_on_the_next_request(tmp_path: Path) -> N
     assert "the tap saw it carry the expired session" in g.witnesses[0].explanation
 
 
+def test_gate3_a_tap_404_the_client_ledger_lacks_is_said_in_words_not_nan(tmp_path: Path) -> None:
+    sim = clean_run().sim
+    sim.request("a", "call", "POST", 404, stream_key="post:20")
+    sim.client_rows["http_exchanges"].pop()  # the client never wrote it down
+    sim.tick(0.05)
+    sim.initialize("a")
+    (note,) = gate(check(sim, tmp_path), "missing_rehandshake").notes
+    assert "(not in the client ledger)" in note and "nan" not in note
+
+
 # ---------------------------------------------------------------------------- gate 4
 
 
@@ -518,3 +529,42 @@ def test_a_violation_fails_even_with_thin_evidence(tmp_path: Path) -> None:
     report = check(sim, tmp_path)
     assert gate(report, "duplicate_dispatch").verdict is Verdict.FAIL
     assert report.verdict is Verdict.FAIL  # fail outranks inconclusive
+
+
+# ---------------------------------------------------------------------------- raw evidence
+
+
+def test_witnesses_point_at_their_raw_rows_and_report_html_links_them(tmp_path: Path) -> None:
+    from lab.report.evidence import raw_rows
+    from lab.report.outputs import report_run
+
+    run = clean_run()
+    sim = run.sim
+    sim.dispatch("b", "op-b-7", 4, "performed")
+    sim.dispatch("b", "op-b-7", 5, "performed")
+    sim.request(
+        "b",
+        "call",
+        "POST",
+        200,
+        origin="http://evil.example",
+        faults=[{"fault": "origin_rewrite", "rule": "r", "decision": "d_00000000000000aa"}],
+    )
+    run_dir = sim.write(tmp_path / "run")
+    _, report = judge_dir(run_dir)
+    (dup,) = gate(report, "duplicate_dispatch").witnesses
+    assert dup.refs == ("server/ledger.sqlite#dispatches/3", "server/ledger.sqlite#dispatches/4")
+    (origin,) = gate(report, "illegal_origin").witnesses
+    assert origin.refs[1] == "fault:d_00000000000000aa"
+    raw = raw_rows(run_dir, [*dup.refs, *origin.refs])
+    assert json.loads(raw[dup.refs[1]])["request_id"] == "5"
+    tap_line = json.loads(raw[origin.refs[0]])
+    assert tap_line["type"] == "flow" and tap_line["origin_out"] == "http://evil.example"
+    assert raw["fault:d_00000000000000aa"].startswith(f"{origin.refs[0]}: ")
+
+    report_run(run_dir, witness_limit=5, figures=False, quiet=True, out=io.StringIO(), err=io.StringIO())
+    page = (run_dir / "report.html").read_text(encoding="utf-8")
+    anchor = "ev-server-ledger-sqlite-dispatches-4"
+    assert f'href="#{anchor}"' in page and f'<dt id="{anchor}">' in page
+    doc = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
+    assert doc["gates"][1]["witnesses"][0]["refs"] == list(dup.refs)
