@@ -156,6 +156,19 @@ TAP_RECORDS: dict[str, tuple[str, ...]] = {
     "fault": ("t", "fault", "rule", "decision", "flow", "detail"),
     # A fault plan that became active (or could not be used); read, not judged.
     "plan": ("t", "source", "digest", "error"),
+    # The answer to a tool call as the server sent it (gate 2 from the wire): a digest of
+    # its result, per (auth subject, idempotency key).
+    "result": (
+        "flow",
+        "t",
+        "session",
+        "auth",
+        "jsonrpc_id",
+        "idempotency_key",
+        "tool",
+        "is_error",
+        "result_digest",
+    ),
 }
 
 NEMESIS_RECORDS: dict[str, tuple[str, ...]] = {
@@ -163,6 +176,9 @@ NEMESIS_RECORDS: dict[str, tuple[str, ...]] = {
     "proxy_deleted": ("t", "proxy"),
     "toxic_added": ("t", "proxy", "toxic", "kind"),
     "toxic_removed": ("t", "proxy", "toxic", "kind"),
+    # What became of each add or remove the schedule asked for; a removal that failed or
+    # whose outcome is unknown means the toxic's window never closed.
+    "toxic_outcome": ("t", "proxy", "toxic", "kind", "action", "outcome"),
 }
 
 # Fields that must be numbers wherever they are not null (a string there means the file

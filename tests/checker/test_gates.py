@@ -87,10 +87,12 @@ def test_gate1_server_sends_an_event_of_another_stream(tmp_path: Path) -> None:
     ev = sim.send(run.post_b, json.dumps({"jsonrpc": "2.0", "method": "x"}), minted_for=run.get_b)
     report = check(sim, tmp_path)
     assert only_failing(report) == ["cross_stream"]
-    (w,) = gate(report, "cross_stream").witnesses
-    assert w.attribution is Attribution.SERVER
-    assert w.row["event_id"] == ev.event_id
-    assert "the server itself sent it" in w.explanation
+    # The server sent it off its home (its own violation), and the client accepted it.
+    server, client = gate(report, "cross_stream").witnesses
+    assert (server.check, server.attribution) == ("sent_off_home", Attribution.SERVER)
+    assert server.row["event_id"] == client.row["event_id"] == ev.event_id
+    assert (client.check, client.attribution) == ("not_sent_on_stream", Attribution.CLIENT)
+    assert "the server itself sent it" in client.explanation
 
 
 def test_gate1_resumption_replays_another_streams_events(tmp_path: Path) -> None:
@@ -102,9 +104,10 @@ def test_gate1_resumption_replays_another_streams_events(tmp_path: Path) -> None
     replayed = sim.send(run.post_b, json.dumps({"jsonrpc": "2.0", "method": "g"}), minted_for=run.get_b)
     report = check(sim, tmp_path)
     assert only_failing(report) == ["cross_stream"]
-    (w,) = gate(report, "cross_stream").witnesses
-    assert w.attribution is Attribution.SERVER and w.row["event_id"] == replayed.event_id
-    assert "resumption GET" in w.explanation
+    server, client = gate(report, "cross_stream").witnesses
+    assert server.attribution is Attribution.SERVER and server.row["event_id"] == replayed.event_id
+    assert "resumption GET" in server.explanation and str(server.row["home"]).endswith(run.get_b.stream_id)
+    assert client.attribution is Attribution.CLIENT and client.row["event_id"] == replayed.event_id
 
 
 def test_gate1_response_to_another_request_on_a_post_stream(tmp_path: Path) -> None:
@@ -118,8 +121,9 @@ def test_gate1_response_to_another_request_on_a_post_stream(tmp_path: Path) -> N
     g = gate(report, "cross_stream")
     assert g.verdict is Verdict.FAIL
     assert g.measured["response_on_wrong_stream"] == 1 and g.measured["not_sent_on_stream"] == 0
-    (w,) = g.witnesses
-    assert w.check == "response_on_wrong_stream" and w.attribution is Attribution.SERVER
+    server, client = g.witnesses
+    assert server.check == "response_to_another_request" and server.attribution is Attribution.SERVER
+    assert client.check == "response_on_wrong_stream" and client.attribution is Attribution.CLIENT
 
 
 def test_gate1_events_the_tap_missed_are_taken_from_the_server_ledger(tmp_path: Path) -> None:
@@ -206,8 +210,9 @@ def test_gate1_opaque_ids_resumption_carrying_another_streams_events(tmp_path: P
     sim.resend(post, pending)  # the server replays a GET event on the POST's resumption
     g = gate(check(sim, tmp_path, server=False), "cross_stream")
     assert g.verdict is Verdict.FAIL
-    (w,) = g.witnesses
-    assert w.row["event_id"] == pending.event_id and w.attribution is Attribution.SERVER
+    server, client = g.witnesses
+    assert server.row["event_id"] == pending.event_id and server.attribution is Attribution.SERVER
+    assert server.check == "sent_off_home" and client.attribution is Attribution.CLIENT
 
 
 # ---------------------------------------------------------------------------- gate 2
