@@ -18,8 +18,10 @@ and 404s the tap saw on a client's connection that the client ledger records wit
 another status are listed in the notes. A 404 after which the client made no request at
 all is counted (`no_next_request`), not a violation.
 
-Evidence: 404s to session-carrying requests >= min_404; client ledgers readable.
-Attribution: client.
+Evidence: 404s to session-carrying requests >= max(1, min_404) (zero 404s is never a
+pass, whatever the scenario); client ledgers readable; and when the scenario's
+`kill_session` fault was refused by the target (every DELETE it sent answered 405), the
+gate is inconclusive for that reason, said plainly. Attribution: client.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import pandas as pd
 from lab.checker.context import Context, split_conn
 from lab.checker.explain import at, client_ref, present, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
+from lab.checker.not_applicable import kill_session_refused
 
 GATE = "missing_rehandshake"
 NUMBER = 3
@@ -81,16 +84,24 @@ def check(ctx: Context) -> GateResult:
     count = len(bad)
     no_next = int((joined["outcome"] == "no_next_request").sum()) if len(joined) else 0
     budget = ctx.budgets.missing_rehandshake_max
+    need = max(1, ctx.budgets.min_404)  # zero 404s is no evidence, whatever the scenario
     evidence = [
         ctx.events_evidence(),
-        Evidence(
-            "404s to requests with a session",
-            ctx.budgets.min_404,
-            len(lost),
-            len(lost) >= ctx.budgets.min_404,
-        ),
+        Evidence("404s to requests with a session", need, len(lost), len(lost) >= need),
         *ctx.client_evidence(),
     ]
+    refused, accepted = kill_session_refused(ctx.data)
+    if refused and not accepted:
+        evidence.append(
+            Evidence(
+                "kill_session applicable",
+                True,
+                False,
+                False,
+                f"the target answered 405 to all {refused} DELETE(s) kill_session sent: it does not let "
+                "clients end sessions, so the fault meant to cause these 404s is not applicable",
+            )
+        )
     notes = _tap_cross_check(ctx, ex)
     return GateResult(
         number=NUMBER,
@@ -98,7 +109,7 @@ def check(ctx: Context) -> GateResult:
         title=TITLE,
         verdict=decide(count > budget, evidence),
         summary=f"{count} of {len(lost)} session 404s not followed by a new initialize (budget {budget})",
-        budget={"missing_rehandshake_max": budget, "min_404": ctx.budgets.min_404},
+        budget={"missing_rehandshake_max": budget, "min_404": need},
         measured={
             "session_404s": len(lost),
             "rehandshaken": int((joined["outcome"] == "initialize").sum()) if len(joined) else 0,

@@ -98,7 +98,7 @@ def test_per_session_numbering_with_different_content_passes(tmp_path: Path) -> 
 
 
 def test_identical_broadcast_content_under_per_session_ids_passes(tmp_path: Path) -> None:
-    sim, post_a, post_b = _two_sessions(per_session_ids=True)
+    sim, _, _ = _two_sessions(per_session_ids=True)
     get_a, get_b = sim.open_get("a"), sim.open_get("b")
     for n in range(3):
         same = json.dumps({"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"n": n}})
@@ -203,7 +203,8 @@ def test_a_pristine_replay_in_order_after_the_cursor_passes(tmp_path: Path) -> N
     sim.respond(post_b)
     g = _gate1(sim, tmp_path)
     assert g.verdict is Verdict.PASS, [w.explanation for w in g.witnesses]
-    assert g.measured["server_by_check"] == dict.fromkeys(g.measured["server_by_check"], 0)
+    by_check = g.measured["server_by_check"]
+    assert isinstance(by_check, dict) and set(by_check.values()) == {0}
 
 
 # ---------------------------------------------------------------------------- gate 2 from the wire
@@ -242,7 +243,8 @@ def test_a_retry_that_gets_the_original_receipt_passes_gate_2_from_the_wire(tmp_
     g = _gate2(_write_retried(second_result='{"receipt": "r-1"}'), tmp_path)
     # No server ledger: the evidence (a key answered twice, the side effects visible) is the tap's.
     assert g.verdict is Verdict.PASS, [(e.name, e.detail) for e in g.evidence if not e.ok]
-    assert g.measured["wire_different_results"] == 0 and g.measured["writes_retried"] >= 1
+    retried = g.measured["writes_retried"]
+    assert g.measured["wire_different_results"] == 0 and isinstance(retried, int) and retried >= 1
 
 
 def test_an_error_answer_is_not_a_second_result(tmp_path: Path) -> None:
