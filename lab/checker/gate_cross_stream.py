@@ -10,7 +10,7 @@ digest) is checked against what the server sent (`lab.checker.streams`: the tap'
   got as the plain JSON body of its own POST (no SSE, no ID) is legitimate when it came
   on the connection of that very POST.
 - `response_on_wrong_stream`: a JSON-RPC response (or error) accepted on `post:<rid>`
-  whose id is not rid, or on a standalone `get:<n>` stream (SPEC: a response may only
+  whose id is not rid, or on a standalone `get:<n>` stream (a response may only
   end the POST stream it belongs to).
 
 A receipt whose stream key maps to no logical stream (the tap has no flow for that

@@ -1,4 +1,4 @@
-"""Gate 5 — resume latency p99 (budget: resume_p99_s, SPEC.md: < 5 s).
+"""Gate 5 — resume latency p99 (budget: resume_p99_s, by default < 5 s).
 
 Per client `recoveries` row: latency = recovered_at - lost_at (seconds: loss detected ->
 next accepted event on the resumed stream, or completion by a retry, re-handshakes

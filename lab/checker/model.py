@@ -98,7 +98,7 @@ class Evidence:
 @dataclass(frozen=True, slots=True)
 class GateResult:
     number: int
-    """1..6, the order of SPEC.md's gate table."""
+    """1..6, the order of the gate table (docs/report.md)."""
     gate: str
     """Stable identifier: cross_stream, duplicate_dispatch, missing_rehandshake,
     illegal_origin, resume_p99, reconnect_qps."""

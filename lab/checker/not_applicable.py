@@ -1,7 +1,7 @@
 """Faults the target made impossible to apply, said plainly rather than counted as fired.
 
 - `kill_session`: the proxy ends a session by sending a real `DELETE` with its ID. A
-  target that answers 405 does not let clients end sessions (SPEC: 405 is not a
+  target that answers 405 does not let clients end sessions (405 is not a
   deletion receipt), so no session was ended: the fault is not applicable, and gate 3
   has no 404 it could have caused (it is then inconclusive for that reason).
   Evidence: tap `fault` records `{"fault": "kill_session", "detail": {"delete_status": 405, …}}`.

@@ -69,7 +69,7 @@ def judge(data: RunData, *, witness_limit: int = 5, started: float | None = None
     problems = list(data.problems)
     if data.run is not None and budgets.defaulted:
         problems.append(
-            Problem("run.json", f"budgets missing, SPEC.md defaults used: {', '.join(budgets.defaulted)}")
+            Problem("run.json", f"budgets missing, the defaults used: {', '.join(budgets.defaulted)}")
         )
     run = run_info(data)
     unfinished = unfinished_reason(data.run)

@@ -96,7 +96,7 @@ def test_gate1_server_sends_an_event_of_another_stream(tmp_path: Path) -> None:
 
 
 def test_gate1_resumption_replays_another_streams_events(tmp_path: Path) -> None:
-    # SPEC's failure: the client resumes its POST stream and the server replays the
+    # The failure the lab exists to catch: the client resumes its POST stream and the server replays the
     # events of the standalone GET stream on it; the client files them under post:2.
     run = clean_run()
     sim = run.sim
