@@ -128,7 +128,9 @@ def _load_run_json(data: RunData) -> None:
     path = data.run_dir / rel
     if not path.exists():
         data.sources.append(SourceInfo(rel, "run", schemas.RUN_SCHEMA, "missing"))
-        data.problems.append(Problem(rel, "missing: budgets fall back to the defaults, and the run cannot pass"))
+        data.problems.append(
+            Problem(rel, "missing: budgets fall back to the defaults, and the run cannot pass")
+        )
         return
     try:
         run = json.loads(path.read_text(encoding="utf-8"))
