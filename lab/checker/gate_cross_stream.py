@@ -40,6 +40,7 @@ import pandas as pd
 
 from lab.checker.context import Context, in_keys, text_ids, text_key
 from lab.checker.explain import at, client_ref, present, row_of, short
+from lab.checker.load import ROWID, SOURCE
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 from lab.checker.streams import StreamTruth, client_sessions, stream_truth
 from lab.checker.wire import CHECKS, describe_flow, server_sends, server_witness
@@ -172,7 +173,8 @@ def check(ctx: Context) -> GateResult:
 
 
 def _receipts(ctx: Context, inbox: pd.DataFrame, truth: StreamTruth) -> pd.DataFrame:
-    r = inbox.loc[inbox["kind"] != "priming", RECEIPT_COLUMNS].reset_index(drop=True)
+    where = [c for c in (SOURCE, ROWID) if c in inbox.columns]  # for the witnesses' refs
+    r = inbox.loc[inbox["kind"] != "priming", [*RECEIPT_COLUMNS, *where]].reset_index(drop=True)
     r["receipt"] = np.arange(len(r))
     r["session_generation"] = r["session_generation"].astype("int64")
     r["conn_id"] = r["conn_id"].astype("Int64")

@@ -81,6 +81,8 @@ def test_a_client_that_accepts_a_foreign_replay_is_also_in_violation(tmp_path: P
     server, client = g.witnesses
     assert server.attribution is Attribution.SERVER and client.attribution is Attribution.CLIENT
     assert client.check == "not_sent_on_stream" and client.row["event_id"] == leaked.event_id
+    (ref,) = client.refs
+    assert ref.startswith("clients/worker-1.sqlite#inbox/")
 
 
 def test_per_session_numbering_with_different_content_passes(tmp_path: Path) -> None:
