@@ -157,6 +157,7 @@ def liveness_lines(doc: Mapping[str, Any]) -> list[str]:
         lines.append(
             f"throughput collapsed from T+{c['start_s']:.0f} s to T+{c['end_s']:.0f} s: "
             f"{c['throughput']} answered requests and events in {c['seconds']:.0f} s while "
-            f"{c['active_clients']} clients were active (typical {c['typical_per_bin']} per {c['bin_s']:.0f} s)"
+            f"{c['active_clients']} clients were active (typical {c['typical_per_bin']:g} per {c['bin_s']:.0f} s)"
         )
+    lines += [str(n) for n in live.get("notes") or []]
     return lines

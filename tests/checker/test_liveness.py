@@ -199,3 +199,19 @@ def test_the_liveness_and_not_applicable_faults_reach_every_output(tmp_path: Pat
     page = (run_dir / "report.html").read_text(encoding="utf-8")
     assert 'id="liveness"' in page and "Not applicable to this target" in page
     assert Attribution.UNATTRIBUTED.value in page
+
+
+def test_a_toxic_whose_removal_failed_is_a_window_that_never_closed(tmp_path: Path) -> None:
+    sim = clean_run().sim
+    outcome = {"type": "toxic_outcome", "proxy": "mcp", "toxic": "lat1", "kind": "latency", "detail": None}
+    sim.nemesis.append({**outcome, "t": sim.tick(), "action": "add", "outcome": "ok"})
+    sim.nemesis.append({**outcome, "t": sim.tick(), "action": "remove", "outcome": "ok"})
+    sim.nemesis.append({"type": "brand_new_record", "t": sim.tick()})  # unknown types are skipped
+    report = _judge(sim, tmp_path, "closed")
+    assert report.liveness is not None and report.liveness.notes == ()
+    assert any("brand_new_record" in n for n in report.notes) and report.verdict is Verdict.PASS
+    sim.nemesis.append({**outcome, "t": sim.tick(), "action": "remove", "outcome": "unknown"})
+    report = _judge(sim, tmp_path, "open")
+    assert report.liveness is not None
+    (note,) = report.liveness.notes
+    assert "toxic lat1 (latency) on proxy mcp: its removal unknown" in note and "never closed" in note
