@@ -16,7 +16,8 @@ and recoveries; the server ledger holds sessions, streams, dispatches and reques
 Then, side by side:
 - read only: `pandas.read_json(lines=True)` of the tap and `pandas.read_sql_query` of
   every table of every SQLite file (what "pandas reading the ledgers" costs);
-- check: `lab.checker.judge.judge_dir` — the checker's own loading plus all six gates
+- check: `lab.checker.judge_dir` — the checker's own loading (with `PRAGMA quick_check` of every
+  SQLite ledger) plus all six gates, the wire checks and liveness
   (no figures, no files written), with the time per gate.
 Prints figures; asserts nothing (machines are noisy).
 """
@@ -41,8 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lab.checker.context import Context, parse_budgets  # noqa: E402
-from lab.checker.judge import GATES, judge, run_gate  # noqa: E402
 from lab.checker.load import load_run  # noqa: E402
+from lab.checker.verdict import GATES, judge, run_gate  # noqa: E402
 from lab.inbox import connect  # noqa: E402
 from lab.wire.client_ledger import RECORD_TYPES  # noqa: E402
 

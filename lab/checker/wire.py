@@ -56,7 +56,8 @@ def server_sends(ctx: Context) -> pd.DataFrame:
 
 
 def message_kinds(ctx: Context) -> pd.DataFrame:
-    """digest -> kind, jsonrpc_id (text), one row per digest."""
+    """digest -> kind, jsonrpc_id (text), one row per digest, for the responses and errors
+    (the only kinds the checks need: anything not listed is not a response)."""
     return ctx.cached("message_kinds", lambda: _message_kinds(ctx))
 
 
@@ -84,8 +85,8 @@ def _message_kinds(ctx: Context) -> pd.DataFrame:
         )
     if not parts:
         return pd.DataFrame(columns=["digest", "kind", "jsonrpc_id"])
-    out = pd.concat(parts, ignore_index=True)
-    out = out[out["kind"].notna() & out["digest"].notna()].drop_duplicates("digest")
+    out = pd.concat([p[p["kind"].isin(RESPONSE_KINDS)] for p in parts], ignore_index=True)
+    out = out[out["digest"].notna()].drop_duplicates("digest")
     out["jsonrpc_id"] = text_ids(out["jsonrpc_id"])
     return out.reset_index(drop=True)
 
@@ -144,20 +145,15 @@ def _before_cursor(truth: StreamTruth, candidates: np.ndarray) -> tuple[np.ndarr
     resumptions = flows[flows["resumption"]]
     if not len(resumptions):
         return np.zeros(len(sent), dtype=bool), np.full(len(sent), np.nan)
-    # The cursor event: its first send in the resumption's session.
-    firsts = sent[sent["event_id"].notna() & (sent["order"] == sent["home_order"])]
-    key = firsts["session"].astype(str) + "\0" + firsts["event_id"].astype(str)
-    cursor_home = pd.Series(firsts["home"].to_numpy(dtype=object), index=key.to_numpy())
-    cursor_rank = pd.Series(firsts["home_order"].to_numpy(dtype="int64"), index=key.to_numpy())
-    cursor_home = cursor_home[~cursor_home.index.duplicated()]
-    cursor_rank = cursor_rank[~cursor_rank.index.duplicated()]
-    rkey = resumptions["session"].astype(str) + "\0" + resumptions["last_event_id_out"].astype(str)
-    by_flow_home = pd.Series(
-        rkey.map(cursor_home).to_numpy(dtype=object), index=resumptions["flow"].to_numpy()
+    # The cursor event: its first send in the resumption's session (few cursors: filter first).
+    cursors = set(resumptions["last_event_id_out"].dropna())
+    firsts = sent[sent["event_id"].isin(cursors) & (sent["order"] == sent["home_order"])]
+    firsts = firsts.drop_duplicates(["session", "event_id"])[["session", "event_id", "home", "home_order"]]
+    found = resumptions[["flow", "session", "last_event_id_out"]].merge(
+        firsts, left_on=["session", "last_event_id_out"], right_on=["session", "event_id"], how="left"
     )
-    by_flow_rank = pd.Series(
-        rkey.map(cursor_rank).to_numpy(dtype="float64"), index=resumptions["flow"].to_numpy()
-    )
+    by_flow_home = pd.Series(found["home"].to_numpy(dtype=object), index=found["flow"].to_numpy())
+    by_flow_rank = pd.Series(found["home_order"].to_numpy(dtype="float64"), index=found["flow"].to_numpy())
     home = sent["flow"].map(by_flow_home)
     rank = sent["flow"].map(by_flow_rank).to_numpy(dtype="float64")
     before = candidates & home.notna().to_numpy() & (sent["home"] == home).to_numpy()
