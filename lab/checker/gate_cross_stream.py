@@ -132,6 +132,11 @@ def check(ctx: Context) -> GateResult:
         sample = receipts[status == "unverifiable"].head(3)
         keys = ", ".join(f"{r.client_id} {r.stream_key} {r.event_id}" for r in sample.itertuples())
         notes.append(f"{unverifiable} receipt(s) could not be verified (e.g. {keys})")
+    if truth.shared_ids:
+        notes.append(
+            f"the server's event IDs are per session ({truth.shared_ids} ID(s) sent live in several "
+            "sessions): replays are judged within their own session, not across sessions"
+        )
     by_check = server_bad["check"].value_counts()
     summary = (
         f"{len(bad)} of {len(receipts)} non-priming receipts accepted on a stream they do not belong to, "
@@ -158,6 +163,7 @@ def check(ctx: Context) -> GateResult:
             "foreign_session_replays": int(server_bad["foreign"].astype(bool).sum())
             if len(server_bad)
             else 0,
+            "ids_shared_across_sessions": truth.shared_ids,
             "crossings_injected": crossings,
             "rejected_events": rejected["total"],
             "rejected_by_reason": rejected["by_reason"],

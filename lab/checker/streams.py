@@ -17,10 +17,11 @@ From the proxy tap (preferred; it is the truth before any fault):
   stream on which the server first sent that (event ID, digest) in this session (IDs
   need only be unique in a session, so live sends in two sessions of one ID, even with
   equal content, are each at home) — unless that first send in this session is itself a
-  replay (on a resumption flow) of an event another session was sent earlier: then its
-  home is that other session's stream, looked up across all sessions (a foreign replay,
-  as a server with one event store for every session makes); for an event without ID,
-  the logical stream of its flow.
+  replay (on a resumption flow) of an event another session was sent earlier, and the
+  server's IDs are globally unique (no ID live in two sessions, as a server with one
+  event store for every session must mint them): then its home is that other session's
+  stream, looked up across all sessions (a foreign replay); for an event without ID, the
+  logical stream of its flow.
 From the server ledger: `streams` gives the logical stream of each opening connection,
 `events_sent` the events (home from the `e1` ID, else its `stream_id`). With both, the
 events are the tap's plus those only the server ledger has (`tap+server`).
@@ -69,6 +70,9 @@ class StreamTruth:
     flows: pd.DataFrame
     sent: pd.DataFrame
     stream_map: pd.DataFrame
+    shared_ids: int = 0
+    """Opaque event IDs the server sent live in two or more sessions (per-session IDs):
+    then no replay is judged foreign by its ID across sessions."""
 
     @property
     def from_tap(self) -> bool:
@@ -211,6 +215,11 @@ def _from_tap(ctx: Context) -> StreamTruth:
         & (sessions[safe_fg] != sessions)
         & (safe_fg < safe_fs)
     )
+    live_sessions = _live_sessions_per_id(sent, ids & ~on_resumption)
+    shared_ids = int(pd.Series(sent["event_id"].to_numpy(dtype=object)[live_sessions > 1]).nunique())
+    # Per-session IDs (some ID live in two sessions): an identical (ID, content) in another
+    # session says nothing about where an event belongs, so homes stay within the session.
+    foreign &= (live_sessions <= 1) & (shared_ids == 0)
     definer = np.where(foreign, safe_fg, np.where(ids, safe_fs, sent["order"].to_numpy()))
 
     logical = base
@@ -237,7 +246,7 @@ def _from_tap(ctx: Context) -> StreamTruth:
     sent["client_id"] = _take(flows["client_id"], sent_flow_pos, sent.index)
     sent["send_key"] = _send_keys(sent)
     sent = sent.drop(columns=["stream_id"])
-    return StreamTruth("tap", flows, sent, _stream_map_tap(ctx, flows))
+    return StreamTruth("tap", flows, sent, _stream_map_tap(ctx, flows), shared_ids)
 
 
 def _first_sends(sent: pd.DataFrame, has_id: pd.Series) -> tuple[pd.Series, pd.Series]:
@@ -252,6 +261,21 @@ def _first_sends(sent: pd.DataFrame, has_id: pd.Series) -> tuple[pd.Series, pd.S
         full_s[ids] = order[_first_of(rows["session"], rows["event_id"], rows["digest"])]
         full_g[ids] = order[_first_of(rows["event_id"], rows["digest"])]
     return pd.Series(full_s, index=sent.index), pd.Series(full_g, index=sent.index)
+
+
+def _live_sessions_per_id(sent: pd.DataFrame, live: np.ndarray) -> np.ndarray:
+    """For each row, in how many sessions the server sent its event ID live (not on a
+    resumption). An ID one session's live traffic alone uses is globally unique (as the
+    IDs of a server with one event store for all sessions must be); per-session counters
+    are live in many sessions, and a replay under such an ID is never read as foreign."""
+    out = np.zeros(len(sent), dtype="int64")
+    if not live.any():
+        return out
+    ids = sent["event_id"].to_numpy(dtype=object)
+    pairs = pd.DataFrame({"event_id": ids[live], "session": sent["session"].to_numpy(dtype=object)[live]})
+    counts = pairs.drop_duplicates().groupby("event_id", sort=False).size()
+    found: np.ndarray = pd.Series(ids).map(counts).fillna(0).to_numpy(dtype="int64")
+    return found
 
 
 def _first_of(*columns: pd.Series) -> np.ndarray:
@@ -353,11 +377,11 @@ def _with_server_events(tap: StreamTruth, server: StreamTruth) -> StreamTruth:
         ~in_keys(_key(server.sent["session"], server.sent["event_id"], server.sent["digest"]), seen)
     ]
     if not len(extra):
-        return StreamTruth("tap+server", tap.flows, tap.sent, tap.stream_map)
+        return StreamTruth("tap+server", tap.flows, tap.sent, tap.stream_map, tap.shared_ids)
     # No tap flow carried it (as far as the tap knows), and it has no place in the tap's order.
     extra = extra.assign(flow=None, first_flow=None, order=-1, home_order=-1)
     sent = pd.concat([tap.sent, extra[tap.sent.columns]], ignore_index=True)
-    return StreamTruth("tap+server", tap.flows, sent, tap.stream_map)
+    return StreamTruth("tap+server", tap.flows, sent, tap.stream_map, tap.shared_ids)
 
 
 # ---------------------------------------------------------------------------- server only

@@ -118,6 +118,20 @@ def test_identical_broadcast_content_under_per_session_ids_passes(tmp_path: Path
     assert g.measured["server_violations"] == 0
 
 
+def test_an_event_first_sent_on_a_resumption_equal_to_another_sessions_passes(tmp_path: Path) -> None:
+    # Per-session IDs, identical content (a ticker's progress with per-session tokens):
+    # b was disconnected when its event 5 was made, so the server first sends it on b's
+    # resumption; a had been sent its own event 5, equal in ID and content, live before.
+    sim, post_a, post_b = _two_sessions(per_session_ids=True)
+    same = json.dumps({"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 5}})
+    sim.send(post_a, same)
+    sim.cut_and_resume(post_b)
+    sim.send(post_b, same)
+    g = _gate1(sim, tmp_path)
+    assert g.verdict is Verdict.PASS, [w.explanation for w in g.witnesses]
+    assert g.measured["ids_shared_across_sessions"] == 4 and "per session" in g.notes[0]  # 1..4 in both
+
+
 def test_a_replay_of_events_at_or_before_the_cursor_is_a_server_violation(tmp_path: Path) -> None:
     sim, post_a, _ = _two_sessions()
     early = sim.send(post_a, _msg("early"))
