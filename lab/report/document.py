@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from lab import __version__
-from lab.checker.model import GateResult, JsonValue, RunReport
+from lab.checker.model import GateResult, JsonValue, Liveness, RunReport
 
 REPORT_SCHEMA = "mcpLabReport.v1"
 
@@ -52,6 +51,7 @@ def gate_document(g: GateResult) -> dict[str, JsonValue]:
                 "explanation": w.explanation,
                 "attribution": str(w.attribution),
                 "row": clean(w.row),
+                "refs": list(w.refs),
             }
             for w in g.witnesses
         ],
@@ -80,9 +80,9 @@ def document(report: RunReport, figures: Sequence[Mapping[str, str]] = ()) -> di
             "target": run.target,
             "fault_windows": [{"fault": f, "start": s, "end": e} for f, s, e in run.fault_windows],
         },
-        "incomplete": run.complete is False,
+        "incomplete": report.incomplete,
         "verdict": str(report.verdict),
-        "exit_code": report.verdict.exit_code,
+        "exit_code": int(report.verdict.exit_code),
         "event_count": report.event_count,
         "event_count_source": report.event_count_source,
         "budgets": dict(report.budgets),
@@ -99,7 +99,11 @@ def document(report: RunReport, figures: Sequence[Mapping[str, str]] = ()) -> di
                 for f in report.faults
             ],
             "never_fired": list(report.faults_never_fired),
+            "not_applicable": [
+                {"fault": n.fault, "reason": n.reason, "count": n.count} for n in report.faults_not_applicable
+            ],
         },
+        "liveness": liveness_document(report.liveness, run.started_at),
         "inputs": [
             {
                 "path": s.path,
@@ -125,5 +129,31 @@ def document(report: RunReport, figures: Sequence[Mapping[str, str]] = ()) -> di
     return cleaned
 
 
-def write(path: Path, doc: Mapping[str, JsonValue]) -> None:
-    path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+def liveness_document(live: Liveness | None, origin: float | None) -> dict[str, Any] | None:
+    if live is None:
+        return None
+    zero = origin or 0.0
+    return {
+        "calls_without_outcome": live.calls_without_outcome,
+        "clients_stuck": list(live.clients_stuck),
+        "collapses": [
+            {
+                "start": c.start,
+                "end": c.end,
+                "start_s": c.start - zero,
+                "end_s": c.end - zero,
+                "seconds": c.end - c.start,
+                "throughput": c.throughput,
+                "active_clients": c.active_clients,
+                "typical_per_bin": c.typical_per_bin,
+                "bin_s": c.bin_s,
+            }
+            for c in live.collapses
+        ],
+        "notes": list(live.notes),
+    }
+
+
+def dumps(doc: Mapping[str, JsonValue]) -> str:
+    """report.json's text: strict JSON (no NaN or infinity), indented."""
+    return json.dumps(doc, indent=2, allow_nan=False) + "\n"

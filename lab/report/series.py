@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from lab.checker import liveness
 from lab.checker.gate_reconnect import per_second
 from lab.checker.load import RunData
 
@@ -53,36 +54,11 @@ def events_per_second(data: RunData) -> tuple[pd.Series, str]:
 
 
 def active_clients(data: RunData) -> pd.Series:
-    """Clients with at least one request open (a stream or a call) during each second.
-
-    Each client's exchanges [started_at, ended_at] are merged into disjoint busy
-    intervals; a client counts once in every 1 s bin one of its intervals touches, however
-    many connections it has open (a request of 5 ms counts for its second).
-    """
+    """Clients with at least one request open during each second (the checker's own count,
+    `lab.checker.liveness.active_clients`, which its collapse detection uses)."""
     if data.client is None or "http_exchanges" in data.client_tables_absent:
         return pd.Series(dtype="int64")
-    x = data.client["http_exchanges"][["client_id", "started_at", "ended_at"]].dropna()
-    if not len(x):
-        return pd.Series(dtype="int64")
-    x = x.sort_values(["client_id", "started_at"], kind="stable")
-    reach = x.groupby("client_id", sort=False)["ended_at"].cummax()
-    previous = reach.groupby(x["client_id"], sort=False).shift()
-    starts_new = previous.isna() | (x["started_at"] > previous)
-    interval = starts_new.cumsum()
-    busy = x.groupby(interval).agg(
-        client_id=("client_id", "first"), start=("started_at", "min"), end=("ended_at", "max")
-    )
-    first = np.floor(busy["start"].to_numpy(dtype="float64")).astype("int64")
-    last = np.maximum(np.floor(busy["end"].to_numpy(dtype="float64")).astype("int64"), first)
-    lengths = last - first + 1
-    # Every (client, second) an interval touches: first, first+1, ..., last per interval.
-    offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    seconds = np.repeat(first, lengths) + offsets
-    clients = np.repeat(busy["client_id"].to_numpy(dtype=object), lengths)
-    touched = pd.DataFrame({"client_id": clients, "second": seconds}).drop_duplicates()
-    counts = touched.groupby("second").size()
-    full = np.arange(int(counts.index.min()), int(counts.index.max()) + 1, dtype="int64")
-    return counts.reindex(full, fill_value=0).astype("int64")
+    return liveness.active_clients(data.client["http_exchanges"])
 
 
 def reconnects_per_second(data: RunData) -> pd.Series:

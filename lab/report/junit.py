@@ -3,6 +3,8 @@
 pass -> a plain test case; fail -> `<failure>` whose text lists the witnesses;
 inconclusive -> `<error type="inconclusive">` (not `<skipped>`: a gate that could not be
 decided must not look green in CI, as in the MCP conformance suite's "could not test").
+An incomplete run adds a test case `run complete` with `<error type="incomplete">`, so
+six green gates of an interrupted run never read as a pass.
 Rendered from the report.json document.
 """
 
@@ -15,17 +17,19 @@ from typing import Any
 
 def render(doc: Mapping[str, Any]) -> str:
     gates = doc["gates"]
+    incomplete = bool(doc.get("incomplete"))
     failures = sum(1 for g in gates if g["verdict"] == "fail")
-    errors = sum(1 for g in gates if g["verdict"] == "inconclusive")
+    errors = sum(1 for g in gates if g["verdict"] == "inconclusive") + int(incomplete)
+    tests = len(gates) + int(incomplete)
     seconds = f"{doc['checker']['check_seconds']:.3f}"
     suites = ET.Element(
-        "testsuites", name="lab report", tests=str(len(gates)), failures=str(failures), errors=str(errors)
+        "testsuites", name="lab report", tests=str(tests), failures=str(failures), errors=str(errors)
     )
     suite = ET.SubElement(
         suites,
         "testsuite",
         name=f"lab.gates.{doc['run']['run_id']}",
-        tests=str(len(gates)),
+        tests=str(tests),
         failures=str(failures),
         errors=str(errors),
         skipped="0",
@@ -62,5 +66,10 @@ def render(doc: Mapping[str, Any]) -> str:
             node.text = "\n".join(details)
         else:
             ET.SubElement(case, "system-out").text = "\n".join(details)
+    if incomplete:
+        case = ET.SubElement(suite, "testcase", classname="lab.run", name="run complete", time="0")
+        reason = doc["run"].get("end_reason") or "unknown"
+        node = ET.SubElement(case, "error", message=f"the run is incomplete ({reason})", type="incomplete")
+        node.text = "The run did not finish: its ledgers stop early and it cannot pass."
     ET.indent(suites)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suites, encoding="unicode") + "\n"

@@ -1,4 +1,4 @@
-"""The dashboards' time series and the isolation of figure failures."""
+"""The report's time series and figures: the isolation of figure failures."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from dashboards.figures import FIGURES, FigureSpec, draw_all
-from dashboards.series import active_clients, events_per_second
 from lab.checker.context import Budgets
 from lab.checker.load import RunData, load_run
+from lab.report.figures import FIGURES, FigureSpec, draw_all
+from lab.report.series import active_clients, events_per_second
 from tests.checker.builders import T0, clean_run
 
 
@@ -52,8 +52,8 @@ def test_a_figure_that_fails_does_not_stop_the_others(tmp_path: Path) -> None:
         raise ValueError("no axes for you")
 
     specs = (FigureSpec("broken", "fig-broken.png", "Broken", broken), *FIGURES)
-    written, errors = draw_all(data, tmp_path, specs)
-    assert errors == ["figure fig-broken.png: ValueError: no axes for you"]
+    written, errors, unwritten = draw_all(data, tmp_path, specs)
+    assert errors == ["figure fig-broken.png: ValueError: no axes for you"] and unwritten == []
     assert [f["file"] for f in written] == [s.file for s in FIGURES]
     assert not (tmp_path / "fig-broken.png").exists()
     assert all((tmp_path / s.file).stat().st_size > 1000 for s in FIGURES)

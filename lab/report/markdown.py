@@ -8,7 +8,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-VERDICT_MARK = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE"}
+from lab.report.html import banner, liveness_lines
+
+VERDICT_MARK = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "incomplete": "INCOMPLETE"}
 
 
 def _cell(text: Any) -> str:
@@ -24,26 +26,16 @@ def gate_table(doc: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def short_reason(reason: object, limit: int = 160) -> str:
-    """The first line of run.json's end_reason, cut to `limit` characters (an `error: …`
-    reason can hold a whole usage message; report.json keeps it whole)."""
-    first = str(reason or "unknown").strip().splitlines()[0] if reason else "unknown"
-    return first if len(first) <= limit else first[: limit - 1] + "…"
-
-
 def incomplete_banner(doc: Mapping[str, Any]) -> str | None:
-    if not doc.get("incomplete"):
-        return None
-    reason = short_reason(doc["run"].get("end_reason"))
-    return f"INCOMPLETE RUN (end_reason: {reason}): the run was interrupted; its ledgers stop early."
+    return banner(doc)
 
 
 def render(doc: Mapping[str, Any]) -> str:
     run = doc["run"]
     out = [f"# lab report — {run['run_id']}", ""]
-    banner = incomplete_banner(doc)
-    if banner:
-        out += [f"> **{banner}**", ""]
+    text = banner(doc)
+    if text:
+        out += [f"> **{text}**", ""]
     events = doc["event_count"]
     out.append(
         f"**Verdict: {VERDICT_MARK[doc['verdict']]}** (exit {doc['exit_code']}) · scenario {run.get('scenario') or '?'}"
@@ -55,6 +47,9 @@ def render(doc: Mapping[str, Any]) -> str:
         )
     )
     out += ["", gate_table(doc), ""]
+    live = liveness_lines(doc)
+    if live:
+        out += ["## Liveness", ""] + [f"- {line}" for line in live] + [""]
     for g in doc["gates"]:
         unmet = [e for e in g["evidence"] if not e["ok"]]
         if not (g["witnesses"] or unmet or g["error"] or g["notes"]):
@@ -68,7 +63,10 @@ def render(doc: Mapping[str, Any]) -> str:
         if g["witnesses"]:
             shown = len(g["witnesses"])
             out.append(f"- witnesses ({shown} of {g['violations']}):")
-            out += [f"  - [{w['attribution']}] {w['explanation']}" for w in g["witnesses"]]
+            for w in g["witnesses"]:
+                out.append(f"  - [{w['attribution']}] {w['explanation']}")
+                if w.get("refs"):
+                    out.append(f"    raw: {', '.join(f'`{r}`' for r in w['refs'])}")
         out += [f"- note: {n}" for n in g["notes"]]
         out.append("")
     faults = doc["faults"]
@@ -87,6 +85,8 @@ def render(doc: Mapping[str, Any]) -> str:
         out.append("")
     if faults["never_fired"]:
         out += [f"Configured but never fired: {', '.join(faults['never_fired'])}", ""]
+    for n in faults.get("not_applicable", []):
+        out += [f"Not applicable to this target: {n['fault']}: {n['reason']}", ""]
     if doc["problems"]:
         out += ["## Problems", ""] + [f"- `{p['path']}`: {p['message']}" for p in doc["problems"]] + [""]
     if doc["notes"]:

@@ -1,17 +1,27 @@
-"""Run every gate over a loaded run and combine the verdicts (Jepsen's rules).
+"""The single judge: run every gate over a loaded run and give the run's whole verdict.
+
+`judge(data)` is the only place a verdict is decided, for `lab report` and `lab run`
+alike (both go through `lab.report.outputs.report_run`, which calls it), and for tests
+that build their inputs in memory (`lab.checker.records`).
+
+The run's verdict, in this order:
+- `fail` if any gate failed (a violation is a violation, even in an interrupted run);
+- `incomplete` if the run did not finish: run.json `complete` false, or a run still
+  `running` or `abandoned` (its `end_reason` or `status`);
+- `inconclusive` if any gate was, or run.json is missing or refused, or any input file
+  was refused (damaged, unreadable, an unknown schema, a field of the wrong type);
+- `pass` otherwise.
 
 A gate whose input is missing or refused is inconclusive with the reason; a gate whose
 own code raises is inconclusive with the error (exception type, message and the line
-that raised), and the other gates still run. The run's verdict is the combination of
-the six (fail > inconclusive > pass), and never better than inconclusive when run.json
-could not be used (the budgets then are docs/spec.md's defaults, not the scenario's) or when
-any input file was refused.
+that raised), and the other gates still run.
 """
 
 from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -23,12 +33,15 @@ from lab.checker import (
     gate_reconnect,
     gate_rehandshake,
     gate_resume,
+    liveness,
 )
 from lab.checker.context import Context, parse_budgets
+from lab.checker.explain import short_reason
 from lab.checker.faults import configured_faults, count_faults
 from lab.checker.load import MissingInput, RunData, load_run
 from lab.checker.model import Evidence, GateResult, Problem, RunInfo, RunReport, Verdict, combine
-from lab.checker.report_md import short_reason
+from lab.checker.not_applicable import not_applicable
+from lab.checker.schemas import RUN_STATES_UNFINISHED
 
 GATES: tuple[ModuleType, ...] = (
     gate_cross_stream,
@@ -40,47 +53,47 @@ GATES: tuple[ModuleType, ...] = (
 )
 
 
-def check_dir(run_dir: Path, witness_limit: int = 5) -> tuple[RunData, RunReport]:
+def judge_dir(run_dir: Path, witness_limit: int = 5) -> tuple[RunData, RunReport]:
+    """Load a run folder and judge it: (the loaded ledgers, the report)."""
     started = time.perf_counter()
     data = load_run(run_dir)
-    return data, check_run(data, witness_limit=witness_limit, started=started)
+    return data, judge(data, witness_limit=witness_limit, started=started)
 
 
-def check_run(data: RunData, *, witness_limit: int = 5, started: float | None = None) -> RunReport:
+def judge(data: RunData, *, witness_limit: int = 5, started: float | None = None) -> RunReport:
+    """The whole verdict of one run, its gates, faults and liveness."""
     started = time.perf_counter() if started is None else started
     budgets = parse_budgets(data.run)
     ctx = Context(data, budgets, witness_limit)
     gates = tuple(run_gate(module, ctx) for module in GATES)
     problems = list(data.problems)
-    if budgets.invalid:
-        problems.append(Problem("run.json", f"budgets not usable as numbers: {', '.join(budgets.invalid)}"))
     if data.run is not None and budgets.defaulted:
         problems.append(
-            Problem(
-                "run.json", f"budgets missing, docs/spec.md defaults used: {', '.join(budgets.defaulted)}"
-            )
+            Problem("run.json", f"budgets missing, the defaults used: {', '.join(budgets.defaulted)}")
         )
     run = run_info(data)
-    if run.complete is False:
-        problems.append(
-            Problem("run.json", f"the run is incomplete (end_reason: {short_reason(run.end_reason)})")
-        )
-    verdicts = [g.verdict for g in gates]
-    if data.run is None or any(s.status == "error" for s in data.sources):
-        # A run cannot pass on files the checker refused to read, even ones no gate needs.
-        verdicts.append(Verdict.INCONCLUSIVE)
+    unfinished = unfinished_reason(data.run)
+    if unfinished is not None:
+        problems.append(Problem("run.json", f"the run is incomplete ({unfinished}): it cannot pass"))
+    unusable = data.run is None or any(s.status == "error" for s in data.sources)
     try:
         count, source = ctx.event_count()
     except Exception as e:  # the count is also evidence inside the gates, which report it
         count, source = None, f"error: {e}"
     try:
         faults, never = count_faults(data)
+        skipped = not_applicable(data)
     except Exception as e:
-        faults, never = [], []
+        faults, never, skipped = [], [], []
         problems.append(Problem("proxy/tap.jsonl", f"fault counts failed: {type(e).__name__}: {e}"))
+    try:
+        live = liveness.summary(ctx)
+    except Exception as e:
+        live = None
+        problems.append(Problem("liveness", f"could not be computed: {type(e).__name__}: {e}"))
     return RunReport(
         run=run,
-        verdict=combine(verdicts),
+        verdict=run_verdict((g.verdict for g in gates), incomplete=unfinished is not None, unusable=unusable),
         gates=gates,
         budgets=budgets.as_dict(),
         budgets_defaulted=budgets.defaulted,
@@ -93,7 +106,36 @@ def check_run(data: RunData, *, witness_limit: int = 5, started: float | None = 
         faults_never_fired=tuple(never),
         checked_at=time.time(),
         check_seconds=time.perf_counter() - started,
+        incomplete=unfinished is not None,
+        faults_not_applicable=tuple(skipped),
+        liveness=live,
     )
+
+
+def run_verdict(gate_verdicts: Iterable[Verdict], *, incomplete: bool, unusable: bool) -> Verdict:
+    """fail > incomplete > inconclusive > pass (see the module docstring)."""
+    combined = combine(gate_verdicts)
+    if combined is Verdict.FAIL:
+        return Verdict.FAIL
+    if incomplete:
+        return Verdict.INCOMPLETE
+    if unusable:
+        return Verdict.INCONCLUSIVE
+    return combined
+
+
+def unfinished_reason(run: dict[str, Any] | None) -> str | None:
+    """Why run.json says the run did not finish (None if it finished or run.json is absent)."""
+    if run is None:
+        return None
+    for field in ("status", "end_reason"):
+        value = run.get(field)
+        if isinstance(value, str) and value in RUN_STATES_UNFINISHED:
+            return f"{field}: {value}"
+    if run.get("complete") is not True:
+        # False, or absent/mistyped (refused by the loader too): no claim of a finished run.
+        return f"complete: {run.get('complete')!r}, end_reason: {short_reason(run.get('end_reason'))}"
+    return None
 
 
 def run_gate(module: ModuleType, ctx: Context) -> GateResult:

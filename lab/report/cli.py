@@ -1,4 +1,4 @@
-"""`lab report RUN_DIR`: check a run's ledgers against the gates and write the report.
+"""`lab report RUN_DIR`: judge a run's ledgers against the gates and write the report.
 
 Nothing heavy is imported here (pandas and matplotlib load only when the command runs),
 so `lab --help` stays instant.
@@ -10,6 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from lab.exitcodes import ExitCode
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
@@ -17,8 +19,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="check a run folder against the six gates and write report.json/md/html, junit.xml, figures",
         description=(
             "Offline and re-runnable: reads the ledgers of RUN_DIR only, writes its outputs into RUN_DIR. "
-            "Exit code 0 every gate passed, 1 a gate failed, 2 inconclusive (evidence too thin, "
-            "an input missing or unreadable)."
+            "Exit code 0 every gate passed, 1 a gate failed, 2 inconclusive or incomplete (evidence too "
+            "thin, an input missing or unreadable, the run interrupted), 3 RUN_DIR is not a run folder, "
+            "4 the lab failed (an output could not be written, a crash: one line names the log)."
         ),
     )
     p.add_argument("run_dir", type=Path, metavar="RUN_DIR", help="a run folder, e.g. results/<run>")
@@ -31,11 +34,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from lab.checker.outputs import report_run
+    from lab.report.outputs import report_run
 
     if args.witnesses < 0:
         print("lab report: --witnesses must be >= 0", file=sys.stderr)
-        return 2
+        return ExitCode.CANNOT_RUN
     return report_run(
         args.run_dir,
         witness_limit=args.witnesses,

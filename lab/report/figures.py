@@ -2,8 +2,9 @@
 
 Figures are built with the object API (`matplotlib.figure.Figure` on a `FigureCanvasAgg`)
 rather than pyplot: no global figure state, no GUI backend, safe to call from any
-process. Each function reads a loaded results folder (`RunData`) and the budgets, and
-always draws something: a figure without data says so, so the report's layout never
+process. Their look (sizes, colours, fonts) is the style sheet `figures.mplstyle` of the
+`dashboards` package, applied while each figure is drawn. Each function reads a loaded
+results folder (`RunData`) and the budgets, and always draws something: a figure without data says so, so the report's layout never
 depends on what a run happened to record.
 
 Files (in the run folder):
@@ -20,18 +21,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import matplotlib.style
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from dashboards import series
+from dashboards import asset_path
 from lab.checker.context import Budgets, parse_budgets
 from lab.checker.faults import configured_faults, count_faults
 from lab.checker.gate_resume import PERCENTILE, latencies, nearest_rank
 from lab.checker.load import RunData
+from lab.report import series
 
-WIDTH_IN, HEIGHT_IN, DPI = 10.0, 4.2, 100
+WIDTH_IN, HEIGHT_IN = 10.0, 4.2
 WINDOW_COLORS = ("#f4a582", "#92c5de", "#b8e186", "#fdb863", "#c2a5cf", "#80cdc1")
 
 
@@ -44,7 +47,7 @@ class FigureSpec:
 
 
 def _new_figure(height: float = HEIGHT_IN) -> Figure:
-    fig = Figure(figsize=(WIDTH_IN, height), dpi=DPI, layout="constrained")
+    fig = Figure(figsize=(WIDTH_IN, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
@@ -206,24 +209,31 @@ FIGURES: tuple[FigureSpec, ...] = (
 
 def draw_all(
     data: RunData, out_dir: Path, specs: Sequence[FigureSpec] = FIGURES
-) -> tuple[list[dict[str, str]], list[str]]:
+) -> tuple[list[dict[str, str]], list[str], list[str]]:
     """Draw every figure into `out_dir`. Returns (figures written as {name, file, title},
-    errors as text): one figure failing does not stop the others."""
+    figures that failed to draw, figures that could not be written to disk), the last two
+    as text: one figure failing does not stop the others."""
     budgets = parse_budgets(data.run)
-    incomplete = (data.run or {}).get("complete") is False
+    incomplete = (data.run or {}).get("complete") is not True
     written: list[dict[str, str]] = []
     errors: list[str] = []
-    for spec in specs:
-        height = HEIGHT_IN * 1.5 if spec.name == "events_clients" else HEIGHT_IN
-        fig = _new_figure(height)
-        try:
-            spec.draw(data, budgets, fig)
-            if incomplete:
-                # A figure travels alone (pasted into a chat, a slide): it says so itself.
-                fig.suptitle("INCOMPLETE RUN: the ledgers stop early", color="#c44e52", fontweight="bold")
-            fig.savefig(out_dir / spec.file, format="png")
-        except Exception as e:
-            errors.append(f"figure {spec.file}: {type(e).__name__}: {e}")
-            continue
-        written.append({"name": spec.name, "file": spec.file, "title": spec.title})
-    return written, errors
+    unwritten: list[str] = []
+    with asset_path("figures.mplstyle") as style, matplotlib.style.context(style):
+        for spec in specs:
+            height = HEIGHT_IN * 1.5 if spec.name == "events_clients" else HEIGHT_IN
+            fig = _new_figure(height)
+            try:
+                spec.draw(data, budgets, fig)
+                if incomplete:
+                    # A figure travels alone (pasted into a chat, a slide): it says so itself.
+                    fig.suptitle("INCOMPLETE RUN: the ledgers stop early", color="#c44e52", fontweight="bold")
+            except Exception as e:
+                errors.append(f"figure {spec.file}: {type(e).__name__}: {e}")
+                continue
+            try:
+                fig.savefig(out_dir / spec.file, format="png")
+            except OSError as e:
+                unwritten.append(f"{spec.file}: {e.strerror or e}")
+                continue
+            written.append({"name": spec.name, "file": spec.file, "title": spec.title})
+    return written, errors, unwritten
