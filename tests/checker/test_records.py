@@ -20,7 +20,7 @@ from lab.checker import (
 from lab.checker.jsonl import LedgerError
 from lab.checker.model import Verdict
 from lab.checker.verdict import judge_dir
-from lab.client._acceptance import DedupKey, InboxReceipt
+from lab.client import DedupKey, InboxReceipt
 from lab.wire.client_ledger import HttpExchange, Recovery
 from tests.checker.builders import Sim, clean_run
 
