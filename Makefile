@@ -49,3 +49,17 @@ test: lint types pytest
 
 clean-venv:
 	rm -rf $(VENV)
+
+# The TypeScript SDK client under test (`--client typescript-sdk`, lab/sut/typescript/):
+# the versions pinned by its package-lock.json, from the npm registry, into .node/
+# (git-ignored; LAB_NODE_DIR points elsewhere). Needs Node.js >= 18 and npm on PATH.
+NODE_DIR ?= .node
+.PHONY: node-adapter
+node-adapter: $(NODE_DIR)/.installed
+
+$(NODE_DIR)/.installed: lab/sut/typescript/package.json lab/sut/typescript/package-lock.json
+	@command -v npm >/dev/null || { echo "make node-adapter: needs Node.js and npm on PATH" >&2; exit 3; }
+	mkdir -p $(NODE_DIR)
+	cp lab/sut/typescript/package.json lab/sut/typescript/package-lock.json $(NODE_DIR)/
+	cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@

@@ -10,8 +10,8 @@ from setuptools import find_packages, setup
 
 DATA_PACKAGES = {"lab_scenarios": "scenarios", "lab_addons": "addons"}
 
+# Which files of them ship: pyproject.toml's [tool.setuptools.package-data].
 setup(
     packages=[*find_packages(include=["lab", "lab.*", "dashboards", "dashboards.*"]), *DATA_PACKAGES],
     package_dir=DATA_PACKAGES,
-    package_data={"lab_scenarios": ["*.toml"], "lab_addons": ["*.py"]},
 )

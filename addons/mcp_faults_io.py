@@ -1,30 +1,26 @@
-"""Helpers of addons/mcp_faults.py: option parsing (pure), the tap writer, and the I/O seams.
+"""Helpers of addons/mcp_faults.py and addons/mcp_tap.py: option parsing (pure) and I/O seams.
 
-Not an addon itself (loading it with -s adds nothing). mcp_faults.py imports it as a sibling
+Not an addon itself (loading it with -s adds nothing). The addons import it as a sibling
 module: mitmproxy puts a script's folder on sys.path while it loads the script. The seams
-(`cut_client_connection`, `admin_expire`) are attributes of the addon, so tests replace them.
+(`cut_client_connection`, `http_call`) are attributes of the addon, so tests replace them.
 """
 
 # No `from __future__ import annotations`: this module is imported while mitmproxy loads
 # the script, and its dataclasses must resolve their annotations (see mcp_faults.py).
+import asyncio
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
-from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any, Final
 from urllib.parse import urlsplit
 
 from mitmproxy import ctx, exceptions, http
 
-from lab.faults.pipeline import Record
+from lab.faults.kinds.base import HttpCall, ProxyEnv
 from lab.faults.plan import EMPTY_PLAN, Plan, parse_plan
-
-SESSION_HEADER: Final = "mcp-session-id"
-ADMIN_PATH: Final = "/lab-admin/expire"
-
 
 # ---------------------------------------------------------------------- option parsing (pure)
 
@@ -64,6 +60,57 @@ def read_plan(value: str) -> tuple[Plan, Path | None]:
     return parse_plan(text, name=str(path)), path
 
 
+@dataclass(frozen=True, slots=True)
+class FaultOptions:
+    """The fault addon's options, parsed."""
+
+    plan: Plan
+    path: Path | None
+    run_start: float
+    poll: float
+    env: ProxyEnv
+
+
+def parse_fault_options(o: Mapping[str, str]) -> FaultOptions:
+    """The fault addon's `mcpfaults_*` options by name (ValueError names the bad one)."""
+    env = ProxyEnv(
+        o["mcpfaults_admin_token"] or os.environ.get("LAB_ADMIN_TOKEN", ""),
+        check_admin_url(o["mcpfaults_admin_url"]),
+        parse_seconds("mcpfaults_admin_timeout", o["mcpfaults_admin_timeout"], default=2.0, positive=True),
+    )
+    start = parse_seconds("mcpfaults_run_start", o["mcpfaults_run_start"], default=0.0)
+    poll = parse_seconds("mcpfaults_poll", o["mcpfaults_poll"], default=1.0, positive=True)
+    plan, path = read_plan(o["mcpfaults_plan"])
+    return FaultOptions(plan, path, start, poll, env)
+
+
+class PlanFile:
+    """The plan file of `mcpfaults_plan`, looked at (mtime, size, inode) at most every `poll` s."""
+
+    def __init__(self, path: Path | None, poll: float) -> None:
+        self.path, self.poll = path, poll
+        self._stamp = self._stamp_now()
+        self._next_check = 0.0
+
+    def _stamp_now(self) -> tuple[int, int, int] | None:
+        try:
+            st = self.path.stat() if self.path is not None else None
+        except OSError:
+            return None
+        return None if st is None else (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def changed(self, now: float) -> Plan | None:
+        """The new plan if the file changed since last time (ValueError: it is not usable)."""
+        if self.path is None or now < self._next_check:
+            return None
+        self._next_check = now + self.poll
+        stamp = self._stamp_now()
+        if stamp is None or stamp == self._stamp:
+            return None
+        self._stamp = stamp
+        return read_plan(str(self.path))[0]
+
+
 def options_error(message: str) -> exceptions.OptionsError:
     return exceptions.OptionsError(message)  # type: ignore[no-untyped-call]
 
@@ -100,37 +147,28 @@ def check_admin_url(value: str) -> str:
     return value
 
 
-# ---------------------------------------------------------------------- the tap
+# ---------------------------------------------------------------------- I/O seams
 
 
-def dumps(record: dict[str, Any]) -> str:
-    return json.dumps(record, separators=(",", ":"))
-
-
-class Tap:
+class TapFile:
     """Append-only JSON lines; each batch of records goes out in one write(2), unbuffered."""
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
-    def write(self, records: Sequence[Record]) -> None:
-        data = ("\n".join(r if isinstance(r, str) else dumps(r) for r in records) + "\n").encode()
-        view = memoryview(data)
+    def write(self, records: list[str | dict[str, Any]]) -> None:
+        text = "\n".join(r if isinstance(r, str) else json.dumps(r, separators=(",", ":")) for r in records)
+        view = memoryview((text + "\n").encode())
         for _ in range(1000):  # a regular file takes it in one go; bounded just in case
             if not view:
                 return
-            n = os.write(self._fd, view)
-            view = view[n:]
+            view = view[os.write(self._fd, view) :]
 
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
-
-
-# ---------------------------------------------------------------------- I/O seams
 
 
 def cut_client_connection(flow: http.HTTPFlow) -> None:
@@ -150,32 +188,39 @@ def cut_client_connection(flow: http.HTTPFlow) -> None:
         kill(flow)
 
 
-@dataclass(frozen=True, slots=True)
-class AdminCall:
-    url: str
-    token: str
-    session_id: str
-    timeout: float
-
-
-def admin_expire(call: AdminCall) -> int:
-    """POST the reference server's expire control; the HTTP status, or -1 if it failed."""
-    u = urlsplit(call.url)
-    conn = HTTPConnection(u.hostname or "127.0.0.1", u.port or 80, timeout=call.timeout)
+async def http_call(call: HttpCall) -> int:
+    """Make an HTTP/1.1 request of the proxy's own (a side call) without blocking the event
+    loop; the response status, or -1 if there was none within `call.timeout`."""
     try:
-        conn.request(
-            "POST",
-            u.path or ADMIN_PATH,
-            body=b"",
-            headers={"x-lab-admin-token": call.token, SESSION_HEADER: call.session_id},
-        )
-        resp = conn.getresponse()
-        resp.read()
-        return resp.status
-    except OSError:
+        return await asyncio.wait_for(_http_status(call), call.timeout)
+    except (OSError, TimeoutError, ValueError, asyncio.IncompleteReadError):
         return -1
+
+
+async def _http_status(call: HttpCall) -> int:
+    reader, writer = await asyncio.open_connection(call.host, call.port)
+    try:
+        head = [f"{call.method} {call.path} HTTP/1.1"]
+        head += [f"{name}: {value}" for name, value in call.headers]
+        head += ["content-length: 0", "connection: close", "", ""]
+        writer.write("\r\n".join(head).encode("latin-1"))
+        await writer.drain()
+        status_line = await reader.readline()
+        parts = status_line.split(None, 2)
+        if len(parts) < 2 or not parts[0].startswith(b"HTTP/"):
+            raise ValueError("not an HTTP response")
+        return int(parts[1])
     finally:
-        conn.close()
+        writer.close()
+
+
+def announce(name: str) -> None:
+    """Print `<name> listening on http://HOST:PORT` (flushed) for each listening address, once
+    the proxy listens, after raising its listen backlog."""
+    ps = addon("proxyserver")
+    for addr in ps.listen_addrs() if ps is not None else []:
+        raise_listen_backlog(addr[0], addr[1])
+        print(f"{name} listening on http://{addr[0]}:{addr[1]}", flush=True)
 
 
 # ---------------------------------------------------------------------- listen backlog

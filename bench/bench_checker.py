@@ -16,7 +16,8 @@ and recoveries; the server ledger holds sessions, streams, dispatches and reques
 Then, side by side:
 - read only: `pandas.read_json(lines=True)` of the tap and `pandas.read_sql_query` of
   every table of every SQLite file (what "pandas reading the ledgers" costs);
-- check: `lab.checker.run.check_dir` — the checker's own loading plus all six gates
+- check: `lab.checker.judge_dir` — the checker's own loading (with `PRAGMA quick_check` of every
+  SQLite ledger) plus all six gates, the wire checks and liveness
   (no figures, no files written), with the time per gate.
 Prints figures; asserts nothing (machines are noisy).
 """
@@ -42,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from lab.checker.context import Context, parse_budgets  # noqa: E402
 from lab.checker.load import load_run  # noqa: E402
-from lab.checker.run import GATES, check_run, run_gate  # noqa: E402
+from lab.checker.verdict import GATES, judge, run_gate  # noqa: E402
 from lab.inbox import connect  # noqa: E402
 from lab.wire.client_ledger import RECORD_TYPES  # noqa: E402
 
@@ -424,7 +425,7 @@ def check(run_dir: Path) -> tuple[float, float, dict[str, float], str]:
     total = time.perf_counter() - started
     # The verdicts as `lab report` gives them (the joins are cached in ctx above, so
     # this is timed apart and not added).
-    verdict = check_run(data).verdict
+    verdict = judge(data).verdict
     return loaded - started, total, per_gate, str(verdict)
 
 

@@ -12,11 +12,13 @@ The load client (bench/sse_load.py: raw asyncio sockets) drives them in turn, A/
 sessions, each calling `ticker` for `--events` events `--interval-ms` apart) and a
 flat-out one (few sessions, events as fast as the upstream writes them: the worst case
 for an addon that works per event, since pass-through mitmproxy works per chunk).
-Prints events/s of each, the medians and their ratio (aim >= 0.75), and what the faults
-did according to the tap. Asserts nothing.
+Prints events/s of each, the medians and their ratio (aim >= 0.75), the same per
+CPU-second of each proxy process (steadier on a shared machine), and what the faults did
+according to the tap. Asserts nothing.
 
 Against the raw upstream some faults cannot apply and never fire (it has no admin control,
-no tokens, no resumption and no DELETE; its last event is not a JSON-RPC response).
+no sessions, no tokens, no resumption and no DELETE; its last event is not a JSON-RPC
+response).
 """
 
 from __future__ import annotations
@@ -35,25 +37,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sse_load import LoadResult, run_load
 
+from lab.faults.kinds import NAMES
 from lab.faults.launch import ADDONS, mitmdump_argv, ready_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-KINDS = (
-    "drop_priming",
-    "cross_ids",
-    "replay_after_ack",
-    "inject_foreign",
-    "rewrite_origin",
-    "storm",
-    "executed_then_lost",
-    "lose_delete_response",
-    "strip_protocol_version",
-    "rewrite_last_event_id",
-    "old_token",
-    "expiry_race",
-    "cut_stream",
-)
+KINDS = NAMES
 
 
 def start(argv: list[str], prefix: str, log: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -121,25 +110,46 @@ def fired(tap: Path) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def compare(
-    sides: dict[str, str], title: str, clients: int, events: int, interval_ms: int, rounds: int
+    sides: dict[str, tuple[str, int]], title: str, clients: int, events: int, interval_ms: int, rounds: int
 ) -> float:
-    """Alternate the two proxies for `rounds` rounds of one load shape; print; the ratio of medians."""
+    """Alternate the two proxies for `rounds` rounds of one load shape; print; the ratio of medians.
+
+    Besides events per wall second, events per CPU-second of the proxy process: on a
+    machine shared with other work, wall throughput swings with the neighbours' load,
+    while what the proxy spends per event does not.
+    """
     print(f"\n{title}: {clients} sessions x {events} events, {interval_ms} ms apart, {rounds} rounds")
-    results: dict[str, list[LoadResult]] = {name: [] for name in sides}
-    print(f"{'round':<6} {'pass-through ev/s':>18} {'faults ev/s':>12} {'failed':>7}")
+    wall: dict[str, list[float]] = {name: [] for name in sides}
+    per_cpu: dict[str, list[float]] = {name: [] for name in sides}
+    print(f"{'round':<6} {'pass-through ev/s':>18} {'faults ev/s':>12} {'(ev/CPU-s)':>22} {'failed':>7}")
     for i in range(rounds):
         order = list(sides) if i % 2 == 0 else list(reversed(sides))
+        failed = 0
         for name in order:
-            results[name].append(load(sides[name], clients, events, interval_ms))
-        n, f = results["noop"][-1], results["faults"][-1]
-        print(
-            f"{i + 1:<6} {n.events_per_second:>18,.0f} {f.events_per_second:>12,.0f} {n.failed + f.failed:>7}"
-        )
-    med = {name: statistics.median(r.events_per_second for r in rs) for name, rs in results.items()}
+            url, pid = sides[name]
+            before = cpu_seconds(pid)
+            r = load(url, clients, events, interval_ms)
+            used = cpu_seconds(pid) - before
+            wall[name].append(r.events_per_second)
+            per_cpu[name].append(r.events / used if used > 0 else 0.0)
+            failed += r.failed
+        n, f = wall["noop"][-1], wall["faults"][-1]
+        cpu_pair = f"{per_cpu['noop'][-1]:,.0f} / {per_cpu['faults'][-1]:,.0f}"
+        print(f"{i + 1:<6} {n:>18,.0f} {f:>12,.0f} {cpu_pair:>22} {failed:>7}")
+    med = {name: statistics.median(v) for name, v in wall.items()}
+    med_cpu = {name: statistics.median(v) for name, v in per_cpu.items()}
     ratio = med["faults"] / med["noop"] if med["noop"] else 0.0
-    print(f"{'median':<6} {med['noop']:>18,.0f} {med['faults']:>12,.0f}")
-    print(f"ratio faults/pass-through: {ratio:.2f} (aim >= 0.75)")
+    ratio_cpu = med_cpu["faults"] / med_cpu["noop"] if med_cpu["noop"] else 0.0
+    cpu_pair = f"{med_cpu['noop']:,.0f} / {med_cpu['faults']:,.0f}"
+    print(f"{'median':<6} {med['noop']:>18,.0f} {med['faults']:>12,.0f} {cpu_pair:>22}")
+    print(f"ratio faults/pass-through: {ratio:.2f} (aim >= 0.75); per CPU-second: {ratio_cpu:.2f}")
     return ratio
 
 
@@ -178,12 +188,12 @@ def main() -> None:
                 {"mcpfaults_plan": str(plan_file), "mcpfaults_tap": str(tap)},
             )
             procs.append(faults)
-            sides = {"noop": noop_url + "/mcp", "faults": faults_url + "/mcp"}
+            sides = {"noop": (noop_url + "/mcp", noop.pid), "faults": (faults_url + "/mcp", faults.pid)}
             print(
                 f"mitmdump {mitmproxy.version.VERSION}, Python {sys.version.split()[0]}, {os.cpu_count()} CPUs; "
                 f"fault rate {a.rate} (every kind), tap on"
             )
-            for url in sides.values():  # warm-up, not measured
+            for url, _ in sides.values():  # warm-up, not measured
                 load(url, 20, 200)
             compare(sides, "lab shape (many paced streams)", a.clients, a.events, a.interval_ms, a.rounds)
             if a.flat_clients:

@@ -68,7 +68,7 @@ def worker(url: str, clients: int, steps: int, tmp: str) -> None:
         )
         prev_rss, prev_n = rss, n
     for c in held:
-        c.driver.stop()
+        c.stop()
 
 
 def main() -> None:

@@ -90,7 +90,7 @@ SUBCOMMAND_MODULES: list[str] = [
     "lab.server.cli",
     "lab.nemesis.cli",
     "lab.run.cli",
-    "lab.checker.cli",
+    "lab.report.cli",
 ]
 """Modules with a `register(subparsers)` function adding their subcommand. They must not
 import anything heavy at module level (the work happens in the function they register)."""

@@ -32,6 +32,7 @@ watermarks  last accepted event ID per (client_id, session_generation, stream_ke
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import astuple, fields
@@ -48,6 +49,7 @@ from lab.client import (
 from lab.wire.client_ledger import LEDGER_SCHEMA, RECORD_TYPES, Record
 
 SCHEMA_VERSION = 1
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS inbox (
@@ -262,7 +264,6 @@ class InboxDatabase:
         self.db = connect(self.path)
         self._in_tx = False
         self.closed = False
-        self.dropped_after_close = 0
         self.commits = 0
         """Messages accepted through this file (priming events not counted), for progress."""
         self._inserts: dict[type[Any], str] = {}
@@ -286,9 +287,11 @@ class InboxDatabase:
 
     def record(self, records: Iterable[Record]) -> None:
         if self.closed:
-            # After close (a worker quitting while killed users still report): nothing to
-            # write to; counted so that the loss is visible, not silent.
-            self.dropped_after_close += sum(1 for _ in records)
+            # Every client is stopped before the file closes, so nothing should come now:
+            # say so loudly rather than lose it silently.
+            log.error(
+                "%s: %d ledger records after close were not written", self.path, sum(1 for _ in records)
+            )
             return
         for r in records:
             self.begin()
@@ -300,7 +303,11 @@ class InboxDatabase:
             self._in_tx = False
 
     def close(self) -> None:
-        if not self.closed:
+        """Commit the last batch and close the file (closed even if the commit fails)."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
             self.flush()
+        finally:
             self.db.close()
-            self.closed = True

@@ -28,14 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 from lab.faults.checks import Fields, Issue, describe
-from lab.faults.plan import (
-    FaultKind,
-    Plan,
-    Rule,
-    Window,
-    contradictions,
-    read_rule,
-)
+from lab.faults.decisions import Window
+from lab.faults.kinds import Need
+from lab.faults.plan import Plan, Rule, contradictions, read_rule
 from lab.nemesis.toxics import KIND_ATTRIBUTES, parse_attributes
 from lab.resources import scenario_dir
 from lab.wire.revisions import SUPPORTED_REVISIONS
@@ -62,9 +57,6 @@ REQUIRED_ATTRIBUTES: Final[Mapping[str, tuple[str, ...]]] = {
 is almost always a typo). The kinds and the rest of the rules are the nemesis's own
 (`lab.nemesis.toxics`), so a scenario that loads is one the nemesis accepts."""
 TOXIC_STREAMS: Final = ("downstream", "upstream")
-
-NEEDS_REFERENCE: Final = frozenset({FaultKind.EXPIRY_RACE})
-"""Faults that use a control only the reference server offers."""
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 _URL = re.compile(r"https?://[^/\s]+(/\S*)?")
@@ -660,10 +652,9 @@ def _toxic_attributes(f: Fields, kind: str) -> dict[str, int]:
 
 
 def _budgets(f: Fields, load: Load, reconnect: Reconnect, faults: list[Rule], toxics: list[Toxic]) -> Budgets:
-    kinds = {r.kind for r in faults if r.rate > 0}
-    breaks_streams = bool(
-        kinds & {FaultKind.CUT_STREAM, FaultKind.EXECUTED_THEN_LOST}
-        or any(t.kind in ("reset_peer", "limit_data", "timeout") for t in toxics)
+    kinds = [r.spec for r in faults if r.rate > 0]
+    breaks_streams = any(k.breaks_streams for k in kinds) or any(
+        t.kind in ("reset_peer", "limit_data", "timeout") for t in toxics
     )
     b = Budgets(
         reconnect_qps=f.number("reconnect_qps", reconnect.budget_qps, lo=0.0, lo_open=True),
@@ -674,9 +665,10 @@ def _budgets(f: Fields, load: Load, reconnect: Reconnect, faults: list[Rule], to
         origin_reject_rate=f.rate("origin_reject_rate", 1.0),
         min_events=f.integer("min_events", load.event_target or 0, lo=0),
         min_recoveries=f.integer("min_recoveries", 1 if breaks_streams else 0, lo=0),
-        min_404=f.integer("min_404", 1 if FaultKind.EXPIRY_RACE in kinds else 0, lo=0),
+        # Gate 3 needs 404s, gate 4 illegal Origins: a kind that makes them asks for the evidence.
+        min_404=f.integer("min_404", 1 if any(3 in k.feeds for k in kinds) else 0, lo=0),
         min_illegal_origin=f.integer(
-            "min_illegal_origin", 1 if FaultKind.REWRITE_ORIGIN in kinds else 0, lo=0
+            "min_illegal_origin", 1 if any(4 in k.feeds for k in kinds) else 0, lo=0
         ),
     )
     f.done()
@@ -694,18 +686,20 @@ def _cross_checks(
 ) -> None:
     """Checks across sections: what the target offers, and faults in fault-free phases."""
     for rule, key in zip(faults, keys, strict=True):
-        if rule.kind in NEEDS_REFERENCE and target.kind != "reference":
+        needs = rule.spec.needs
+        if Need.ADMIN_CONTROL in needs and target.kind != "reference":
             issues.append(
                 Issue(
                     f"{key}.kind",
-                    f"{rule.kind} needs the reference server's admin control (target.kind = 'reference')",
+                    f"{rule.kind} needs the reference server's admin control (target.kind = 'reference'); "
+                    "kill_session ends sessions on any server",
                 )
             )
-        if rule.kind is FaultKind.OLD_TOKEN and target.kind == "reference" and len(target.tokens) < 2:
+        if Need.TWO_TOKENS in needs and target.kind == "reference" and len(target.tokens) < 2:
             issues.append(
                 Issue(
                     f"{key}.kind",
-                    "old_token needs target.tokens with at least two subjects (else every token is the same)",
+                    f"{rule.kind} needs target.tokens with at least two subjects (else every token is the same)",
                 )
             )
     quiet = [p for p in phases if p.kind in FAULT_FREE_PHASES]

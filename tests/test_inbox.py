@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.client._acceptance import (
+from lab.client import (
     ConnectionView,
     InboxStore,
     MemoryInbox,

@@ -1,17 +1,32 @@
-"""The checker: `lab report RUN_DIR` reads a run's ledgers and decides the six gates.
+"""The checker, the only judge: reads a run's ledgers and decides the six gates and the
+run's whole verdict (completeness included).
 
-Pure and offline (Jepsen's checker): it reads files only, answers pass / fail /
-inconclusive per gate with witnesses, and can be re-run on any results folder.
+Pure and offline (Jepsen's checker): it reads files only (or rows given in memory),
+answers pass / fail / inconclusive per gate with witnesses that point at their raw rows,
+and can be re-run on any results folder. It presents nothing: `lab.report` writes the
+outputs from its `RunReport`.
 
-    load.py      ledgers -> pandas (RunData), refusing bad files by name
-    schemas.py   the ledger contract of docs/ledgers.md as data
+The API (everything else is internal):
+    judge_dir(run_dir) -> (RunData, RunReport)   load a run folder and judge it
+    judge(data) -> RunReport                      judge loaded (or in-memory) inputs
+    run_data_from_records(...) -> RunData         inputs from in-memory ledger rows
+    judge_records(...) -> RunReport               both at once
+    gate_check(data, gate_module) -> GateResult   one gate (gate_* modules below)
+
+    load.py      ledgers -> pandas (RunData), refusing bad or damaged files by name
+    records.py   the same inputs from rows in memory (for property tests)
+    schemas.py   the ledger contract of docs/ledgers.md as data; run.json's field checks
     context.py   budgets, event count, shared evidence
     streams.py   logical streams: which stream each event and each client key belong to
     gate_*.py    one module per gate (cross_stream, duplicates, rehandshake, origin,
                  resume, reconnect), each with `check(ctx) -> GateResult`
-    faults.py    faults fired per kind
-    run.py       runs the gates, combines verdicts
-    report_*.py  report.json (schema: docs/report.md), report.md, junit.xml
-    outputs.py   what `lab report` writes; cli.py registers the subcommand
-The figures and report.html live in the top-level `dashboards` package.
+    wire.py      what the server did wrong on the wire, whatever the clients did
+    liveness.py  calls that never got an outcome, throughput collapses
+    faults.py    faults fired per kind; not_applicable.py faults the target refused
+    verdict.py   runs the gates, gives the run's verdict
 """
+
+from lab.checker.records import gate_check, judge_records, run_data_from_records
+from lab.checker.verdict import judge, judge_dir
+
+__all__ = ["gate_check", "judge", "judge_dir", "judge_records", "run_data_from_records"]

@@ -2,10 +2,11 @@
 and a cache for the joins several gates use.
 
 Budgets come from run.json `budgets` (docs/ledgers.md). Where run.json does not give
-one, the SPEC.md value is used and the name is listed in `Budgets.defaulted` (reported);
-the reconnect QPS budget has no SPEC value ("the configured budget"), so without it gate
+one, the default (docs/report.md) is used and the name is listed in `Budgets.defaulted` (reported);
+the reconnect QPS budget has no default (it is "the configured budget"), so without it gate
 6 is inconclusive. Evidence minima without a value default to 1 (at least one), except
-`min_events`, which defaults to SPEC.md's 100,000.
+`min_events`, which defaults to the gate table's 100,000 events. A minimum given as 0 is used as 1 by
+the gates: no evidence is never a pass ("0 of 0" is inconclusive, whatever the scenario).
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ class Context:
 
     def events_evidence(self) -> Evidence:
         count, source = self.event_count()
-        need = self.budgets.min_events
+        need = max(1, self.budgets.min_events)  # no event at all is no evidence, whatever the budget
         if count is None:
             return Evidence(
                 "events",

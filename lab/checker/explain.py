@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,3 +49,48 @@ def at(t: Any, origin: float | None) -> str:
 
 def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def short_reason(reason: object, limit: int = 160) -> str:
+    """The first line of run.json's end_reason, cut to `limit` characters (an `error: …`
+    reason can hold a whole usage message; report.json keeps it whole)."""
+    first = str(reason or "unknown").strip().splitlines()[0] if reason else "unknown"
+    return first if len(first) <= limit else first[: limit - 1] + "…"
+
+
+# ---------------------------------------------------------------------------- refs
+# Where a witness's raw evidence is in the run folder (docs/report.md, "refs").
+
+
+def _int(value: Any) -> int | None:
+    if not present(value):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def client_ref(
+    files: Sequence[str], table: str, row: Mapping[str, Any] | pd.Series, prefix: str = ""
+) -> list[str]:
+    """`clients/<file>#<table>/<rowid>` of a client ledger row (`prefix`: of the merged-in
+    columns, e.g. "next_"); [] when the row does not say where it came from."""
+    src, rowid = _int(row.get(f"{prefix}_src")), _int(row.get(f"{prefix}_rowid"))
+    if src is None or rowid is None or not 0 <= src < len(files):
+        return []
+    return [f"{files[src]}#{table}/{rowid}"]
+
+
+def server_ref(table: str, row: Mapping[str, Any] | pd.Series, prefix: str = "") -> list[str]:
+    rowid = _int(row.get(f"{prefix}_rowid"))
+    return [] if rowid is None else [f"server/ledger.sqlite#{table}/{rowid}"]
+
+
+def tap_ref(row: Mapping[str, Any] | pd.Series, prefix: str = "") -> list[str]:
+    line = _int(row.get(f"{prefix}_line"))
+    return [] if line is None else [f"proxy/tap.jsonl:{line}"]
+
+
+def fault_refs(decisions: Iterable[Any]) -> list[str]:
+    return [f"fault:{d}" for d in dict.fromkeys(decisions) if present(d) and str(d)]

@@ -10,7 +10,7 @@ digest) is checked against what the server sent (`lab.checker.streams`: the tap'
   got as the plain JSON body of its own POST (no SSE, no ID) is legitimate when it came
   on the connection of that very POST.
 - `response_on_wrong_stream`: a JSON-RPC response (or error) accepted on `post:<rid>`
-  whose id is not rid, or on a standalone `get:<n>` stream (SPEC: a response may only
+  whose id is not rid, or on a standalone `get:<n>` stream (a response may only
   end the POST stream it belongs to).
 
 A receipt whose stream key maps to no logical stream (the tap has no flow for that
@@ -39,9 +39,11 @@ import numpy as np
 import pandas as pd
 
 from lab.checker.context import Context, in_keys, text_ids, text_key
-from lab.checker.explain import at, present, row_of, short
+from lab.checker.explain import at, client_ref, present, row_of, short
+from lab.checker.load import ROWID, SOURCE
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 from lab.checker.streams import StreamTruth, client_sessions, stream_truth
+from lab.checker.wire import CHECKS, describe_flow, server_sends, server_witness
 
 GATE = "cross_stream"
 NUMBER = 1
@@ -69,13 +71,12 @@ def check(ctx: Context) -> GateResult:
     receipts["wrong_response"] = _wrong_responses(receipts)
     violation = (status == "not_sent_on_stream") | receipts["wrong_response"]
     bad = receipts[violation].sort_values("accepted_at", kind="stable")
-    attributions = _attribute(bad, truth, ctx)
-    bad = bad.assign(attribution=attributions)
+    server_bad = server_sends(ctx)
 
     crossings = _crossings_injected(ctx) if truth.from_tap else None
     rejected = _rejections(ctx, truth)
     unverifiable = int((status == "unverifiable").sum())
-    count = len(bad)
+    count = len(bad) + len(server_bad)
     budget = ctx.budgets.cross_stream_max
     evidence = [ctx.events_evidence()]
     if crossings is None:
@@ -100,6 +101,15 @@ def check(ctx: Context) -> GateResult:
         )
     evidence.append(
         Evidence(
+            "receipts checked",
+            1,
+            len(receipts),
+            len(receipts) >= 1,
+            "non-priming inbox receipts: without any, no client acceptance was judged",
+        )
+    )
+    evidence.append(
+        Evidence(
             "unverifiable receipts",
             0,
             unverifiable,
@@ -108,20 +118,30 @@ def check(ctx: Context) -> GateResult:
         )
     )
     evidence.extend(ctx.client_evidence())
-    counts = bad["attribution"].value_counts().to_dict()
-    attribution_counts = {str(k): int(v) for k, v in counts.items()}
-    attribution_counts[Attribution.PROXY_FAULT_REJECTED] = int(sum(rejected["by_fault"].values()))
+    attribution_counts = {
+        str(Attribution.SERVER): len(server_bad),
+        str(Attribution.CLIENT): len(bad),
+        str(Attribution.PROXY_FAULT_REJECTED): int(sum(rejected["by_fault"].values())),
+    }
     failed = count > budget
     verdict = decide(failed, evidence)
-    witnesses = tuple(_witness(row, truth, ctx) for _, row in bad.head(ctx.witness_limit).iterrows())
+    witnesses = tuple(server_witness(row, ctx) for _, row in server_bad.head(ctx.witness_limit).iterrows())
+    witnesses += tuple(_witness(row, truth, ctx) for _, row in bad.head(ctx.witness_limit).iterrows())
     notes = []
     if unverifiable:
         sample = receipts[status == "unverifiable"].head(3)
         keys = ", ".join(f"{r.client_id} {r.stream_key} {r.event_id}" for r in sample.itertuples())
         notes.append(f"{unverifiable} receipt(s) could not be verified (e.g. {keys})")
+    if truth.shared_ids:
+        notes.append(
+            f"the server's event IDs are per session ({truth.shared_ids} ID(s) sent live in several "
+            "sessions): replays are judged within their own session, not across sessions"
+        )
+    by_check = server_bad["check"].value_counts()
     summary = (
-        f"{count} of {len(receipts)} non-priming receipts accepted on a stream they do not belong to "
-        f"(budget {budget}); truth from the {truth.source}"
+        f"{len(bad)} of {len(receipts)} non-priming receipts accepted on a stream they do not belong to, "
+        f"{len(server_bad)} server send(s) where an event does not belong (budget {budget}); "
+        f"truth from the {truth.source}"
     )
     return GateResult(
         number=NUMBER,
@@ -138,6 +158,12 @@ def check(ctx: Context) -> GateResult:
             "not_sent_on_stream": int((status == "not_sent_on_stream").sum()),
             "response_on_wrong_stream": int(receipts["wrong_response"].sum()),
             "unverifiable": unverifiable,
+            "server_violations": len(server_bad),
+            "server_by_check": {name: int(by_check.get(name, 0)) for name in CHECKS},
+            "foreign_session_replays": int(server_bad["foreign"].astype(bool).sum())
+            if len(server_bad)
+            else 0,
+            "ids_shared_across_sessions": truth.shared_ids,
             "crossings_injected": crossings,
             "rejected_events": rejected["total"],
             "rejected_by_reason": rejected["by_reason"],
@@ -153,7 +179,8 @@ def check(ctx: Context) -> GateResult:
 
 
 def _receipts(ctx: Context, inbox: pd.DataFrame, truth: StreamTruth) -> pd.DataFrame:
-    r = inbox.loc[inbox["kind"] != "priming", RECEIPT_COLUMNS].reset_index(drop=True)
+    where = [c for c in (SOURCE, ROWID) if c in inbox.columns]  # for the witnesses' refs
+    r = inbox.loc[inbox["kind"] != "priming", [*RECEIPT_COLUMNS, *where]].reset_index(drop=True)
     r["receipt"] = np.arange(len(r))
     r["session_generation"] = r["session_generation"].astype("int64")
     r["conn_id"] = r["conn_id"].astype("Int64")
@@ -286,61 +313,6 @@ def _faulted_delivery(r: pd.DataFrame, ctx: Context) -> pd.Series:
     return in_keys(text_key(r["d_flow"], r["message_digest"]), keys)
 
 
-def _attribute(bad: pd.DataFrame, truth: StreamTruth, ctx: Context) -> list[str]:
-    if not len(bad):
-        return []
-    faulted: set[tuple[str, str]] = set()
-    if truth.from_tap:
-        f = _faulted_forwards(ctx)
-        faulted = set(zip(f["flow"].astype(str).tolist(), f["digest"].astype(str).tolist(), strict=True))
-    # Where the server sent each offending digest on the delivering connection.
-    on_conn = truth.sent[truth.sent["digest"].isin(bad["message_digest"])]
-    # (conn, digest) -> the server sent it there although its home is another stream
-    sent_astray: dict[tuple[str, str], bool] = {}
-    for conn, digest, home, on_logical in zip(
-        on_conn["conn"].tolist(),
-        on_conn["digest"].tolist(),
-        on_conn["home"].tolist(),
-        on_conn["on_logical"].tolist(),
-        strict=True,
-    ):
-        key = (str(conn), str(digest))
-        sent_astray[key] = sent_astray.get(key, False) or home != on_logical
-    out = []
-    for client_id, conn_id, d_flow, digest, wrong_response in zip(
-        bad["client_id"].tolist(),
-        bad["conn_id"].tolist(),
-        bad["d_flow"].tolist(),
-        bad["message_digest"].tolist(),
-        bad["wrong_response"].tolist(),
-        strict=True,
-    ):
-        if truth.from_tap and (str(d_flow), str(digest)) in faulted:
-            out.append(Attribution.CLIENT)
-            continue
-        here = sent_astray.get((f"{client_id}:{conn_id}", str(digest)))
-        if here is not None and (here or wrong_response):
-            out.append(Attribution.SERVER)
-        else:
-            out.append(Attribution.CLIENT)
-    return [str(a) for a in out]
-
-
-def _describe_flow(truth: StreamTruth, flow: Any) -> str:
-    match = truth.flows[truth.flows["flow"] == flow]
-    if not len(match):
-        return f"flow {flow}"
-    f = match.iloc[0]
-    if f["method"] == "POST" and present(f["jsonrpc_id"]):
-        what = f"the POST of request {f['jsonrpc_id']}"
-    elif f["resumption"]:
-        what = f"a resumption GET (Last-Event-ID {short(f['last_event_id_out'], 40)})"
-    else:
-        what = f"a {f['method']} stream"
-    who = f" by {f['conn']}" if present(f["conn"]) else ""
-    return f"flow {flow} ({what}{who}, stream {f['logical']})"
-
-
 def _witness(row: pd.Series, truth: StreamTruth, ctx: Context) -> Witness:
     client = row["client_id"]
     eid = row["event_id"]
@@ -364,7 +336,7 @@ def _witness(row: pd.Series, truth: StreamTruth, ctx: Context) -> Witness:
         first = same.sort_values("t").iloc[0]
         source = "tap" if present(first["flow"]) else "server ledger"
         where = (
-            f"the {source} says the server sent it on {_describe_flow(truth, first['flow'])} "
+            f"the {source} says the server sent it on {describe_flow(truth, first['flow'])} "
             f"as an event of stream {first['home']}"
         )
     else:
@@ -383,15 +355,25 @@ def _witness(row: pd.Series, truth: StreamTruth, ctx: Context) -> Witness:
                 f"; proxy fault {h['fault']} (rule {h['rule']}, decision {h['decision']}) forwarded it "
                 "there and the client did not reject it"
             )
-    if row["attribution"] == Attribution.SERVER:
-        blame = "; the server itself sent it on that connection (before any fault)"
+    if not blame and _server_sent_it_here(row, truth):
+        blame = (
+            "; the server itself sent it on that connection (before any fault), and the client accepted it"
+        )
     fields = row_of(row, RECEIPT_COLUMNS) | {
         "session": row["session"] if present(row["session"]) else None,
         "delivering_flow": row["d_flow"] if present(row["d_flow"]) else None,
         "expected_stream": expected,
     }
     check = "response_on_wrong_stream" if row["wrong_response"] else "not_sent_on_stream"
-    return Witness(check, f"{lead}; {where}, {why}{blame}", Attribution(row["attribution"]), fields)
+    refs = client_ref(ctx.data.client_files, "inbox", row)
+    return Witness(check, f"{lead}; {where}, {why}{blame}", Attribution.CLIENT, fields, tuple(refs))
+
+
+def _server_sent_it_here(row: pd.Series, truth: StreamTruth) -> bool:
+    """The server itself sent this message on the delivering connection."""
+    conn = f"{row['client_id']}:{row['conn_id']}"
+    sent = truth.sent
+    return bool(((sent["conn"] == conn) & (sent["digest"] == row["message_digest"])).any())
 
 
 _RECORDS = {

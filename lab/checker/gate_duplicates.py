@@ -1,9 +1,16 @@
 """Gate 2 — duplicate business dispatches (budget: 0).
 
-Three checks, each a count of offending groups:
+Checks, each a count of offending groups:
 - `server_performed_twice`: server ledger `dispatches` with effect = performed more than
   once for one (auth_subject, idempotency_key). Attribution: server (it had the key and
   performed again).
+- `wire_different_results`: from the wire, on any target: the tap's `result` records
+  (the answer the server sent to each tool call, with the digest of its result) hold two
+  or more different non-error `result_digest`s for one (auth, idempotency_key). The
+  target contract says a retry returns the original receipt, so a second, different
+  result is a second dispatch. Attribution: server. Where the server ledger exists too,
+  both are used (a key caught by both counts once), and keys on which they disagree are
+  listed in the notes and counted in `ledger_wire_disagreements`.
 - `client_dispatched_more_than_sent`: a client's outbox holds a message (digest) more
   times than the server sent that message to that client (distinct event IDs of that
   digest on the client's connections, from the tap or else the server ledger; replays of
@@ -17,9 +24,11 @@ Three checks, each a count of offending groups:
   clients never send two writes with equal arguments). Attribution: client. Checked when
   the server ledger has the column.
 
-Evidence: event count >= min_events, and at least one write was retried (the situation
-in which duplicates happen): a server dispatch with effect = replayed, an idempotency
-key on two or more tap flows, or a client write operation with attempts >= 2.
+Evidence: event count >= min_events; at least one write was retried (the situation in
+which duplicates happen): a server dispatch with effect = replayed, an idempotency key on
+two or more tap flows, a key answered more than once on the wire (tap `result`), or a
+client write operation with attempts >= 2; and the side effects are visible, from the
+server ledger or from the wire (tap `result` records of calls with a key).
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from typing import Any
 import pandas as pd
 
 from lab.checker.context import Context
-from lab.checker.explain import at, plural, row_of, short
+from lab.checker.explain import at, client_ref, plural, row_of, server_ref, short, tap_ref
 from lab.checker.load import MissingInput
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 from lab.checker.streams import stream_truth
@@ -48,6 +57,7 @@ def check(ctx: Context) -> GateResult:
             "client_dispatched_more_than_sent",
             "inbox_duplicate",
             "same_write_under_new_key",
+            "wire_different_results",
         )
     )  # None: not checked
     notes: list[str] = []
@@ -70,6 +80,23 @@ def check(ctx: Context) -> GateResult:
     else:
         notes.append(f"server side effects not checked: {data.why_absent('server')}")
 
+    wire = _wire_results(ctx)
+    wire_groups: list[dict[str, Any]] = []
+    if wire is not None:
+        wire_groups = _wire_different(wire)
+        server_keys = set()
+        if data.server is not None:
+            server_keys = {str(g["idempotency_key"]) for g in _server_twice(data.server["dispatches"])}
+            disagree = _disagreements(data.server["dispatches"], wire, wire_groups, server_keys)
+            measured["ledger_wire_disagreements"] = len(disagree)
+            notes += disagree[:3]
+        measured["wire_different_results"] = len(wire_groups)
+        wire_groups = [g for g in wire_groups if str(g["idempotency_key"]) not in server_keys]
+        witnesses += [_wire_witness(g, ctx) for g in wire_groups[: ctx.witness_limit]]
+        checked += 1
+    else:
+        notes.append("results on the wire not compared: the tap has no `result` records")
+
     outbox_groups: list[dict[str, Any]] = []
     inbox_groups: list[dict[str, Any]] = []
     if data.client is not None:
@@ -91,7 +118,11 @@ def check(ctx: Context) -> GateResult:
     if checked == 0:
         raise MissingInput("neither a server nor a client ledger could be read")
 
-    count = sum(v for k, v in measured.items() if isinstance(v, int))
+    count = sum(
+        v
+        for k, v in measured.items()
+        if isinstance(v, int) and k not in ("wire_different_results", "ledger_wire_disagreements")
+    ) + len(wire_groups)
     retried = _writes_retried(ctx)
     measured["writes_retried"] = retried
     evidence = [
@@ -105,9 +136,16 @@ def check(ctx: Context) -> GateResult:
         ),
         *ctx.client_evidence(),
     ]
-    if data.server is None:
+    answered = 0 if wire is None else int(wire["idempotency_key"].notna().sum())
+    if data.server is None and answered == 0:
         evidence.append(
-            Evidence("server side effects visible", True, False, False, "no server ledger: dispatches unseen")
+            Evidence(
+                "server side effects visible",
+                True,
+                False,
+                False,
+                "no server ledger, and no answer to a call with an idempotency key in the tap's `result` records",
+            )
         )
     if measured["client_dispatched_more_than_sent"] is None:
         evidence.append(
@@ -115,7 +153,7 @@ def check(ctx: Context) -> GateResult:
         )
     budget = ctx.budgets.duplicate_dispatch_max
     attribution = {
-        "server": int(measured["server_performed_twice"] or 0),
+        "server": int(measured["server_performed_twice"] or 0) + len(wire_groups),
         "client": len(outbox_groups) + len(inbox_groups) + len(rekeyed),
     }
     return GateResult(
@@ -162,7 +200,8 @@ def _server_witness(group: dict[str, Any], ctx: Context) -> Witness:
     first = rows.iloc[0]
     fields = row_of(first, ["idempotency_key", "auth_subject", "tool", "session", "request_id", "at"])
     fields["performed"] = len(rows)
-    return Witness("server_performed_twice", text, Attribution.SERVER, fields)
+    refs = [r for _, row in rows.head(4).iterrows() for r in server_ref("dispatches", row)]
+    return Witness("server_performed_twice", text, Attribution.SERVER, fields, tuple(refs))
 
 
 def _same_write_new_key(dispatches: pd.DataFrame) -> list[dict[str, Any]]:
@@ -198,7 +237,8 @@ def _rekeyed_witness(group: dict[str, Any], ctx: Context) -> Witness:
     fields = row_of(rows.iloc[0], ["auth_subject", "tool", "arguments_digest", "session", "request_id", "at"])
     fields["keys"] = ", ".join(str(k) for k in keys)
     fields["performed"] = len(rows)
-    return Witness("same_write_under_new_key", text, Attribution.CLIENT, fields)
+    refs = [r for _, row in rows.head(4).iterrows() for r in server_ref("dispatches", row)]
+    return Witness("same_write_under_new_key", text, Attribution.CLIENT, fields, tuple(refs))
 
 
 def _client_over_sent(outbox: pd.DataFrame, sent: pd.DataFrame) -> list[dict[str, Any]]:
@@ -248,13 +288,14 @@ def _inbox_duplicates(inbox: pd.DataFrame) -> list[dict[str, Any]]:
     key = ["client_id", "session_generation", "stream_key", "event_id", "message_digest"]
     dup = inbox[inbox.duplicated(key, keep=False)]
     out: list[dict[str, Any]] = []
-    for values, rows in dup.groupby(key, sort=False):
+    for values, rows in dup.groupby(key, sort=False, dropna=False):
         out.append({"key": dict(zip(key, values, strict=True)), "rows": rows})
     out.sort(key=lambda g: float(g["rows"]["accepted_at"].min()))
     return out
 
 
 def _inbox_witness(group: dict[str, Any], ctx: Context) -> Witness:
+    files = ctx.data.client_files
     k = group["key"]
     rows = group["rows"]
     text = (
@@ -263,7 +304,8 @@ def _inbox_witness(group: dict[str, Any], ctx: Context) -> Witness:
         f"{at(rows['accepted_at'].min(), ctx.origin)}: the dedup key must admit one"
     )
     fields = {name: row_of(rows.iloc[0], [name])[name] for name in k} | {"receipts": len(rows)}
-    return Witness("inbox_duplicate", text, Attribution.CLIENT, fields)
+    refs = [r for _, row in rows.head(4).iterrows() for r in client_ref(files, "inbox", row)]
+    return Witness("inbox_duplicate", text, Attribution.CLIENT, fields, tuple(refs))
 
 
 def _writes_retried(ctx: Context) -> int:
@@ -275,8 +317,84 @@ def _writes_retried(ctx: Context) -> int:
         keys = data.tap["flow"]["idempotency_key"].dropna()
         counts = keys.value_counts()
         n += int((counts > 1).sum())
+        results = data.tap["result"]
+        answered = results[results["idempotency_key"].notna()]
+        if len(answered):
+            per_key = answered.groupby(
+                [answered["auth"].astype("object").fillna("-"), answered["idempotency_key"]]
+            ).size()
+            n += int((per_key > 1).sum())  # keys answered more than once on the wire
     if data.client is not None and "operations" not in data.client_tables_absent:
         ops = data.client["operations"]
         write = pd.to_numeric(ops["write"], errors="coerce") == 1
         n += int((write & (pd.to_numeric(ops["attempts"], errors="coerce") >= 2)).sum())
     return n
+
+
+# ---------------------------------------------------------------------------- from the wire
+
+
+def _wire_results(ctx: Context) -> pd.DataFrame | None:
+    """The tap's `result` records of calls with an idempotency key (None: no tap, or a tap
+    without any `result` record, i.e. a writer that does not record results)."""
+    tap = ctx.data.tap
+    if tap is None or not len(tap["result"]):
+        return None
+    r = tap["result"]
+    return r[r["idempotency_key"].notna()].sort_values("t", kind="stable")
+
+
+def _is_error(values: pd.Series) -> pd.Series:
+    return values.map(lambda v: v is True or v == 1 or v == "true").astype(bool)
+
+
+def _wire_different(results: pd.DataFrame) -> list[dict[str, Any]]:
+    ok = results[~_is_error(results["is_error"]) & results["result_digest"].notna()]
+    if not len(ok):
+        return []
+    auth = ok["auth"].astype("object").fillna("-")
+    distinct = ok.groupby([auth, ok["idempotency_key"]], sort=False)["result_digest"].transform("nunique")
+    many = ok[distinct > 1]
+    out: list[dict[str, Any]] = []
+    for (subject, key), rows in many.groupby([auth[distinct > 1], many["idempotency_key"]], sort=False):
+        out.append({"auth": subject, "idempotency_key": key, "rows": rows})
+    out.sort(key=lambda g: float(g["rows"]["t"].iloc[0]))
+    return out
+
+
+def _wire_witness(group: dict[str, Any], ctx: Context) -> Witness:
+    rows = group["rows"]
+    answers = "; ".join(
+        f"request {r.jsonrpc_id} in session {r.session} got result {short(r.result_digest)} {at(r.t, ctx.origin)}"
+        for r in rows.head(4).itertuples()
+    )
+    text = (
+        f"the server answered idempotency key {group['idempotency_key']} (auth {group['auth']}) with "
+        f"{rows['result_digest'].nunique()} different results, so it performed {rows['tool'].iloc[0]} again "
+        f"(a retry must get the original receipt): {answers}"
+    )
+    fields = row_of(rows.iloc[0], ["idempotency_key", "auth", "tool", "session", "jsonrpc_id", "t"])
+    fields["different_results"] = int(rows["result_digest"].nunique())
+    refs = [r for _, row in rows.head(4).iterrows() for r in tap_ref(row)]
+    return Witness("wire_different_results", text, Attribution.SERVER, fields, tuple(refs))
+
+
+def _disagreements(
+    dispatches: pd.DataFrame, wire: pd.DataFrame, wire_groups: list[dict[str, Any]], server_keys: set[str]
+) -> list[str]:
+    """Keys on which the server ledger and the wire disagree about a second dispatch (each
+    judged only where both sources saw the key)."""
+    wire_keys = {str(g["idempotency_key"]) for g in wire_groups}
+    known = set(dispatches["idempotency_key"].dropna().astype(str))
+    answered = set(wire["idempotency_key"].dropna().astype(str))
+    out = [
+        f"the wire shows key {k} answered with different results, but the server ledger records one dispatch"
+        for k in sorted(wire_keys - server_keys)
+        if k in known
+    ]
+    out += [
+        f"the server ledger records key {k} performed twice, but the wire shows one result"
+        for k in sorted(server_keys - wire_keys)
+        if k in answered
+    ]
+    return out

@@ -10,8 +10,9 @@ ledger's `requests` with origin_allowed = 0.
 rate = (such requests answered 403) / (all such requests); the gate fails when
 rate < origin_reject_rate. Every illegal-Origin request answered otherwise is a
 violation, attributed to the server. Evidence: illegal-Origin requests >=
-min_illegal_origin. With both tap and server ledger, disagreements on which requests
-had an illegal Origin are listed in the notes.
+max(1, min_illegal_origin): with no illegal-Origin request at all the gate is
+inconclusive, never "0 of 0" passed. With both tap and server ledger, disagreements on
+which requests had an illegal Origin are listed in the notes.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from lab.checker.context import Context
-from lab.checker.explain import at, present, row_of
+from lab.checker.explain import at, fault_refs, present, row_of, server_ref, tap_ref
 from lab.checker.load import MissingInput
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 
@@ -67,15 +68,10 @@ def check(ctx: Context) -> GateResult:
     budget = ctx.budgets.origin_reject_rate
     failed = rate is not None and rate < budget
     bad = rows[rows["status"] != 403].sort_values("t" if source == "tap" else "at", kind="stable")
+    need = max(1, ctx.budgets.min_illegal_origin)  # "0 of 0 rejected" is no evidence
     evidence = [
         ctx.events_evidence(),
-        Evidence(
-            "illegal-Origin requests",
-            ctx.budgets.min_illegal_origin,
-            total,
-            total >= ctx.budgets.min_illegal_origin,
-            f"from the {source}",
-        ),
+        Evidence("illegal-Origin requests", need, total, total >= need, f"from the {source}"),
     ]
     shown = "n/a" if rate is None else f"{rate:.2%}"
     return GateResult(
@@ -84,7 +80,7 @@ def check(ctx: Context) -> GateResult:
         title=TITLE,
         verdict=decide(failed, evidence),
         summary=f"{rejected} of {total} illegal-Origin requests answered 403 ({shown}; budget {budget:.0%})",
-        budget={"origin_reject_rate": budget, "min_illegal_origin": ctx.budgets.min_illegal_origin},
+        budget={"origin_reject_rate": budget, "min_illegal_origin": need},
         measured={"illegal_origin_requests": total, "rejected_403": rejected, "rate": rate, "source": source},
         evidence=tuple(evidence),
         violations=len(bad),
@@ -111,13 +107,15 @@ def _witness(r: pd.Series, source: str, ctx: Context) -> Witness:
             f"{origin!r}{how} and was answered {status}, not 403"
         )
         fields = row_of(r, ["flow", "t", "conn", "method", "origin_in", "origin_out", "status", "session"])
+        refs = tap_ref(r) + fault_refs(f.get("decision") for f in faults if isinstance(f, dict))
     else:
         text = (
             f"a {r['method']} by {r['conn']} arrived {at(r['at'], ctx.origin)} with the illegal Origin "
             f"{r['origin']!r} and the server answered {status}, not 403"
         )
         fields = row_of(r, ["at", "conn", "method", "origin", "status", "reason", "session"])
-    return Witness("not_rejected", text, Attribution.SERVER, fields)
+        refs = server_ref("requests", r)
+    return Witness("not_rejected", text, Attribution.SERVER, fields, tuple(refs))
 
 
 def _disagreements(ctx: Context, tap_illegal: pd.DataFrame) -> list[str]:

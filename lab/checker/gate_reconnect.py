@@ -13,11 +13,13 @@ at least one reconnect, and a reconnect budget in run.json.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import pandas as pd
 
 from lab.checker.context import Context
-from lab.checker.explain import at, row_of
+from lab.checker.explain import at, client_ref, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 
 GATE = "reconnect_qps"
@@ -26,12 +28,23 @@ TITLE = "Reconnect QPS within the budget"
 WAIT_ALLOWANCE_S = 0.001
 
 
-def per_second(reconnects: pd.DataFrame) -> pd.Series:
-    """Reconnect attempts per 1 s bin (index: bin start, epoch s, int), bins in order."""
-    if not len(reconnects):
+def per_second(reconnects: pd.DataFrame | Sequence[float] | np.ndarray) -> pd.Series:
+    """Reconnect attempts per 1 s bin (index: bin start, epoch s, int), bins in order.
+
+    Takes the `reconnects` rows (their `sent_at`) or the `sent_at` times themselves: the
+    one definition of "reconnects per second", used by this gate, the report's figure
+    and `lab run`'s progress line."""
+    times = reconnects["sent_at"] if isinstance(reconnects, pd.DataFrame) else reconnects
+    values = np.asarray(times, dtype="float64")
+    if not len(values):
         return pd.Series(dtype="int64")
-    bins = np.floor(reconnects["sent_at"].astype("float64").to_numpy()).astype("int64")
+    bins = np.floor(values).astype("int64")
     return pd.Series(bins).value_counts().sort_index()
+
+
+def over_budget(counts: pd.Series, budget: float | None) -> pd.Series:
+    """The bins of `per_second` above the budget (the gate's violations)."""
+    return counts[counts > budget] if budget is not None else counts.iloc[0:0]
 
 
 def check(ctx: Context) -> GateResult:
@@ -39,7 +52,7 @@ def check(ctx: Context) -> GateResult:
     budget = ctx.budgets.reconnect_qps
     counts = per_second(rc)
     peak = int(counts.max()) if len(counts) else 0
-    over = counts[counts > budget] if budget is not None else counts.iloc[0:0]
+    over = over_budget(counts, budget)
     waited = rc["sent_at"].astype("float64") - rc["lost_at"].astype("float64")
     advised = pd.to_numeric(rc["advised_delay"], errors="coerce")
     too_soon = advised.notna() & (waited + WAIT_ALLOWANCE_S < advised)
@@ -99,11 +112,17 @@ def _over_witness(second: int, n: int, budget: float, rc: pd.DataFrame, ctx: Con
         f"{n} reconnect attempts from {inside['client_id'].nunique()} clients in the second starting "
         f"{at(second, ctx.origin)} ({kinds}); budget {budget:g}/s"
     )
+    refs = [
+        r
+        for _, row in inside.head(3).iterrows()
+        for r in client_ref(ctx.data.client_files, "reconnects", row)
+    ]
     return Witness(
         "over_budget",
         text,
         Attribution.CLIENT,
         {"second": second, "attempts": n, "clients": int(inside["client_id"].nunique()), "budget": budget},
+        tuple(refs),
     )
 
 
@@ -128,4 +147,5 @@ def _early_witness(r: pd.Series, ctx: Context) -> Witness:
             "attempt",
         ],
     )
-    return Witness("waited_less_than_advised", text, Attribution.CLIENT, fields)
+    refs = client_ref(ctx.data.client_files, "reconnects", r)
+    return Witness("waited_less_than_advised", text, Attribution.CLIENT, fields, tuple(refs))

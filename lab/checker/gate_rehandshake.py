@@ -18,8 +18,10 @@ and 404s the tap saw on a client's connection that the client ledger records wit
 another status are listed in the notes. A 404 after which the client made no request at
 all is counted (`no_next_request`), not a violation.
 
-Evidence: 404s to session-carrying requests >= min_404; client ledgers readable.
-Attribution: client.
+Evidence: 404s to session-carrying requests >= max(1, min_404) (zero 404s is never a
+pass, whatever the scenario); client ledgers readable; and when the scenario's
+`kill_session` fault was refused by the target (every DELETE it sent answered 405), the
+gate is inconclusive for that reason, said plainly. Attribution: client.
 """
 
 from __future__ import annotations
@@ -29,14 +31,24 @@ from typing import Any
 import pandas as pd
 
 from lab.checker.context import Context, split_conn
-from lab.checker.explain import at, present, row_of
+from lab.checker.explain import at, client_ref, present, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
+from lab.checker.not_applicable import kill_session_refused
 
 GATE = "missing_rehandshake"
 NUMBER = 3
 TITLE = "404 without a new handshake"
 
-NEXT_COLUMNS = ["conn_id", "purpose", "method", "carried_session", "session_generation", "started_at"]
+NEXT_COLUMNS = [
+    "conn_id",
+    "purpose",
+    "method",
+    "carried_session",
+    "session_generation",
+    "started_at",
+    "_src",
+    "_rowid",
+]
 
 
 def check(ctx: Context) -> GateResult:
@@ -49,7 +61,7 @@ def check(ctx: Context) -> GateResult:
     # merge_asof refuses null keys; an exchange without times cannot be placed anyway.
     lost = ex[is_404].dropna(subset=["ended_at"]).sort_values("ended_at", kind="stable")
     following = (
-        ex[["client_id", *NEXT_COLUMNS]]
+        ex[["client_id", *(c for c in NEXT_COLUMNS if c in ex.columns)]]
         .dropna(subset=["started_at"])
         .sort_values("started_at", kind="stable")
     )
@@ -72,16 +84,24 @@ def check(ctx: Context) -> GateResult:
     count = len(bad)
     no_next = int((joined["outcome"] == "no_next_request").sum()) if len(joined) else 0
     budget = ctx.budgets.missing_rehandshake_max
+    need = max(1, ctx.budgets.min_404)  # zero 404s is no evidence, whatever the scenario
     evidence = [
         ctx.events_evidence(),
-        Evidence(
-            "404s to requests with a session",
-            ctx.budgets.min_404,
-            len(lost),
-            len(lost) >= ctx.budgets.min_404,
-        ),
+        Evidence("404s to requests with a session", need, len(lost), len(lost) >= need),
         *ctx.client_evidence(),
     ]
+    refused, accepted = kill_session_refused(ctx.data)
+    if refused and not accepted:
+        evidence.append(
+            Evidence(
+                "kill_session applicable",
+                True,
+                False,
+                False,
+                f"the target answered 405 to all {refused} DELETE(s) kill_session sent: it does not let "
+                "clients end sessions, so the fault meant to cause these 404s is not applicable",
+            )
+        )
     notes = _tap_cross_check(ctx, ex)
     return GateResult(
         number=NUMBER,
@@ -89,7 +109,7 @@ def check(ctx: Context) -> GateResult:
         title=TITLE,
         verdict=decide(count > budget, evidence),
         summary=f"{count} of {len(lost)} session 404s not followed by a new initialize (budget {budget})",
-        budget={"missing_rehandshake_max": budget, "min_404": ctx.budgets.min_404},
+        budget={"missing_rehandshake_max": budget, "min_404": need},
         measured={
             "session_404s": len(lost),
             "rehandshaken": int((joined["outcome"] == "initialize").sum()) if len(joined) else 0,
@@ -152,8 +172,10 @@ def _witness(r: pd.Series, ctx: Context) -> Witness:
     fields = row_of(
         r, ["client_id", "conn_id", "purpose", "method", "session_generation", "started_at", "ended_at"]
     )
-    fields |= row_of(r, [f"next_{c}" for c in NEXT_COLUMNS])
-    return Witness("no_rehandshake", text, Attribution.CLIENT, fields)
+    fields |= row_of(r, [f"next_{c}" for c in NEXT_COLUMNS if not c.startswith("_")])
+    files = ctx.data.client_files
+    refs = client_ref(files, "http_exchanges", r) + client_ref(files, "http_exchanges", r, prefix="next_")
+    return Witness("no_rehandshake", text, Attribution.CLIENT, fields, tuple(refs))
 
 
 def _tap_cross_check(ctx: Context, ex: pd.DataFrame) -> list[str]:
@@ -170,7 +192,19 @@ def _tap_cross_check(ctx: Context, ex: pd.DataFrame) -> list[str]:
     other = j[pd.to_numeric(j["status"], errors="coerce") != 404]
     if not len(other):
         return []
-    sample = ", ".join(f"{r.client_id}:{r.conn_id} ({r.status})" for r in other.head(3).itertuples())
+    sample = ", ".join(
+        f"{r.client_id}:{r.conn_id} ({_recorded(r.status)})" for r in other.head(3).itertuples()
+    )
     return [
         f"the tap saw {len(other)} session 404(s) that the client ledger records otherwise or not at all: {sample}"
     ]
+
+
+def _recorded(status: object) -> str:
+    """How the client ledger records a request's status, in words (never pandas' `nan`)."""
+    number = pd.to_numeric(pd.Series([status]), errors="coerce").iloc[0]
+    if not present(status):
+        return "not in the client ledger"
+    if pd.isna(number):
+        return f"status {status!r}"
+    return f"recorded as {int(number)}"

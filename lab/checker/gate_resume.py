@@ -1,10 +1,16 @@
-"""Gate 5 — resume latency p99 (budget: resume_p99_s, SPEC.md: < 5 s).
+"""Gate 5 — resume latency p99 (budget: resume_p99_s, by default < 5 s).
 
 Per client `recoveries` row: latency = recovered_at - lost_at (seconds: loss detected ->
 next accepted event on the resumed stream, or completion by a retry, re-handshakes
 included). A loss that never recovered (recovered_at NULL) counts as infinitely slow —
 except when it was detected less than resume_p99_s before the run stopped: the run gave
 it no chance, so it is *censored* (left out and counted).
+
+Calls that never got an outcome (`lab.checker.liveness`: a tool call the wire shows,
+whose client never wrote its outcome by the end of the run) are never recovered too,
+whatever the client recorded: each counts as one infinitely slow recovery (path
+`never_finished`), unless the client already lists it as an open recovery or it started
+less than resume_p99_s before the run stopped.
 
 p99 is the nearest-rank percentile: the ceil(0.99 n)-th smallest latency, a latency that
 really happened (no interpolation, which would be meaningless next to infinity). The
@@ -22,13 +28,15 @@ import numpy as np
 import pandas as pd
 
 from lab.checker.context import Context
-from lab.checker.explain import at, row_of
+from lab.checker.explain import at, client_ref, row_of, tap_ref
+from lab.checker.liveness import describe_stuck, never_finished_latencies
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 
 GATE = "resume_p99"
 NUMBER = 5
 TITLE = "Resume latency p99"
 PERCENTILE = 0.99
+NEVER_FINISHED = "never_finished"
 
 
 def latencies(recoveries: pd.DataFrame, budget_s: float, stopped_at: float | None) -> pd.DataFrame:
@@ -55,6 +63,9 @@ def check(ctx: Context) -> GateResult:
     rec = ctx.require_client("recoveries")
     budget = ctx.budgets.resume_p99_s
     lat = latencies(rec, budget, ctx.stopped_at)
+    stuck = never_finished_latencies(ctx)
+    if len(stuck):
+        lat = pd.concat([lat, _as_recoveries(stuck)], ignore_index=True)
     counted = lat[~lat["censored"]]
     values = counted["latency"].to_numpy(dtype="float64")
     p99 = nearest_rank(values, PERCENTILE)
@@ -64,9 +75,10 @@ def check(ctx: Context) -> GateResult:
     finite = values[np.isfinite(values)]
     never = int(np.isinf(values).sum())
     negative = int((finite < 0).sum())
+    need = max(1, ctx.budgets.min_recoveries)  # no recovery at all is no evidence, whatever the budget
     evidence = [
         ctx.events_evidence(),
-        Evidence("recoveries", ctx.budgets.min_recoveries, n, n >= ctx.budgets.min_recoveries),
+        Evidence("recoveries", need, n, n >= need),
         *ctx.client_evidence(),
     ]
     notes = []
@@ -82,7 +94,7 @@ def check(ctx: Context) -> GateResult:
         title=TITLE,
         verdict=decide(failed, evidence),
         summary=f"p99 {p99_text} over {n} recoveries (budget < {budget:g} s)",
-        budget={"resume_p99_s": budget, "min_recoveries": ctx.budgets.min_recoveries},
+        budget={"resume_p99_s": budget, "min_recoveries": need},
         measured={
             "recoveries": n,
             "p50_s": _finite(nearest_rank(values, 0.5)),
@@ -91,6 +103,7 @@ def check(ctx: Context) -> GateResult:
             "p99_unbounded": bool(math.isinf(p99)),
             "max_recovered_s": float(finite.max()) if len(finite) else None,
             "never_recovered": never,
+            "never_finished_calls": len(stuck),
             "censored": censored,
             "by_path": {str(k): int(v) for k, v in counted["path"].value_counts().items()},
         },
@@ -108,7 +121,34 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def _as_recoveries(stuck: pd.DataFrame) -> pd.DataFrame:
+    """Calls without an outcome as never-recovered `recoveries` rows."""
+    return pd.DataFrame(
+        {
+            "client_id": stuck["client_id"].to_numpy(dtype=object),
+            "stream_key": None,
+            "operation_key": stuck["operation_key"].to_numpy(dtype=object),
+            "cause": "no_outcome",
+            "lost_at": stuck["started_at"].to_numpy(dtype="float64"),
+            "recovered_at": np.nan,
+            "path": NEVER_FINISHED,
+            "attempts": 0,
+            "reinitialized": 0,
+            "latency": math.inf,
+            "censored": False,
+            "tool": stuck["tool"].to_numpy(dtype=object),
+            "started_at": stuck["started_at"].to_numpy(dtype="float64"),
+            "_line": stuck["_line"].to_numpy(dtype=object),
+        }
+    )
+
+
 def _witness(r: pd.Series, budget: float, ctx: Context) -> Witness:
+    if r["path"] == NEVER_FINISHED:
+        fields = row_of(r, ["client_id", "operation_key", "tool", "started_at"])
+        fields["latency_s"] = None
+        text = f"{describe_stuck(r, ctx)}: never recovered (counts as infinite; budget {budget:g} s)"
+        return Witness("never_finished", text, Attribution.UNATTRIBUTED, fields, tuple(tap_ref(r)))
     latency = float(r["latency"])
     took = "never recovered" if math.isinf(latency) else f"recovered after {latency:.3f} s"
     text = (
@@ -131,4 +171,5 @@ def _witness(r: pd.Series, budget: float, ctx: Context) -> Witness:
         ],
     )
     fields["latency_s"] = None if math.isinf(latency) else latency
-    return Witness("slow_recovery", text, Attribution.UNATTRIBUTED, fields)
+    refs = client_ref(ctx.data.client_files, "recoveries", r)
+    return Witness("slow_recovery", text, Attribution.UNATTRIBUTED, fields, tuple(refs))

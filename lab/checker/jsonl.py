@@ -25,6 +25,9 @@ from typing import Any
 
 import pandas as pd
 
+LINE = "_line"
+"""The column holding each record's 1-based line number in its file (for witnesses' refs)."""
+
 
 class LedgerError(Exception):
     """An input file the checker refuses. `path` is relative to the run folder."""
@@ -60,15 +63,15 @@ def read_jsonl(
             body = body + tail + b"\n"
         except ValueError:
             notes.append(f"{rel}: the last line is cut off (the writer stopped mid-line); it was ignored")
-    objects = _parse(body, rel)
-    by_type, skipped = _group(objects, rel, record_fields, schema)
+    objects, first_line = _parse(body, rel)
+    by_type, skipped = _group(objects, rel, record_fields, schema, first_line)
     if skipped:
         kinds = ", ".join(f"{n} '{kind}'" for kind, n in sorted(skipped.items()))
         notes.append(f"{rel}: skipped records of types {schema} does not define: {kinds}")
     frames: dict[str, pd.DataFrame] = {}
     for kind, required in record_fields.items():
         rows = by_type.get(kind, [])
-        frame = pd.DataFrame.from_records(rows) if rows else pd.DataFrame(columns=list(required))
+        frame = pd.DataFrame.from_records(rows) if rows else pd.DataFrame(columns=[*required, LINE])
         for name in frame.columns:  # as in lab.checker.load.as_object_strings (why: there)
             if isinstance(frame[name].dtype, pd.StringDtype):
                 frame[name] = frame[name].astype(object)
@@ -85,18 +88,21 @@ def _split_tail(data: bytes) -> tuple[bytes, bytes]:
     return data[:cut], data[cut:].strip()
 
 
-def _parse(body: bytes, rel: str) -> list[Any]:
+def _parse(body: bytes, rel: str) -> tuple[list[Any], int]:
+    """(the records, the line number of the first one when they are not `_Numbered`)."""
     stripped = body.strip()
     if not stripped:
-        return []
+        return [], 1
     try:
-        # JSON strings cannot hold a raw newline, so every newline separates records.
+        # JSON strings cannot hold a raw newline, so every newline separates records (a
+        # blank line inside makes ",," and falls back to the line-by-line path).
         parsed = json.loads(b"[" + stripped.replace(b"\n", b",") + b"]")
         if isinstance(parsed, list):
-            return parsed
-    except (ValueError, UnicodeDecodeError):
+            leading = body[: len(body) - len(body.lstrip())]
+            return parsed, leading.count(b"\n") + 1
+    except (ValueError, UnicodeDecodeError, RecursionError):
         pass
-    return _parse_lines(body, rel)
+    return _parse_lines(body, rel), 1
 
 
 def _parse_lines(body: bytes, rel: str) -> list[Any]:
@@ -106,6 +112,8 @@ def _parse_lines(body: bytes, rel: str) -> list[Any]:
             continue  # a blank line carries nothing; tolerated
         try:
             objects.append((number, json.loads(line)))
+        except RecursionError as e:
+            raise LedgerError(rel, f"line {number} is nested too deeply to be read") from e
         except UnicodeDecodeError as e:
             raise LedgerError(rel, f"line {number} is not UTF-8 ({e.reason})") from e
         except ValueError as e:
@@ -122,11 +130,15 @@ class _Numbered:
 
 
 def _group(
-    objects: list[Any], rel: str, record_fields: Mapping[str, tuple[str, ...]], schema: str
+    objects: list[Any],
+    rel: str,
+    record_fields: Mapping[str, tuple[str, ...]],
+    schema: str,
+    first_line: int = 1,
 ) -> tuple[dict[str, list[dict[str, Any]]], Counter[str]]:
     by_type: dict[str, list[dict[str, Any]]] = {kind: [] for kind in record_fields}
     skipped: Counter[str] = Counter()
-    for position, item in enumerate(objects, start=1):
+    for position, item in enumerate(objects, start=first_line):
         number, obj = (item.number, item.obj) if isinstance(item, _Numbered) else (position, item)
         if not isinstance(obj, dict):
             raise LedgerError(rel, f"line {number} is not a JSON object")
@@ -140,5 +152,6 @@ def _group(
         if rows is None:
             skipped[kind] += 1
             continue
+        obj[LINE] = number
         rows.append(obj)
     return by_type, skipped

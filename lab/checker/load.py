@@ -9,10 +9,18 @@
     nemesis.jsonl             -> RunData.nemesis        (one frame, a `type` column)
 
 Every file ends up in `RunData.sources` as ok, missing or error; an error (unreadable,
-corrupted, unknown schema, a field the contract requires is absent) is also a `Problem`
-naming the file. A source in error is treated as absent by the gates, which then say
-which file they could not use. SQLite files are opened read-only (`mode=ro`), so
-checking a run never changes it; a WAL that was not checkpointed is still read.
+corrupted, unknown schema, a field the contract requires is absent, a run.json field of
+the wrong type) is also a `Problem` naming the file. A source in error is treated as
+absent by the gates, which then say which file they could not use, and the run cannot
+pass. SQLite files are opened read-only (`mode=ro`), so checking a run never changes it;
+a WAL that was not checkpointed is still read. Every SQLite ledger is first checked with
+`PRAGMA quick_check`: a damaged page anywhere refuses the whole file (random bytes in a
+page can otherwise read as plausible rows), and any SQLite error at any depth becomes
+that file's one-line reason, never an exception.
+
+Each row keeps where it came from, so witnesses can point at their raw evidence:
+`_rowid` (SQLite rowid; absent for WITHOUT ROWID tables), `_src` (client rows: the index
+of the file in `RunData.client_files`) and `_line` (JSON lines: the 1-based line).
 
 Times stay Unix epoch seconds (float); nothing is converted to datetimes.
 """
@@ -31,6 +39,11 @@ import pandas as pd
 from lab.checker import schemas
 from lab.checker.jsonl import LedgerError, read_jsonl
 from lab.checker.model import Problem, SourceInfo
+
+ROWID = "_rowid"
+"""The SQLite rowid of a ledger row (where the table has one)."""
+SOURCE = "_src"
+"""Client rows: the index of their file in `RunData.client_files`."""
 
 
 class MissingInput(Exception):
@@ -78,11 +91,6 @@ class RunData:
             raise MissingInput(f"no client ledger has a table '{table}'")
         return self.client[table]
 
-    def server_table(self, table: str) -> pd.DataFrame:
-        if self.server is None:
-            raise MissingInput(f"no server ledger ({self.why_absent('server')})")
-        return self.server[table]
-
     def tap_records(self, kind: str) -> pd.DataFrame:
         if self.tap is None:
             raise MissingInput(f"no proxy tap ({self.why_absent('tap')})")
@@ -120,7 +128,9 @@ def _load_run_json(data: RunData) -> None:
     path = data.run_dir / rel
     if not path.exists():
         data.sources.append(SourceInfo(rel, "run", schemas.RUN_SCHEMA, "missing"))
-        data.problems.append(Problem(rel, "missing: budgets fall back to SPEC.md's, and the run cannot pass"))
+        data.problems.append(
+            Problem(rel, "missing: budgets fall back to the defaults, and the run cannot pass")
+        )
         return
     try:
         run = json.loads(path.read_text(encoding="utf-8"))
@@ -129,6 +139,9 @@ def _load_run_json(data: RunData) -> None:
         return
     except json.JSONDecodeError as e:
         _fail(data, rel, "run", schemas.RUN_SCHEMA, f"is not JSON (line {e.lineno}: {e.msg})")
+        return
+    except RecursionError:
+        _fail(data, rel, "run", schemas.RUN_SCHEMA, "is nested too deeply to be read")
         return
     if not isinstance(run, dict):
         _fail(data, rel, "run", schemas.RUN_SCHEMA, "is not a JSON object")
@@ -142,15 +155,39 @@ def _load_run_json(data: RunData) -> None:
             f"unknown schema {run.get('schema')!r} (the checker reads {schemas.RUN_SCHEMA})",
         )
         return
+    wrong = schemas.run_json_errors(run)
+    if wrong:
+        # Kept (the budgets and times that are well-formed are still used), but the run's
+        # own record cannot be trusted: the run cannot pass.
+        data.run = run
+        _fail(data, rel, "run", schemas.RUN_SCHEMA, "; ".join(wrong))
+        return
     data.run = run
     data.sources.append(SourceInfo(rel, "run", schemas.RUN_SCHEMA, "ok"))
 
 
 # ---------------------------------------------------------------------------- SQLite
 
+_DAMAGE_ERRORS = (sqlite3.Error, pd.errors.DatabaseError, OSError)
+"""What reading a damaged or vanished SQLite file can raise, at any depth (pandas wraps
+sqlite3's errors in its own DatabaseError)."""
+
 
 def _open_ro(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+
+
+def _quick_check(db: sqlite3.Connection, rel: str) -> None:
+    """Refuse a file with any damaged page (b-tree structure, cell bounds, row order)."""
+    try:
+        rows = db.execute("PRAGMA quick_check").fetchall()
+    except sqlite3.DatabaseError as e:
+        if "not a database" in str(e):
+            raise  # not SQLite at all: said as such by the caller
+        raise LedgerError(rel, f"is damaged (PRAGMA quick_check: {_why(e)})") from e
+    if rows != [("ok",)]:
+        first = " ".join(str(rows[0][0]).split()) if rows else "no answer"
+        raise LedgerError(rel, f"is damaged (PRAGMA quick_check: {first[:200]})")
 
 
 def _check_meta(db: sqlite3.Connection, rel: str, known: frozenset[str]) -> str | None:
@@ -172,11 +209,13 @@ def _read_tables(
     db: sqlite3.Connection, rel: str, tables: Mapping[str, tuple[str, ...]]
 ) -> tuple[dict[str, pd.DataFrame], list[str]]:
     """Read the contract's columns of every table; (frames, absent table names)."""
-    present = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    master = {
+        row[0]: row[1] or "" for row in db.execute("SELECT name, sql FROM sqlite_master WHERE type='table'")
+    }
     frames: dict[str, pd.DataFrame] = {}
     absent: list[str] = []
     for table, columns in tables.items():
-        if table not in present:
+        if table not in master:
             absent.append(table)
             continue
         have = {row[1] for row in db.execute(f'PRAGMA table_info("{table}")')}
@@ -185,6 +224,8 @@ def _read_tables(
             raise LedgerError(rel, f"table '{table}' lacks column(s) {', '.join(missing)}")
         extra = [c for c in schemas.OPTIONAL_COLUMNS.get(table, ()) if c in have]
         cols = ", ".join(f'"{c}"' for c in (*columns, *extra))
+        if "WITHOUT ROWID" not in master[table].upper() and ROWID not in have:
+            cols = f'rowid AS "{ROWID}", {cols}'
         frames[table] = as_object_strings(pd.read_sql_query(f'SELECT {cols} FROM "{table}"', db))
     return frames, absent
 
@@ -194,20 +235,32 @@ def _read_sqlite(
 ) -> tuple[dict[str, pd.DataFrame], list[str], str | None]:
     try:
         db = _open_ro(path)
-    except sqlite3.Error as e:
-        raise LedgerError(rel, f"cannot be opened ({e})") from e
+    except _DAMAGE_ERRORS as e:
+        raise LedgerError(rel, f"cannot be opened ({_why(e)})") from e
     try:
+        _quick_check(db, rel)
         declared = _check_meta(db, rel, schemas.KNOWN_META_SCHEMAS[kind])
         frames, absent = _read_tables(db, rel, tables)
         if kind == "client" and ("inbox" in absent or "outbox" in absent):
             # lab.inbox creates both when it opens the file: without them it is not ours.
             raise LedgerError(rel, "has no inbox/outbox tables: not a client ledger")
-    except sqlite3.DatabaseError as e:
+    except _DAMAGE_ERRORS as e:
         # "file is not a database", "database disk image is malformed", ...
-        raise LedgerError(rel, f"is not a readable SQLite database ({e})") from e
+        raise LedgerError(rel, f"is not a readable SQLite database ({_why(e)})") from e
     finally:
         db.close()
     return frames, absent, declared
+
+
+def _why(e: BaseException) -> str:
+    """One line: the innermost SQLite message (pandas wraps it in a long text with the query)."""
+    inner: BaseException = e
+    while inner.__cause__ is not None and not isinstance(inner, sqlite3.Error):
+        inner = inner.__cause__
+    text = str(inner) if isinstance(inner, sqlite3.Error) else str(e)
+    if isinstance(e, pd.errors.DatabaseError) and ": " in text and not isinstance(inner, sqlite3.Error):
+        text = text.rsplit(": ", 1)[-1]  # "Execution failed on sql '…': database disk image is malformed"
+    return " ".join(text.split())[:200] or type(e).__name__
 
 
 def _load_clients(data: RunData) -> None:
@@ -226,8 +279,10 @@ def _load_clients(data: RunData) -> None:
             _fail(data, rel, "client", schemas.CLIENT_SCHEMA, e.message)
             continue
         readable += 1
+        source = len(data.client_files)
         data.client_files.append(rel)
         for table, frame in frames.items():
+            frame[SOURCE] = source
             per_table[table].append(frame)
         absent_everywhere -= set(frames)
         if absent:
@@ -277,7 +332,7 @@ def _load_server(data: RunData) -> None:
 # ---------------------------------------------------------------------------- JSON lines
 
 
-def _check_numeric(frames: Mapping[str, pd.DataFrame], rel: str) -> None:
+def check_numeric(frames: Mapping[str, pd.DataFrame], rel: str) -> None:
     for kind, frame in frames.items():
         for name in schemas.NUMERIC_FIELDS.intersection(frame.columns):
             column = frame[name]
@@ -302,7 +357,7 @@ def _read_jsonl_source(
         return None
     try:
         read = read_jsonl(path, rel, records, schema)
-        _check_numeric(read.frames, rel)
+        check_numeric(read.frames, rel)
     except LedgerError as e:
         _fail(data, rel, kind, schema, e.message)
         return None

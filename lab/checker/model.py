@@ -6,7 +6,9 @@ JSON-ready (str, int, float, bool or None): a witness is written to report.json 
 
 Verdicts follow Jepsen's checkers: `pass` (true), `fail` (false), `inconclusive`
 (unknown). When verdicts combine, fail outranks inconclusive, and inconclusive outranks
-pass: a run passes only if every gate passed.
+pass: a run passes only if every gate passed. A run has one more verdict, `incomplete`:
+it did not finish (interrupted, a part died, still running, abandoned) and no gate
+failed. An incomplete run never passes; a violation found in it still fails it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+
+from lab.exitcodes import ExitCode
 
 type Scalar = str | int | float | bool | None
 type JsonValue = Scalar | list[JsonValue] | dict[str, JsonValue]
@@ -23,11 +27,18 @@ class Verdict(enum.StrEnum):
     PASS = "pass"
     FAIL = "fail"
     INCONCLUSIVE = "inconclusive"
+    INCOMPLETE = "incomplete"
+    """Only as a run's verdict (never a gate's): the run did not finish and no gate failed."""
 
     @property
-    def exit_code(self) -> int:
-        """`lab report`'s exit code: 0 pass, 1 a gate failed, 2 inconclusive."""
-        return {Verdict.PASS: 0, Verdict.FAIL: 1, Verdict.INCONCLUSIVE: 2}[self]
+    def exit_code(self) -> ExitCode:
+        """The exit code of `lab report` and `lab run` (lab.exitcodes): 0 pass, 1 a gate
+        failed, 2 inconclusive or incomplete."""
+        if self is Verdict.PASS:
+            return ExitCode.PASS
+        if self is Verdict.FAIL:
+            return ExitCode.GATE_FAILED
+        return ExitCode.INCONCLUSIVE
 
 
 def combine(verdicts: Iterable[Verdict]) -> Verdict:
@@ -67,6 +78,10 @@ class Witness:
     attribution: Attribution
     row: Mapping[str, Scalar]
     """The ledger fields behind the explanation (names as in docs/ledgers.md)."""
+    refs: tuple[str, ...] = ()
+    """Where the raw evidence is, in the run folder: `proxy/tap.jsonl:<line>`,
+    `clients/<file>#<table>/<rowid>`, `server/ledger.sqlite#<table>/<rowid>`, and
+    `fault:<decision ID>` for the proxy fault decision involved."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +98,7 @@ class Evidence:
 @dataclass(frozen=True, slots=True)
 class GateResult:
     number: int
-    """1..6, the order of SPEC.md's gate table."""
+    """1..6, the order of the gate table (docs/report.md)."""
     gate: str
     """Stable identifier: cross_stream, duplicate_dispatch, missing_rehandshake,
     illegal_origin, resume_p99, reconnect_qps."""
@@ -156,6 +171,43 @@ class FaultCount:
 
 
 @dataclass(frozen=True, slots=True)
+class NotApplicable:
+    """A configured fault that this target made impossible to apply (e.g. a DELETE the
+    target answers 405), said plainly in the report."""
+
+    fault: str
+    reason: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Collapse:
+    """A stretch of the run where throughput fell to about nothing while clients were
+    active (times epoch s)."""
+
+    start: float
+    end: float
+    throughput: int
+    """Answered requests plus events sent in the stretch."""
+    active_clients: int
+    """The most clients with a request open in any second of the stretch."""
+    typical_per_bin: float
+    bin_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Liveness:
+    """What never finished, next to the gates. None where the ledgers cannot say."""
+
+    calls_without_outcome: int | None
+    """Calls (tool-call operations) that never got an outcome by the end of the run."""
+    clients_stuck: tuple[str, ...]
+    """Clients with such a call at the end."""
+    collapses: tuple[Collapse, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class RunInfo:
     """The run as run.json describes it (None where run.json does not say)."""
 
@@ -188,3 +240,8 @@ class RunReport:
     faults_never_fired: tuple[str, ...]
     checked_at: float
     check_seconds: float
+    incomplete: bool = False
+    """The run did not finish (run.json `complete` false, or a run still `running` or
+    `abandoned`): the verdict is then never better than incomplete."""
+    faults_not_applicable: tuple[NotApplicable, ...] = ()
+    liveness: Liveness | None = None

@@ -156,6 +156,19 @@ TAP_RECORDS: dict[str, tuple[str, ...]] = {
     "fault": ("t", "fault", "rule", "decision", "flow", "detail"),
     # A fault plan that became active (or could not be used); read, not judged.
     "plan": ("t", "source", "digest", "error"),
+    # The answer to a tool call as the server sent it (gate 2 from the wire): a digest of
+    # its result, per (auth subject, idempotency key).
+    "result": (
+        "flow",
+        "t",
+        "session",
+        "auth",
+        "jsonrpc_id",
+        "idempotency_key",
+        "tool",
+        "is_error",
+        "result_digest",
+    ),
 }
 
 NEMESIS_RECORDS: dict[str, tuple[str, ...]] = {
@@ -163,6 +176,9 @@ NEMESIS_RECORDS: dict[str, tuple[str, ...]] = {
     "proxy_deleted": ("t", "proxy"),
     "toxic_added": ("t", "proxy", "toxic", "kind"),
     "toxic_removed": ("t", "proxy", "toxic", "kind"),
+    # What became of each add or remove the schedule asked for; a removal that failed or
+    # whose outcome is unknown means the toxic's window never closed.
+    "toxic_outcome": ("t", "proxy", "toxic", "kind", "action", "outcome"),
 }
 
 # Fields that must be numbers wherever they are not null (a string there means the file
@@ -187,3 +203,67 @@ NUMERIC_FIELDS: frozenset[str] = frozenset(
         "conn_id",
     }
 )
+
+
+# ---------------------------------------------------------------------------- run.json
+
+RUN_STATES_UNFINISHED = frozenset({"running", "abandoned"})
+"""`end_reason` (or `status`) values of a run that did not finish: still being written by
+a live `lab run`, or left behind by one that died (`abandoned`)."""
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def run_json_errors(run: dict[str, object]) -> list[str]:
+    """What is wrong with run.json's fields, one phrase each naming the field and what
+    was expected (docs/ledgers.md); [] when every field the checker reads is well-formed.
+    Fields the checker does not read are not judged; missing optional ones are fine."""
+    out: list[str] = []
+
+    def want(name: str, ok: bool, expected: str, required: bool = False) -> None:
+        if name not in run:
+            if required:
+                out.append(f"field '{name}' is missing (expected {expected})")
+            return
+        if not ok:
+            out.append(f"field '{name}' is {_shown(run[name])} (expected {expected})")
+
+    want("run_id", isinstance(run.get("run_id"), str), "a string")
+    want("complete", isinstance(run.get("complete"), bool), "true or false", required=True)
+    want("started_at", _is_number(run.get("started_at")), "epoch seconds", required=True)
+    want(
+        "stopped_at",
+        run.get("stopped_at") is None or _is_number(run.get("stopped_at")),
+        "epoch seconds or null",
+    )
+    want("end_reason", run.get("end_reason") is None or isinstance(run.get("end_reason"), str), "a string")
+    want("status", isinstance(run.get("status"), str), "a string")
+    want("seed", run.get("seed") is None or isinstance(run.get("seed"), int | str), "an integer or a string")
+    want("budgets", isinstance(run.get("budgets"), dict), "an object of numbers")
+    want("scenario", isinstance(run.get("scenario"), dict), "an object")
+    want("target", isinstance(run.get("target"), dict), "an object")
+    want("fault_windows", isinstance(run.get("fault_windows"), list), "a list")
+    budgets = run.get("budgets")
+    if isinstance(budgets, dict):
+        for name, value in budgets.items():
+            if value is not None and not (_is_number(value) and value == value and value >= 0):
+                out.append(f"field 'budgets.{name}' is {_shown(value)} (expected a number >= 0)")
+    windows = run.get("fault_windows")
+    if isinstance(windows, list):
+        for i, w in enumerate(windows):
+            if not (
+                isinstance(w, dict)
+                and isinstance(w.get("fault"), str)
+                and _is_number(w.get("start"))
+                and _is_number(w.get("end"))
+            ):
+                out.append(f"field 'fault_windows[{i}]' is {_shown(w)} (expected {{fault, start, end}})")
+                break
+    return out
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

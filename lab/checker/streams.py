@@ -14,8 +14,14 @@ From the proxy tap (preferred; it is the truth before any fault):
   on which the server first sent that event ID (as the server received the header,
   after any proxy rewrite);
 - an event's **home** is the stream its `e1` ID names; for opaque IDs, the logical
-  stream of the flow that first carried that ID (IDs are unique in a session); for an
-  event without ID, the logical stream of its flow.
+  stream on which the server first sent that (event ID, digest) in this session (IDs
+  need only be unique in a session, so live sends in two sessions of one ID, even with
+  equal content, are each at home) — unless that first send in this session is itself a
+  replay (on a resumption flow) of an event another session was sent earlier, and the
+  server's IDs are globally unique (no ID live in two sessions, as a server with one
+  event store for every session must mint them): then its home is that other session's
+  stream, looked up across all sessions (a foreign replay); for an event without ID, the
+  logical stream of its flow.
 From the server ledger: `streams` gives the logical stream of each opening connection,
 `events_sent` the events (home from the `e1` ID, else its `stream_id`). With both, the
 events are the tap's plus those only the server ledger has (`tap+server`).
@@ -27,9 +33,15 @@ standalone) on connection n. Keys map to logical streams per (client, session).
 
 Frames built here (all strings are object columns; times epoch seconds):
     flows       flow, conn, client_id, conn_id, method, session, jsonrpc_id,
-                last_event_id_out, resumption, logical, has_events
+                last_event_id_out, resumption, logical, has_events, _line (tap line)
     sent        session, flow, conn, client_id, event_id, digest, home, on_logical,
-                priming, has_data, t, index, send_key
+                priming, has_data, t, index, send_key, _line (tap line), and:
+                order       position in the order the server sent everything (tap: by t,
+                            then index; -1 for an event only the server ledger has)
+                home_order  `order` of the send that made the event's home (its first)
+                resend      the event was sent before (a replay, or a repeat in its session)
+                foreign     its home is another session's stream (opaque IDs)
+                first_flow  the flow of the send that made its home
     stream_map  client_id, session, stream_key, logical, flow
 """
 
@@ -41,6 +53,7 @@ import numpy as np
 import pandas as pd
 
 from lab.checker.context import KEY_SEP, Context, in_keys, split_conn, text_ids, text_key
+from lab.checker.jsonl import LINE
 from lab.checker.load import MissingInput
 from lab.wire.event_ids import parse_event_id
 
@@ -57,6 +70,9 @@ class StreamTruth:
     flows: pd.DataFrame
     sent: pd.DataFrame
     stream_map: pd.DataFrame
+    shared_ids: int = 0
+    """Opaque event IDs the server sent live in two or more sessions (per-session IDs):
+    then no replay is judged foreign by its ID across sessions."""
 
     @property
     def from_tap(self) -> bool:
@@ -125,26 +141,35 @@ def _from_tap(ctx: Context) -> StreamTruth:
             "session": flows["session"].astype("object"),
             "jsonrpc_id": text_ids(flows["jsonrpc_id"]),
             "last_event_id_out": flows["last_event_id_out"].astype("object"),
+            LINE: flows[LINE] if LINE in flows.columns else None,
         }
     )
+    if "session_out" in tap["flow"].columns:
+        # An initialize carries no session; its stream belongs to the one it created.
+        assigned = tap["flow"].drop_duplicates("flow", keep="last")["session_out"].astype("object")
+        flows["session"] = flows["session"].where(flows["session"].notna(), assigned.to_numpy())
     flows["client_id"], flows["conn_id"] = split_conn(flows["conn"])
     flows["resumption"] = flows["last_event_id_out"].notna() & (flows["method"] == "GET")
 
-    raw = tap["sent"]
+    raw = tap["sent"].sort_values(["t", "index"], kind="stable")  # the order the server sent them in
     sent = pd.DataFrame(
         {
-            "flow": raw["flow"].astype("object"),
-            "t": raw["t"].astype("float64"),
-            "index": raw["index"],
-            "event_id": raw["event_id"].astype("object"),
-            "digest": raw["digest"].astype("object"),
-            "stream_id": raw["stream_id"].astype("object"),
-            "session": raw["session"].astype("object"),
-            "priming": raw["priming"].fillna(False).astype(bool),
-            "has_data": raw["has_data"].fillna(False).astype(bool),
+            "flow": raw["flow"].astype("object").to_numpy(),
+            "t": raw["t"].astype("float64").to_numpy(),
+            "index": raw["index"].to_numpy(),
+            "event_id": raw["event_id"].astype("object").to_numpy(),
+            "digest": raw["digest"].astype("object").to_numpy(),
+            "stream_id": raw["stream_id"].astype("object").to_numpy(),
+            "session": raw["session"].astype("object").to_numpy(),
+            "priming": raw["priming"].fillna(False).astype(bool).to_numpy(),
+            "has_data": raw["has_data"].fillna(False).astype(bool).to_numpy(),
+            LINE: raw[LINE].to_numpy() if LINE in raw.columns else None,
         }
     )
+    sent["order"] = np.arange(len(sent), dtype="int64")
     flows["has_events"] = flows["flow"].isin(sent["flow"])
+    flow_session = pd.Series(flows["session"].to_numpy(dtype=object), index=flows["flow"].to_numpy())
+    sent["session"] = sent["session"].where(sent["session"].notna(), sent["flow"].map(flow_session))
 
     # Opening flows: the server's own record of the stream, else its first event's ID.
     named = sent[sent["stream_id"].notna()].sort_values(["flow", "index"], kind="stable")
@@ -169,25 +194,40 @@ def _from_tap(ctx: Context) -> StreamTruth:
     base = base.where(~flows["resumption"])
 
     sent_flow_pos = pd.Index(flows["flow"]).get_indexer(sent["flow"])
+    on_resumption = _take(flows["resumption"].astype(object), sent_flow_pos, sent.index).eq(True).to_numpy()
     has_sid = sent["stream_id"].notna()
     has_id = sent["event_id"].notna()
     event_key = _key(sent["session"], sent["event_id"]).where(has_id)
     named_home = _key(sent["session"], sent["stream_id"]).where(has_sid)
-    opaque = ~has_sid & has_id
-    # The first send of each opaque ID (the tap appends in time order; sort to be sure).
-    opaque_by_time = sent.loc[opaque, "t"].sort_values(kind="stable").index
-    first_opaque = opaque_by_time[~event_key.loc[opaque_by_time].duplicated(keep="first").to_numpy()]
+    first_in_session, first_anywhere = _first_sends(sent, has_id)
+    # An event's home for opaque IDs: the stream of its first send in this session; but a
+    # first send in this session that is a replay (a resumption flow) of an event another
+    # session was sent earlier belongs to that other session's stream (a foreign replay).
+    fs = first_in_session.to_numpy()
+    fg = first_anywhere.to_numpy()
+    sessions = sent["session"].to_numpy(dtype=object)
+    ids = has_id.to_numpy()
+    safe_fs, safe_fg = np.where(ids, fs, 0), np.where(ids, fg, 0)
+    foreign = (
+        ids
+        & ~has_sid.to_numpy()
+        & on_resumption[safe_fs]
+        & (sessions[safe_fg] != sessions)
+        & (safe_fg < safe_fs)
+    )
+    live_sessions = _live_sessions_per_id(sent, ids & ~on_resumption)
+    shared_ids = int(pd.Series(sent["event_id"].to_numpy(dtype=object)[live_sessions > 1]).nunique())
+    # Per-session IDs (some ID live in two sessions): an identical (ID, content) in another
+    # session says nothing about where an event belongs, so homes stay within the session.
+    foreign &= (live_sessions <= 1) & (shared_ids == 0)
+    definer = np.where(foreign, safe_fg, np.where(ids, safe_fs, sent["order"].to_numpy()))
 
     logical = base
     home = named_home
     for _ in range(MAX_RESOLVE_ROUNDS):
         on_logical = _take(logical, sent_flow_pos, sent.index)
-        home = named_home
-        if len(first_opaque):
-            first_home = pd.Series(
-                on_logical.loc[first_opaque].values, index=event_key.loc[first_opaque].values
-            )
-            home = home.where(~opaque, event_key.map(first_home))
+        by_definer = pd.Series(on_logical.to_numpy(dtype=object)[definer], index=sent.index, dtype="object")
+        home = named_home.where(has_sid, by_definer.where(has_id))
         home = home.where(has_id | has_sid, on_logical)
         resumed = _resume_logicals(flows, event_key[has_id], home[has_id])
         new_logical = base.where(~flows["resumption"], resumed)
@@ -197,11 +237,58 @@ def _from_tap(ctx: Context) -> StreamTruth:
     flows["logical"] = logical.astype("object")
     sent["on_logical"] = _take(flows["logical"], sent_flow_pos, sent.index)
     sent["home"] = home.where(home.notna(), sent["on_logical"])
+    # The order in which each event was first sent on its home (what a replay must keep).
+    sent["home_order"] = np.where(has_sid.to_numpy() & ids, safe_fs, definer)
+    sent["resend"] = ids & (on_resumption | (safe_fs != sent["order"].to_numpy()))
+    sent["foreign"] = foreign
+    sent["first_flow"] = sent["flow"].to_numpy(dtype=object)[sent["home_order"].to_numpy()]
     sent["conn"] = _take(flows["conn"], sent_flow_pos, sent.index)
     sent["client_id"] = _take(flows["client_id"], sent_flow_pos, sent.index)
     sent["send_key"] = _send_keys(sent)
     sent = sent.drop(columns=["stream_id"])
-    return StreamTruth("tap", flows, sent, _stream_map_tap(ctx, flows))
+    return StreamTruth("tap", flows, sent, _stream_map_tap(ctx, flows), shared_ids)
+
+
+def _first_sends(sent: pd.DataFrame, has_id: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """For each send with an ID, the `order` of the first send of that (event ID, digest):
+    (in the same session, in any session). Rows without ID get -1. `sent` is in `order`."""
+    ids = has_id.to_numpy()
+    full_s = np.full(len(sent), -1, dtype="int64")
+    full_g = np.full(len(sent), -1, dtype="int64")
+    if ids.any():
+        rows = sent[ids]
+        order = rows["order"].to_numpy()
+        full_s[ids] = order[_first_of(rows["session"], rows["event_id"], rows["digest"])]
+        full_g[ids] = order[_first_of(rows["event_id"], rows["digest"])]
+    return pd.Series(full_s, index=sent.index), pd.Series(full_g, index=sent.index)
+
+
+def _live_sessions_per_id(sent: pd.DataFrame, live: np.ndarray) -> np.ndarray:
+    """For each row, in how many sessions the server sent its event ID live (not on a
+    resumption). An ID one session's live traffic alone uses is globally unique (as the
+    IDs of a server with one event store for all sessions must be); per-session counters
+    are live in many sessions, and a replay under such an ID is never read as foreign."""
+    out = np.zeros(len(sent), dtype="int64")
+    if not live.any():
+        return out
+    ids = sent["event_id"].to_numpy(dtype=object)
+    pairs = pd.DataFrame({"event_id": ids[live], "session": sent["session"].to_numpy(dtype=object)[live]})
+    counts = pairs.drop_duplicates().groupby("event_id", sort=False).size()
+    found: np.ndarray = pd.Series(ids).map(counts).fillna(0).to_numpy(dtype="int64")
+    return found
+
+
+def _first_of(*columns: pd.Series) -> np.ndarray:
+    """For each row, the position of the first row with the same values in `columns`.
+    (Integer codes combined into one key: much faster than grouping on joined text.)"""
+    key = np.zeros(len(columns[0]), dtype="int64")
+    for column in columns:
+        codes, uniques = pd.factorize(column.to_numpy(dtype=object), use_na_sentinel=True)
+        # Re-coded after each column, so the product stays below rows x uniques (no overflow).
+        key = pd.factorize(key * (len(uniques) + 1) + (codes + 1))[0].astype("int64")
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    out: np.ndarray = first[inverse.reshape(-1)]
+    return out
 
 
 def _send_keys(sent: pd.DataFrame) -> pd.Series:
@@ -290,10 +377,11 @@ def _with_server_events(tap: StreamTruth, server: StreamTruth) -> StreamTruth:
         ~in_keys(_key(server.sent["session"], server.sent["event_id"], server.sent["digest"]), seen)
     ]
     if not len(extra):
-        return StreamTruth("tap+server", tap.flows, tap.sent, tap.stream_map)
-    extra = extra.assign(flow=None)  # no tap flow carried it (as far as the tap knows)
+        return StreamTruth("tap+server", tap.flows, tap.sent, tap.stream_map, tap.shared_ids)
+    # No tap flow carried it (as far as the tap knows), and it has no place in the tap's order.
+    extra = extra.assign(flow=None, first_flow=None, order=-1, home_order=-1)
     sent = pd.concat([tap.sent, extra[tap.sent.columns]], ignore_index=True)
-    return StreamTruth("tap+server", tap.flows, sent, tap.stream_map)
+    return StreamTruth("tap+server", tap.flows, sent, tap.stream_map, tap.shared_ids)
 
 
 # ---------------------------------------------------------------------------- server only
@@ -343,9 +431,18 @@ def _from_server(ctx: Context) -> StreamTruth:
             "has_data": ev["kind"] != "priming",
             "t": ev["sent_at"].astype("float64"),
             "index": ev["sequence"],
+            "replay": pd.to_numeric(ev["replay"], errors="coerce").fillna(0).astype(bool),
         }
     )
     sent["client_id"], _ = split_conn(sent["conn"])
     sent["send_key"] = _send_keys(sent)
+    # The server's own record says which sends were replays; the order is its send time's.
+    sent = sent.sort_values(["t", "index"], kind="stable").reset_index(drop=True)
+    sent["order"] = np.arange(len(sent), dtype="int64")
+    sent["home_order"] = sent["order"]
+    sent["resend"] = sent.pop("replay")
+    sent["foreign"] = False
+    sent["first_flow"] = sent["flow"]
+    sent[LINE] = None
     flows["has_events"] = flows["conn"].isin(sent["conn"])
     return StreamTruth("server", flows, sent, _stream_map_tap(ctx, flows))

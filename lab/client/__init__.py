@@ -1,7 +1,8 @@
 """The sans-IO core of the lab's MCP client: no sockets, no clocks, no threads.
 
-Bytes and facts go in (with the time as a parameter), commands, records and notices come
-out. Nothing here imports gevent, trio, httpx or locust, so the same core runs under a
+Bytes and facts go in (with the time as a parameter); every call returns one `Output`:
+the commands for the driver, the client-ledger records and the notices for the
+application. Nothing here imports gevent, trio, httpx or locust, so the same core runs under a
 Locust worker (gevent) and a trio driver, and is tested without any I/O. The wire
 vocabulary it shares with the server, the proxy and the checker is `lab.wire`.
 
@@ -37,13 +38,15 @@ from lab.client._commands import (
     LeaveFinished,
     LeaveReceipt,
     Notice,
+    Output,
     Progress,
     Purpose,
     SendRequest,
     SessionEstablished,
     SessionLost,
 )
-from lab.client._core import ClientConfig, ClientCore
+from lab.client._config import ClientConfig
+from lab.client._core import ClientCore
 from lab.client._diagram import document as state_diagram_document
 from lab.client._reconnect import BackoffPolicy, ReconnectBudget, parse_retry_after
 from lab.client._states import State
@@ -71,6 +74,7 @@ __all__ = [
     "Notice",
     "OutboxDispatch",
     "Outcome",
+    "Output",
     "Progress",
     "Purpose",
     "ReconnectBudget",

@@ -1,28 +1,35 @@
 """`accept_stream_event`: the only door through which a server message enters the client.
 
-In one step it checks, in this order (the first failing check decides):
+In one step it checks, in this order (the first failing check decides; the order is the
+code's):
 
 1. session      the connection was opened in the client's *current* session generation,
                 and that session is active (a stream of an expired session delivers nothing);
 2. version      the connection carried the negotiated `MCP-Protocol-Version`, and the
                 server did not answer with another one;
 3. subject      the connection carried a token of the session's authorization subject;
-4. event ID     known scheme: the ID belongs to this session (tag), the server generation,
-                this stream, and its digest matches the content; opaque scheme: an ID
-                already accepted on another stream is refused;
+4. event ID     known (`e1`) scheme: the ID belongs to this session (tag), the server
+                generation, this stream, and its digest matches the content;
 5. duplicate    the dedup key (sessionGeneration, streamId, eventId, messageDigest) was
                 accepted before: the event is a DUPLICATE (not an error, not accepted twice);
-6. cursor       known scheme: the sequence is exactly the watermark + 1 (lower = regression,
+6. other stream (both schemes) an event ID already accepted on another stream of this
+                session is refused (`crossed_stream`);
+7. cursor       known scheme: the sequence is exactly the watermark + 1 (lower = regression,
                 higher = gap: something was lost, so resume from the watermark instead);
-7. correlation  a response ends only its own POST stream (its ID is the POST's request ID);
-                a standalone GET stream never carries a response unless it is the
-                resumption of that POST stream; progress carries the request's token;
-                nothing new after the response;
 8. digest       the same event ID never comes with different content;
+9. message      the data parses as JSON-RPC;
+10. correlation a response ends only its own POST stream (its ID is the POST's request ID):
+                a response to a request that already completed is refused, on its own
+                stream (nothing comes after the response) as on any other (another
+                request's ID); a standalone GET stream never carries a response unless it
+                is the resumption of that POST stream; progress carries the token of the
+                request in flight on this stream;
 
 then writes the inbox receipt and the business dispatch in one transaction through the
 `InboxStore`. The dispatch key of a response is the logical operation (idempotency key),
-so a late response and a retried call's response cannot both be dispatched.
+so a late response and a retried call's response cannot both be dispatched: the response
+to a new attempt (a new request) of a completed operation is taken, as that attempt's
+answer, but not dispatched again.
 
 Checks are pure; the store is the only effect, and an in-memory store (`MemoryInbox`) and
 a durable SQLite one (`lab.inbox.SqliteInbox`) implement the same protocol.
@@ -71,6 +78,13 @@ class RejectReason(enum.StrEnum):
     RESPONSE_ID_MISMATCH = "response_id_mismatch"
     PROGRESS_TOKEN_MISMATCH = "progress_token_mismatch"
     STREAM_ALREADY_ENDED = "stream_already_ended"
+    # Refused by the core around the door, not by `accept_stream_event`:
+    CONNECTION_ABANDONED = "connection_abandoned"
+    """Read in the same chunk after the client gave up on the connection (untrusted)."""
+    NO_STREAM = "no_stream"
+    """An event on a connection that carries no stream (no stream was opened for it)."""
+    NOT_INITIALIZE_RESULT = "not_initialize_result"
+    """A message other than the InitializeResult on an initialize stream (no session yet)."""
 
 
 class Check(enum.StrEnum):
@@ -271,7 +285,7 @@ def accept_stream_event(
     if Check.SUBJECT in checks and conn.auth_subject != session.auth_subject:
         return _reject(event_id, digest, RejectReason.SUBJECT_MISMATCH, "token subject is not the session's")
 
-    # 4: the event ID.
+    # 4: the event ID (known scheme).
     v = _Verdicts()
     synthetic = event_id.startswith("~")
     if session.structured_ids and not synthetic:
@@ -299,13 +313,14 @@ def accept_stream_event(
     if Check.DUPLICATE in checks and store.has(key):
         return Acceptance(Outcome.DUPLICATE, event_id, digest, detail="dedup key already in the inbox")
 
+    # 6: an ID already accepted on another stream of this session.
     seen = None if synthetic else store.seen(gen, event_id)
     if seen is not None and Check.EVENT_ID in checks and seen.stream_key != stream.stream_key:
         return _reject(
             event_id, digest, RejectReason.CROSSED_STREAM, f"event ID was accepted on {seen.stream_key}"
         )
 
-    # 6: the cursor only moves forward by one.
+    # 7: the cursor only moves forward by one.
     if v.sequence is not None and Check.CURSOR in checks:
         wm = store.watermark(gen, stream.stream_key)
         if wm is not None and wm.sequence is not None:
@@ -331,7 +346,7 @@ def accept_stream_event(
                 f"first event of the stream has sequence {v.sequence}",
             )
 
-    # 8 (before parsing): the same ID never with another content.
+    # 8: the same ID never with another content.
     if seen is not None and Check.DIGEST in checks and seen.message_digest != digest:
         return _reject(
             event_id, digest, RejectReason.CONTENT_MISMATCH, "event ID seen before with other content"
@@ -340,11 +355,12 @@ def accept_stream_event(
     message: jsonrpc.Message | None = None
     ends_stream = False
     if event.is_message:
+        # 9: the data is JSON-RPC.
         try:
             message = jsonrpc.parse_message(data)
         except RemoteProtocolError as e:
             return _reject(event_id, digest, RejectReason.MALFORMED_MESSAGE, str(e))
-        # 7: correlation.
+        # 10: correlation.
         if Check.CORRELATION in checks:
             bad = _correlate(message, stream)
             if bad is not None:

@@ -1,8 +1,11 @@
-"""What the client core asks its driver to do (commands) and tells its user (notices).
+"""What the client core asks its driver to do (commands), what it writes to its ledger
+(records) and what it tells its user (notices): together, its one `Output`.
 
-Events in, commands out: the driver calls `ClientCore.response_head / response_data /
-response_end / connection_failed / tick` with what happened and carries out the
-commands returned. The application (a Locust user, a test) reads `notices`.
+Events in, output out: the driver calls `ClientCore.response_head / response_data /
+response_end / connection_failed / tick` (and the application `connect / call_tool /
+cancel / leave / close_all`) with what happened; every one of them returns an `Output`.
+The driver carries out its commands in order, writes its records and hands its notices
+to the application. The core keeps nothing of it afterwards: there is no other channel.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from lab.wire.client_ledger import Record
 from lab.wire.jsonrpc import JsonObject
 
 
@@ -123,3 +127,43 @@ class LeaveFinished:
 
 
 type Notice = SessionEstablished | SessionLost | CallFinished | Progress | LeaveFinished
+
+
+@dataclass(frozen=True, slots=True)
+class Output:
+    """Everything one call into the core produced, in the order it happened."""
+
+    commands: tuple[Command, ...] = ()
+    """For the driver: carry out in order."""
+    records: tuple[Record, ...] = ()
+    """For the client ledger (`lab.wire.client_ledger`)."""
+    notices: tuple[Notice, ...] = ()
+    """For the application."""
+
+    def __bool__(self) -> bool:
+        return bool(self.commands or self.records or self.notices)
+
+    def __add__(self, other: Output) -> Output:
+        """This output, then `other` (in that order)."""
+        return Output(
+            self.commands + other.commands, self.records + other.records, self.notices + other.notices
+        )
+
+
+class Effects:
+    """Where the core's private parts put what they produce during one public call; the
+    public method hands it over with `take()` (so nothing is kept between calls)."""
+
+    __slots__ = ("commands", "notices", "records")
+
+    def __init__(self) -> None:
+        self.commands: list[Command] = []
+        self.records: list[Record] = []
+        self.notices: list[Notice] = []
+
+    def take(self) -> Output:
+        out = Output(tuple(self.commands), tuple(self.records), tuple(self.notices))
+        self.commands.clear()
+        self.records.clear()
+        self.notices.clear()
+        return out

@@ -1,4 +1,5 @@
-"""When to reconnect: server advice, backoff with jitter, and a shared reconnect budget.
+"""When to reconnect: server advice, backoff with jitter, and a shared reconnect budget
+(the policy; `_reconnector` applies it to every kind of reconnect).
 
 Times are Unix epoch seconds passed in by the caller (the lab merges ledgers of many
 processes, so every part uses one clock); nothing here reads a clock.
@@ -220,73 +221,3 @@ class ReconnectBudget:
 
     def statistics(self) -> BudgetStatistics:
         return BudgetStatistics(self._rate, self._burst, self.bin_cap, self._granted, self._denied)
-
-
-@dataclass(slots=True)
-class PendingReconnect:
-    """One thing waiting to reconnect (a stream's resumption, a new handshake, a re-sent
-    call, a reopened stream, a repeated DELETE): events in, decisions out.
-
-    - `lose(now, cause)` marks the loss (the first loss of a recovery is kept);
-    - `schedule(...)` plans the next attempt: never before the server's advice, with
-      backoff and jitter otherwise (`immediate` for what must happen at once);
-    - when `due(now)`, `acquire(now, budget)` says whether the shared budget lets the
-      attempt go now, or moves `at` to when it will;
-    - `went(now)` counts the attempt and returns when the loss happened.
-    """
-
-    cause: str = ""
-    """Why the next attempt is needed (the latest failure)."""
-    first_cause: str = ""
-    """What started the recovery (the first loss)."""
-    lost_at: float | None = None
-    at: float | None = None
-    advised: float | None = None
-    planned: float = 0.0
-    attempt: int = 0
-
-    def lose(self, now: float, cause: str) -> None:
-        self.cause = cause
-        if self.lost_at is None:
-            self.lost_at = now
-            self.first_cause = cause
-            self.attempt = 0
-
-    def schedule(
-        self,
-        now: float,
-        policy: BackoffPolicy,
-        rng: random.Random,
-        *,
-        retry_ms: int | None = None,
-        retry_after: float | None = None,
-        immediate: bool = False,
-    ) -> None:
-        if immediate:
-            self.at, self.advised, self.planned = now, None, 0.0
-            return
-        plan = plan_reconnect(now, self.attempt, policy, rng, retry_ms=retry_ms, retry_after=retry_after)
-        self.at, self.advised, self.planned = plan.at, plan.advised_delay, plan.delay
-
-    def cancel(self) -> None:
-        self.at = None
-
-    def due(self, now: float) -> bool:
-        return self.at is not None and now >= self.at
-
-    def acquire(self, now: float, budget: ReconnectBudget, rng: random.Random) -> bool:
-        """Take a budget token, or wait for the next one (with a little jitter, so that
-        everything the budget held back does not fire at the same instant)."""
-        if budget.try_acquire(now):
-            self.at = None
-            return True
-        self.at = budget.next_available(now) + rng.random() * 0.05
-        return False
-
-    def went(self, now: float) -> float:
-        """Count the attempt made at `now`; the time of the loss it recovers from."""
-        self.attempt += 1
-        return self.lost_at if self.lost_at is not None else now
-
-    def recovered(self) -> None:
-        self.lost_at, self.at, self.cause, self.first_cause, self.attempt = None, None, "", "", 0

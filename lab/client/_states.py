@@ -1,6 +1,6 @@
 """Every state transition of the client lives in this file, as data.
 
-SPEC.md draws one diagram for a session and its streams:
+The rules the lab checks draw one diagram for a session and its streams:
 
     SESSION_ACTIVE -> STREAM_OPEN -> DISCONNECTED -> RESUME_PENDING
     RESUME_PENDING -> STREAM_OPEN | CURSOR_REJECTED | SESSION_EXPIRED
@@ -15,7 +15,7 @@ stream per POST request), so the table has two roles, as h11 has CLIENT and SERV
   (`STREAM_OPEN_REQUIRES`).
 - STREAM: one machine per stream, created in STREAM_OPEN.
 
-Additions to SPEC.md's diagram, because a working client needs them:
+Additions to that diagram, because a working client needs them:
 - INITIALIZING (SESSION): a handshake is in flight, so no second one is started.
 - CLOSED (STREAM): the stream ended normally (its response arrived, or it was cancelled).
 - DISCONNECTED -> CURSOR_REJECTED on NO_VALID_CURSOR: the client's own check of its cursor
@@ -23,6 +23,9 @@ Additions to SPEC.md's diagram, because a working client needs them:
   does not even ask the server.
 - DELETE_REQUESTED -> SESSION_ACTIVE on DELETE_REFUSED (405): the server does not let
   clients terminate sessions; that is not a deletion receipt.
+- ABANDONED (STREAM): the client stops waiting for a stream without cancelling the
+  request: its resumption was given up (the call is re-sent instead), or the client
+  leaves or stops. Unlike CANCELLED, no `notifications/cancelled` is sent.
 
 An illegal move raises LocalProtocolError and leaves the state as it was. The diagram in
 docs/state-machine.md is generated from these tables (`lab diagram`).
@@ -75,6 +78,7 @@ class Trigger(enum.StrEnum):
     CURSOR_REFUSED = "CURSOR_REFUSED"  # the server rejected the cursor
     COMPLETED = "COMPLETED"  # the response arrived, or the server ended a stream it owed nothing on
     CANCELLED = "CANCELLED"  # we sent notifications/cancelled
+    ABANDONED = "ABANDONED"  # the client stops waiting: it gave up resuming, or it leaves or stops
     SESSION_GONE = "SESSION_GONE"  # the session this stream belongs to expired or ended
 
 
@@ -105,12 +109,14 @@ TRANSITIONS: Mapping[Role, Mapping[State, Mapping[Trigger, State]]] = {
             T.SERVER_CLOSED: S.DISCONNECTED,
             T.COMPLETED: S.CLOSED,
             T.CANCELLED: S.CLOSED,
+            T.ABANDONED: S.CLOSED,
             T.SESSION_GONE: S.SESSION_EXPIRED,
         },
         S.DISCONNECTED: {
             T.RESUME_SCHEDULED: S.RESUME_PENDING,
             T.NO_VALID_CURSOR: S.CURSOR_REJECTED,
             T.CANCELLED: S.CLOSED,
+            T.ABANDONED: S.CLOSED,
             T.SESSION_GONE: S.SESSION_EXPIRED,
         },
         S.RESUME_PENDING: {
@@ -119,6 +125,7 @@ TRANSITIONS: Mapping[Role, Mapping[State, Mapping[Trigger, State]]] = {
             T.SESSION_NOT_FOUND: S.SESSION_EXPIRED,
             T.RESUME_FAILED: S.DISCONNECTED,
             T.CANCELLED: S.CLOSED,
+            T.ABANDONED: S.CLOSED,
             T.SESSION_GONE: S.SESSION_EXPIRED,
         },
         S.CURSOR_REJECTED: {},
@@ -130,7 +137,7 @@ TRANSITIONS: Mapping[Role, Mapping[State, Mapping[Trigger, State]]] = {
 INITIAL: Mapping[Role, State] = {Role.SESSION: S.REINITIALIZE_REQUIRED, Role.STREAM: S.STREAM_OPEN}
 
 STREAM_OPEN_REQUIRES = S.SESSION_ACTIVE
-"""SPEC's `SESSION_ACTIVE -> STREAM_OPEN`: a stream may be opened only in this session state."""
+"""The rules' `SESSION_ACTIVE -> STREAM_OPEN`: a stream may be opened only in this session state."""
 
 TERMINAL_STREAM_STATES = frozenset(s for s, moves in TRANSITIONS[Role.STREAM].items() if not moves)
 
@@ -163,7 +170,3 @@ class Machine:
         self.history.append((self.state, trigger, new))
         self.state = new
         return new
-
-    @property
-    def is_terminal(self) -> bool:
-        return not TRANSITIONS[self.role][self.state]

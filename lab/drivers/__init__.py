@@ -4,5 +4,5 @@
     trio_driver  httpx.AsyncClient on trio, one task per connection
 
 Never import both in one process: importing Locust patches the process with gevent, and
-trio then breaks (DESIGN.md). This package's __init__ imports neither.
+trio then breaks (seen, not supposed). This package's __init__ imports neither.
 """

@@ -1,6 +1,7 @@
-"""What every driver does the same way: call the core with the time, carry out its commands,
-hand its ledger records and notices to whoever listens. Only starting and closing a
-connection, and waking waiters, differ between the sync and the trio driver."""
+"""What every driver does the same way: call the core with the time, carry out the commands
+of its output, hand the output's ledger records and notices to whoever listens, and name
+transport failures in the lab's words. Only starting and closing a connection, and waking
+waiters, differ between the sync and the trio driver."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from lab.client import ClientCore, CloseConnection, Command, Notice, SendRequest
+from lab.client import ClientCore, CloseConnection, Notice, Output, SendRequest
+from lab.drivers.causes import transport_cause
 from lab.wire.client_ledger import Record
 
 READ_IDLE_TIMEOUT = 20.0
@@ -33,28 +35,30 @@ class DriverBase:
         self._stopped = False
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run a core method (it takes `now` after its positional arguments and returns
-        commands, or a pair whose second item is the commands); carry out the commands.
-        A stopped driver calls nothing (the core's inbox may be closed already)."""
+        """Run a core method (it takes `now` after its positional arguments and returns an
+        `Output`, or a pair whose second item is the output) and carry out its output;
+        returns the pair's first item (a call handle), else None. A stopped driver calls
+        nothing (the core's inbox may be closed already)."""
         if self._stopped:
             return None
         out = fn(*args, time.time(), **kwargs)
-        self._after(out[1] if isinstance(out, tuple) else out)
-        return out[0] if isinstance(out, tuple) else None
+        if isinstance(out, tuple):
+            self._after(out[1])
+            return out[0]
+        self._after(out)
+        return None
 
-    def _after(self, cmds: list[Command]) -> None:
-        for cmd in cmds:
+    def _after(self, out: Output) -> None:
+        for cmd in out.commands:
             if isinstance(cmd, CloseConnection):
                 self._closed.add(cmd.conn_id)
                 self._close(cmd.conn_id)
             elif not self._stopped:
                 self._start(cmd)
-        if self.core.records and self.on_records is not None:
-            records, self.core.records = self.core.records, []
-            self.on_records(records)
-        while self.core.notices:
-            notice = self.core.notices.popleft()
-            if self.on_notice is not None:
+        if out.records and self.on_records is not None:
+            self.on_records(list(out.records))
+        if self.on_notice is not None:
+            for notice in out.notices:
                 self.on_notice(notice)
         self._signal()
 
@@ -62,7 +66,14 @@ class DriverBase:
     def stopped(self) -> bool:
         return self._stopped
 
-    def _feed(self, fn: Callable[..., list[Command]], conn_id: int, *args: Any) -> bool:
+    def _stop_core(self) -> None:
+        """Stop the client: its unfinished calls get their outcome, its recoveries their
+        end, its open exchanges their records (written before anything is torn down)."""
+        if not self._stopped:
+            self._after(self.core.close_all(time.time()))
+        self._stopped = True
+
+    def _feed(self, fn: Callable[..., Output], conn_id: int, *args: Any) -> bool:
         """Tell the core something about a connection; False once the core has closed it
         (or the driver was stopped: then nothing more may reach the core)."""
         if conn_id in self._closed or self._stopped:
@@ -72,7 +83,7 @@ class DriverBase:
 
     def _lost(self, conn_id: int, error: BaseException) -> None:
         if conn_id not in self._closed and not self._stopped:
-            self._after(self.core.connection_failed(conn_id, time.time(), type(error).__name__))
+            self._after(self.core.connection_failed(conn_id, time.time(), transport_cause(error)))
 
     def _due(self) -> float | None:
         """Run the core's timers if they are due; else how long to sleep (at most 1 s)."""

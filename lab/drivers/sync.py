@@ -15,6 +15,7 @@ serves the async driver.
 
 from __future__ import annotations
 
+import _thread
 import ssl
 import threading
 import time
@@ -54,33 +55,48 @@ class SyncDriver(DriverBase):
         super().__init__(core, url, on_records=on_records, on_notice=on_notice)
         self.client = client
         self._lock = threading.RLock()
-        self._changed = threading.Condition(self._lock)
+        self._changed = threading.Event()
+        """Set (and replaced by a fresh one) whenever the core said something: waiters
+        take the current one under the lock and wait on it without the lock."""
         self._responses: dict[int, httpx.Response] = {}
-        self._timer = threading.Thread(
-            target=self._timer_loop, name=f"timer-{core.config.client_id}", daemon=True
-        )
-        self._timer.start()
+        self._timer_started = False
+        """The timer starts with the first `call`: making a driver starts nothing, so a
+        Locust user killed while it is being built leaves nothing behind."""
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if not self._timer_started and not self._stopped:
+            self._timer_started = True
+            _spawn(self._timer_loop)
         with self._lock:
             return super().call(fn, *args, **kwargs)
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
-        """Wait until `predicate()` (checked under the lock) holds, or `timeout` passes."""
-        with self._lock:
-            return self._changed.wait_for(predicate, timeout)
+        """Wait until `predicate()` (checked under the lock) holds, or `timeout` passes.
+
+        The wait itself holds no lock. (A condition variable would re-acquire the lock as
+        it wakes; a Locust user killed right there turns its GreenletExit into "cannot
+        release un-acquired lock", which Locust's task loop swallows: the user never
+        stops, and neither does the worker.)"""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._lock:
+                if predicate():
+                    return True
+                changed = self._changed
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            changed.wait(remaining)
 
     def stop(self) -> None:
         with self._lock:
-            if not self._stopped:
-                self._after(self.core.close_all(time.time()))  # open exchanges get their records
-            self._stopped = True
+            self._stop_core()
             for conn_id in list(self._responses):
                 self._close(conn_id)
-            self._changed.notify_all()
+            self._signal()
 
     def _start(self, cmd: SendRequest) -> None:
-        threading.Thread(target=self._run, args=(cmd,), daemon=True).start()
+        _spawn(self._run, cmd)
 
     def _close(self, conn_id: int) -> None:
         resp = self._responses.pop(conn_id, None)
@@ -88,7 +104,8 @@ class SyncDriver(DriverBase):
             resp.close()  # under gevent this wakes the greenlet blocked reading it
 
     def _signal(self) -> None:
-        self._changed.notify_all()
+        self._changed.set()
+        self._changed = threading.Event()
 
     def _run(self, cmd: SendRequest) -> None:
         conn_id = cmd.conn_id
@@ -100,7 +117,7 @@ class SyncDriver(DriverBase):
                 cmd.method, self.url, headers=list(cmd.headers), content=cmd.body
             )
             resp = self.client.send(request, stream=True)
-        except httpx.HTTPError as e:
+        except (httpx.HTTPError, OSError) as e:
             with self._lock:
                 self._lost(conn_id, e)
             return
@@ -129,10 +146,19 @@ class SyncDriver(DriverBase):
             resp.close()
 
     def _timer_loop(self) -> None:
-        """Run the core's timers (backoff, budget, Retry-After) when they are due."""
-        with self._lock:
-            while not self._stopped:
+        """Run the core's timers (backoff, budget, Retry-After, silent streams) when due."""
+        while True:
+            with self._lock:
+                if self._stopped:
+                    return  # nothing more may reach the core (its inbox may be closing)
                 sleep = self._due()
-                if sleep is not None:
-                    self._changed.wait(sleep)
-        # Stopped: nothing more may reach the core (its inbox may be closing).
+                changed = self._changed
+            if sleep is not None:
+                changed.wait(sleep)
+
+
+def _spawn(fn: Callable[..., None], *args: Any) -> None:
+    """Run `fn` in a new thread (a greenlet under gevent) without waiting for it to start:
+    `threading.Thread.start` blocks until the thread runs, a switch at which Locust can
+    kill the caller half-way through carrying out the core's commands."""
+    _thread.start_new_thread(fn, args)

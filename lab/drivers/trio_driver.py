@@ -11,7 +11,6 @@ ends at once (the sync driver can only do that under gevent).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import httpx
@@ -55,9 +54,7 @@ class TrioDriver(DriverBase):
         return False
 
     def stop(self) -> None:
-        if not self._stopped:
-            self._after(self.core.close_all(time.time()))  # open exchanges get their records
-        self._stopped = True
+        self._stop_core()
         for scope in self._scopes.values():
             scope.cancel()
         self._signal()

@@ -9,17 +9,33 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from lab.faults.plan import Target
 from lab.wire.event_ids import parse_event_id
-from lab.wire.extensions import IDEMPOTENCY_META
+from lab.wire.extensions import IDEMPOTENCY_META, LAB_CONN_HEADER
+from lab.wire.redact import Redactor
+from lab.wire.revisions import LAST_EVENT_ID_HEADER, PROTOCOL_VERSION_HEADER, SESSION_HEADER
+from lab.wire.sse import SseDecoder
 
 MAX_BODY_PARSED: Final = 1 << 20
 """Bodies above this are not parsed for JSON-RPC facts (the server refuses them anyway)."""
 
 type JsonRpcId = str | int
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What a rule can be matched against: the facts of one request."""
+
+    http_method: str
+    stream: str | None
+    """post, get, resume (GET with Last-Event-ID), or None for others (DELETE...)."""
+    method: str | None = None
+    tool: str | None = None
+    session: str | None = None
+    """Pseudonym of the session ID the request carried."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +50,11 @@ class RpcFacts:
     @property
     def is_request(self) -> bool:
         return self.id is not None and self.method is not None
+
+    @property
+    def is_write(self) -> bool:
+        """A tool call carrying the lab's idempotency key: its answer is a write receipt."""
+        return self.is_request and self.tool is not None and self.idempotency_key is not None
 
 
 NO_RPC: Final = RpcFacts()
@@ -119,6 +140,33 @@ class RequestFacts:
         return Target(self.http_method, self.stream, self.rpc.method, self.rpc.tool, self.session)
 
 
+def read_request(
+    flow: str, method: str, path: str, headers: Mapping[str, str], body: bytes | None, redactor: Redactor
+) -> RequestFacts:
+    """The facts of a request from its method, path, headers and body (raw IDs kept in memory)."""
+    method = method.upper()
+    rpc = rpc_facts(body if method == "POST" else None)
+    conn, lei, sid = (
+        headers.get(LAB_CONN_HEADER),
+        headers.get(LAST_EVENT_ID_HEADER),
+        headers.get(SESSION_HEADER),
+    )
+    return RequestFacts(
+        flow=flow,
+        key=decision_key(conn, method, path, rpc, lei),
+        conn=conn,
+        http_method=method,
+        path=path,
+        session_id=sid,
+        session=redactor.session(sid),
+        rpc=rpc,
+        origin=headers.get("origin"),
+        last_event_id=lei,
+        protocol_version=headers.get(PROTOCOL_VERSION_HEADER),
+        token=bearer_token(headers.get("authorization")),
+    )
+
+
 def bearer_token(authorization: str | None) -> str | None:
     if authorization is None:
         return None
@@ -160,3 +208,35 @@ def stream_of(event_id: str | None) -> str | None:
         return None
     p = parse_event_id(event_id)
     return None if p is None else p.stream_id
+
+
+def response_to(data: str, rid: JsonRpcId | None) -> dict[str, object] | None:
+    """The JSON-RPC response in `data` (one SSE event's data, or a JSON body) whose id is
+    `rid` (of the same JSON type); None when it is something else. A batch answers with
+    its matching member."""
+    if rid is None or ('"result"' not in data and '"error"' not in data):
+        return None
+    try:
+        obj = json.loads(data)
+    except (ValueError, RecursionError):
+        return None
+    for m in obj if isinstance(obj, list) else [obj]:
+        if (
+            isinstance(m, dict)
+            and ("result" in m or "error" in m)
+            and m.get("id") == rid
+            and type(m.get("id")) is type(rid)
+        ):
+            return m
+    return None
+
+
+def answers_request(body: bytes, sse: bool, rid: JsonRpcId | None) -> bool:
+    """Whether a complete response body (SSE or JSON) carries the JSON-RPC response to `rid`."""
+    text = body.decode("utf-8", errors="replace")
+    if not sse:
+        return response_to(text, rid) is not None
+    decoder = SseDecoder()
+    events = decoder.feed(body)
+    decoder.end_of_stream()
+    return any(ev.is_message and response_to(ev.data, rid) is not None for ev in events)

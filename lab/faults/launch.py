@@ -15,6 +15,9 @@ from lab.resources import addon_dir
 
 ADDONS = addon_dir()
 FAULT_ADDON = ADDONS / "mcp_faults.py"
+"""The fault addon; it loads the tap (`TAP_ADDON`) alongside itself, so one `-s` runs both."""
+TAP_ADDON = ADDONS / "mcp_tap.py"
+"""The tap alone: a proxy that records what passes and injects nothing."""
 
 
 def mitmdump_argv(

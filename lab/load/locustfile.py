@@ -1,7 +1,10 @@
 """The lab's locustfile: MCP users, the distributed reconnect budget, progress to `lab run`.
 
-Started by `lab run` (never by hand): `locust -f lab/load/locustfile.py ...` with
-LAB_LOCUST_SETTINGS and LAB_LEDGER_KEY in the environment.
+Started by `lab run` (`locust -f lab/load/locustfile.py ...` with LAB_LOCUST_SETTINGS and
+LAB_LEDGER_KEY in the environment). It also runs by hand, with default settings, against
+Locust's `--host` (e.g. `lab serve` on its default address):
+
+    locust -f lab/load/locustfile.py --host http://127.0.0.1:8000/mcp --headless -u 5 -t 20s
 
 - Every worker keeps one durable inbox/outbox + client ledger file,
   `<run>/clients/worker-<name>.sqlite` (the index `lab run` gives, or the host name),
@@ -14,6 +17,13 @@ LAB_LOCUST_SETTINGS and LAB_LEDGER_KEY in the environment.
   to `<run>/progress.json` for `lab run` to show.
 - `lab run` ends the load early by creating `<run>/stop-requested`: the master quits
   the Locust way (users stop and DELETE their sessions, workers exit).
+- With the web UI (`lab run --ui`), the end of the load is the end of the run: STOP in
+  the UI (or the load shape running out) quits the master, which writes
+  `<run>/load-ended.json` (`{"reason": "stopped_in_ui" | "load_complete", "at": t}`)
+  first, so `lab run` goes on to the report at once instead of waiting for its hard
+  timeout.
+- A worker's `quitting` handler stops every client (each writes its last records) and
+  then, whatever happened, commits the last batch and closes the file.
 """
 
 from __future__ import annotations
@@ -23,13 +33,14 @@ import logging
 import os
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import gevent
 from locust import LoadTestShape, between, events, task
 from locust.env import Environment
-from locust.runners import MasterRunner, WorkerRunner
+from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
 from lab.client import ReconnectBudget
 from lab.inbox import InboxDatabase
@@ -38,7 +49,12 @@ from lab.load.user import WORKER, McpUser, WorkerContext
 
 STOP_FILE = "stop-requested"
 """Created in the run folder by `lab run` to end the load gracefully."""
+QUIT_MESSAGE = "lab_quit"
+"""Master -> worker: the load is over, quit (see `end_the_load`)."""
+LOAD_ENDED_FILE = "load-ended.json"
+"""Written by the master when the web UI's STOP ended the load (see the module docstring)."""
 SETTINGS = LoadSettings.from_env()
+log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one log line per request is noise at load
 
 
@@ -91,11 +107,15 @@ def _write_json(path: Path, obj: Any) -> None:
 @events.init.add_listener  # type: ignore[untyped-decorator]
 def on_init(environment: Environment, **_: Any) -> None:
     runner = environment.runner
-    run_dir = Path(SETTINGS.run_dir)
+    settings = SETTINGS
+    if settings.by_hand and environment.host:
+        settings = replace(settings, url=environment.host)
+    run_dir = Path(settings.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
     if isinstance(runner, MasterRunner):
         _init_master(environment, runner, run_dir)
-    elif isinstance(runner, WorkerRunner):
-        _init_worker(environment, runner, run_dir)
+    elif isinstance(runner, WorkerRunner | LocalRunner):
+        _init_worker(environment, runner, run_dir, settings)
 
 
 # -- master ------------------------------------------------------------------------------
@@ -136,7 +156,7 @@ def _init_master(environment: Environment, runner: MasterRunner, run_dir: Path) 
                 # `lab run` asks for the end (event target reached, Ctrl-C): Locust's own
                 # quit stops the users on every worker (they DELETE their sessions) and
                 # tells the workers to exit, which a signal to the master would not.
-                runner.quit()
+                end_the_load(None)
                 return
             resplit()
             # Workers that quit keep their last report: the totals never go backwards.
@@ -150,29 +170,74 @@ def _init_master(environment: Environment, runner: MasterRunner, run_dir: Path) 
 
     gevent.spawn(loop)
 
+    ending: list[str] = []
+    started: list[float] = []
+    horizon = SETTINGS.stages[-1][0] if SETTINGS.stages else None
+
+    def end_the_load(reason: str | None) -> None:
+        """Quit the Locust way (once): users stop (and DELETE their sessions), workers
+        exit, and the web UI (if any) closes, so the master process ends."""
+        if ending:
+            return
+        ending.append(reason or "stop_requested")
+        if reason is not None:
+            _write_json(run_dir / LOAD_ENDED_FILE, {"reason": reason, "at": time.time()})
+        # After a stop, Locust forgets each worker until it reports ready again (after
+        # the stop timeout), and its quit reaches only the workers it knows: tell every
+        # worker this master has heard from to quit, known now or not.
+        for worker in sorted(set(progress) | set(runner.clients.keys())):
+            runner.send_message(QUIT_MESSAGE, None, client_id=worker)
+        runner.quit()
+        if environment.web_ui is not None:
+            environment.web_ui.stop()  # type: ignore[no-untyped-call]
+
+    @events.test_start.add_listener  # type: ignore[untyped-decorator]
+    def on_test_start(environment: Environment, **_: Any) -> None:
+        started.append(time.time())
+
+    @events.test_stop.add_listener  # type: ignore[untyped-decorator]
+    def on_test_stop(environment: Environment, **_: Any) -> None:
+        # With the web UI, Locust keeps the master up after a stop (the UI's STOP, or the
+        # shape running out) until someone quits it: for the lab, the load is over.
+        if environment.web_ui is None or ending:
+            return
+        elapsed = time.time() - started[0] if started else 0.0
+        done = horizon is not None and elapsed >= horizon - 1.0
+        gevent.spawn(end_the_load, "load_complete" if done else "stopped_in_ui")
+
 
 # -- worker ------------------------------------------------------------------------------
 
 
-def _init_worker(environment: Environment, runner: WorkerRunner, run_dir: Path) -> None:
+def _init_worker(
+    environment: Environment, runner: WorkerRunner | LocalRunner, run_dir: Path, settings: LoadSettings
+) -> None:
     name = _worker_name()
     db = InboxDatabase(run_dir / "clients" / f"worker-{name}.sqlite")
-    # Until the master's split arrives, a worker takes an even whole share (never more).
-    share = float(max(1, int(SETTINGS.reconnect_qps) // max(1, SETTINGS.workers)))
-    budget = ReconnectBudget(share, burst=max(1.0, SETTINGS.reconnect_burst), now=time.time())
-    ctx = WorkerContext(SETTINGS, db, budget, ledger_key(), name)
+    # Until the master's split arrives, a worker takes an even whole share (never more);
+    # a process run alone takes the whole budget.
+    workers = 1 if isinstance(runner, LocalRunner) else max(1, settings.workers)
+    share = float(max(1, int(settings.reconnect_qps) // workers))
+    budget = ReconnectBudget(share, burst=max(1.0, settings.reconnect_burst), now=time.time())
+    ctx = WorkerContext(settings, db, budget, ledger_key(), name)
     WORKER.append(ctx)
 
-    def on_budget(environment: Environment, msg: Any, **_: Any) -> None:
-        budget.set_rate(float(msg.data["qps"]), time.time())
+    if isinstance(runner, WorkerRunner):
 
-    runner.register_message("lab_budget", on_budget)
+        def on_budget(environment: Environment, msg: Any, **_: Any) -> None:
+            budget.set_rate(float(msg.data["qps"]), time.time())
+
+        def on_quit(environment: Environment, msg: Any, **_: Any) -> None:
+            gevent.spawn(runner.quit)  # as on Locust's own quit: stop, then exit
+
+        runner.register_message("lab_budget", on_budget)
+        runner.register_message(QUIT_MESSAGE, on_quit)
 
     def loop() -> None:
         for tick in range(1 << 62):
             gevent.sleep(0.2)
             db.flush()
-            if tick % 5 == 4:
+            if tick % 5 == 4 and isinstance(runner, WorkerRunner):
                 ctx.counters["accepted"] = db.commits
                 ctx.counters["budget_qps"] = int(budget.rate)
                 runner.send_message("lab_progress", dict(ctx.counters))
@@ -181,10 +246,18 @@ def _init_worker(environment: Environment, runner: WorkerRunner, run_dir: Path) 
 
     @events.quitting.add_listener  # type: ignore[untyped-decorator]
     def flush_at_exit(environment: Environment, **_: Any) -> None:
-        # Users killed at the stop timeout never ran on_stop: stop their drivers (timers,
-        # connections) before the file closes under them, then commit the last batch.
-        ctx.stop_all()
-        db.close()
+        # Users killed at the stop timeout never ran on_stop: stop their clients (timers,
+        # connections; each writes its last records) before the file closes under them.
+        # Whatever fails there, the last batch is committed and the file closed.
+        try:
+            ctx.stop_all()
+        except Exception:
+            log.exception("stopping the clients failed; committing what they wrote")
+        finally:
+            try:
+                db.close()
+            except Exception:
+                log.exception("closing %s failed", db.path)
 
 
 def _worker_name() -> str:

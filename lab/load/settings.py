@@ -2,18 +2,28 @@
 
 `lab run` writes them as JSON to `<run>/locust-settings.json` and passes the path in the
 environment variable `LAB_LOCUST_SETTINGS`; the per-run HMAC key travels separately in
-`LAB_LEDGER_KEY` (hex) and is never written to disk. Pure data: no Locust import here.
+`LAB_LEDGER_KEY` (hex) and is never written to disk. Without them (the locustfile run by
+hand: `locust -f lab/load/locustfile.py --host http://127.0.0.1:8000/mcp`) the defaults
+apply and a random key is made for the process. Pure data: no Locust import here.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
+import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 SETTINGS_ENV = "LAB_LOCUST_SETTINGS"
+KEY_ENV = "LAB_LEDGER_KEY"
+DEFAULT_URL = "http://127.0.0.1:8000/mcp"
+"""`lab serve`'s default address."""
+DEFAULT_RUN_DIR = "results/locust"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -35,7 +45,8 @@ class LoadSettings:
     protocol_version: str = "2025-11-25"
     origin: str | None = "http://127.0.0.1"
     tokens: tuple[tuple[str, str], ...] = ()
-    """(token, subject) pairs; users take them round-robin. Empty: no authentication."""
+    """(token, subject) pairs; each client takes one by `token_for` (from the seed and its
+    client ID). Empty: no authentication."""
     mix: ToolMix = field(default_factory=ToolMix)
     ticker: dict[str, Any] = field(default_factory=lambda: {"count": 5, "interval_ms": 100})
     wait_min: float = 0.5
@@ -47,6 +58,10 @@ class LoadSettings:
     backoff_base: float = 0.25
     backoff_cap: float = 10.0
     max_attempts: int = 12
+    resume_silence: float = 10.0
+    """Seconds a resumed call stream may stay without a message before it counts as lost."""
+    stream_idle: float = 30.0
+    """Seconds a call stream may carry no message (keep-alives only) before it counts as lost."""
     call_timeout: float = 30.0
     write_retries: int = 3
     """How often a user re-runs a write whose outcome was UNKNOWN (same idempotency key)."""
@@ -72,17 +87,53 @@ class LoadSettings:
 
     @staticmethod
     def from_env() -> LoadSettings:
+        """The settings `lab run` wrote; the defaults when its variable is not set."""
         path = os.environ.get(SETTINGS_ENV)
         if not path:
-            raise RuntimeError(f"{SETTINGS_ENV} is not set: run Locust through `lab run`")
-        return LoadSettings.from_json(Path(path).read_text(encoding="utf-8"))
+            return LoadSettings(url=DEFAULT_URL, run_dir=DEFAULT_RUN_DIR)
+        try:
+            return LoadSettings.from_json(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError, TypeError) as e:
+            raise RuntimeError(f"{SETTINGS_ENV}={path}: cannot read the load settings: {e}") from e
+
+    @property
+    def by_hand(self) -> bool:
+        """Run without `lab run` (no settings file): the defaults, Locust's --host."""
+        return not os.environ.get(SETTINGS_ENV)
 
 
 def ledger_key() -> bytes:
-    key = os.environ.get("LAB_LEDGER_KEY", "")
-    if len(key) < 32:
-        raise RuntimeError("LAB_LEDGER_KEY (hex, >= 16 bytes) is not set: run Locust through `lab run`")
-    return bytes.fromhex(key)
+    """The run's pseudonym key from `lab run`; a random one for a process run by hand
+    (its pseudonyms then match no other process: nothing joins them without `lab run`)."""
+    key = os.environ.get(KEY_ENV, "")
+    if not key:
+        log.warning("%s is not set: pseudonyms use a random key of this process only", KEY_ENV)
+        return secrets.token_bytes(32)
+    try:
+        raw = bytes.fromhex(key)
+    except ValueError:
+        raw = b""
+    if len(raw) < 16:
+        raise RuntimeError(f"{KEY_ENV} must be hex of at least 16 bytes")
+    return raw
+
+
+def stable_index(seed: int, name: str, n: int) -> int:
+    """A choice among `n` made from the scenario seed and a name only: a SHA-256 digest,
+    the same in every process and every run with that seed (unlike `hash()`, which
+    PYTHONHASHSEED changes from process to process)."""
+    if n < 1:
+        raise ValueError("a choice among no items")
+    digest = hashlib.sha256(f"{seed}\0{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % n
+
+
+def token_for(settings: LoadSettings, client_id: str) -> tuple[str | None, str | None]:
+    """The (token, subject) a client uses: chosen by `stable_index` from the seed and its ID."""
+    if not settings.tokens:
+        return None, None
+    token, subject = settings.tokens[stable_index(settings.seed, f"token/{client_id}", len(settings.tokens))]
+    return token, subject
 
 
 def split_budget(total: float, workers: list[str]) -> dict[str, float]:

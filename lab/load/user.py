@@ -4,12 +4,13 @@ builds one per simulated user.
 Locust `request` events are fired for what a person running the load wants to see in
 Locust's table: handshakes, tool calls, resumptions (with the resume latency as the
 response time) and errors — not one per SSE event, which would cost a quarter of the
-CPU (DESIGN.md).
+CPU (measured).
 """
 
 from __future__ import annotations
 
 import itertools
+import logging
 import random
 import ssl
 import time
@@ -34,11 +35,12 @@ from lab.client import (
 )
 from lab.drivers.sync import SyncDriver, default_client
 from lab.inbox import InboxDatabase
-from lab.load.settings import LoadSettings
+from lab.load.settings import LoadSettings, token_for
 from lab.wire.client_ledger import EventRejected, ReconnectAttempt, Record, Recovery
 from lab.wire.redact import Redactor
 
 REQUEST_TYPE = "MCP"
+log = logging.getLogger(__name__)
 
 
 class WorkerContext:
@@ -58,8 +60,9 @@ class WorkerContext:
         self.ssl = ssl.create_default_context()
         self.name = name
         self._ids = itertools.count(1)
-        self.clients: list[McpClient] = []
-        """Every client this worker built, so that quitting can stop them all."""
+        self.clients: dict[str, McpClient] = {}
+        """Every whole client of this worker that has not left, so that quitting can stop
+        them all. A client is registered only once it is built (`McpClient.__init__`)."""
         self.counters: dict[str, int] = {
             "users": 0,
             "calls_ok": 0,
@@ -75,8 +78,13 @@ class WorkerContext:
         return default_client(verify=self.ssl)
 
     def stop_all(self) -> None:
-        for c in self.clients:
-            c.driver.stop()
+        """Stop every client (each writes its last records); one that fails to stop is
+        logged and does not keep the others from stopping."""
+        for c in list(self.clients.values()):
+            try:
+                c.stop()
+            except Exception:
+                log.exception("stopping client %s failed", c.client_id)
 
     def next_client_id(self) -> str:
         return f"w{self.name}-u{next(self._ids)}"
@@ -88,9 +96,7 @@ class McpClient:
         self.ctx = ctx
         s = ctx.settings
         self.client_id = ctx.next_client_id()
-        token, subject = (None, None)
-        if s.tokens:
-            token, subject = s.tokens[hash(self.client_id) % len(s.tokens)]
+        token, subject = token_for(s, self.client_id)
         self.core = ClientCore(
             ClientConfig(
                 client_id=self.client_id,
@@ -101,6 +107,8 @@ class McpClient:
                 open_standalone_stream=s.open_standalone_stream,
                 backoff=BackoffPolicy(s.backoff_base, s.backoff_cap),
                 max_attempts=s.max_attempts,
+                resume_silence_s=s.resume_silence,
+                stream_idle_s=s.stream_idle,
             ),
             inbox=ctx.db.inbox(self.client_id),
             budget=ctx.budget,
@@ -110,12 +118,14 @@ class McpClient:
         self.finished: dict[str, CallFinished] = {}
         self.sessions = 0
         self.left: LeaveFinished | None = None
-        ctx.clients.append(self)
         self.http = ctx.http_client()
         self.driver = SyncDriver(
             self.core, s.url, self.http, on_records=self._records, on_notice=self._notice
         )
         self._keys = itertools.count(1)
+        # Last: only a whole client is registered (nothing above yields to another
+        # greenlet, and the driver starts nothing until it is first used).
+        ctx.clients[self.client_id] = self
 
     # -- callbacks (under the driver's lock) -------------------------------------------
 
@@ -204,11 +214,18 @@ class McpClient:
         return self.finished.get(key)
 
     def leave(self, timeout: float = 5.0) -> None:
-        if self.core.state in (State.SESSION_ACTIVE,):
+        if self.core.state in (State.SESSION_ACTIVE,) and not self.driver.stopped:
             self.driver.call(self.core.leave)
             self.driver.wait_for(lambda: self.left is not None, timeout)
-        self.driver.stop()
-        self.http.close()
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop the driver (the core writes its last records) and close the HTTP pool."""
+        try:
+            self.driver.stop()
+        finally:
+            self.http.close()
+            self.ctx.clients.pop(self.client_id, None)
 
 
 WORKER: list[WorkerContext] = []
@@ -231,7 +248,9 @@ class McpUser(User):
 
     def on_stop(self) -> None:
         WORKER[0].counters["users"] -= 1
-        self.client.leave()
+        client: McpClient | None = getattr(self, "client", None)
+        if client is not None:
+            client.leave()
 
     def rejoin(self) -> None:
         """Leave (DELETE) and come back as a new client with a new session."""

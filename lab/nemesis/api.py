@@ -24,6 +24,11 @@ Other answers: 404 unknown path, 405 wrong method (with `Allow`), 400 malformed 
 does, so a web page cannot drive the nemesis), 500 for a bug (logged to stderr; the
 server goes on). Every connection is closed after one answer (`Connection: close`), and
 each has a 10 s deadline.
+
+In compat mode (`lab nemesis --compat`) the answers take Toxiproxy's form where it has
+its own: an unknown path is a plain-text `404 page not found`, a wrong method an empty
+405, a proxy carries Toxiproxy 2.12's empty `Logger` object, `/populate` answers
+`"proxies": null` when it made none and adds `"proxies": null` to its errors.
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ class Reply:
     status: int
     body: object = None
     headers: tuple[tuple[str, str], ...] = ()
+    text: str | None = None  # a plain-text body instead of JSON
 
 
 def error_reply(status: int, message: str, headers: tuple[tuple[str, str], ...] = ()) -> Reply:
@@ -66,28 +72,37 @@ type _Handler = Callable[[list[str], bytes], Awaitable[Reply]]
 class ApiApp:
     """Maps requests to `Nemesis` operations; never raises."""
 
-    def __init__(self, nemesis: Nemesis, version: str) -> None:
+    def __init__(self, nemesis: Nemesis, version: str, *, compat: bool = False) -> None:
         self._nemesis = nemesis
         self._version = version
+        self._compat = compat
 
     async def handle(self, method: str, target: str, headers: Mapping[str, str], body: bytes) -> Reply:
         if headers.get("user-agent", "").startswith("Mozilla/"):
             return error_reply(403, "the nemesis API does not answer browsers")
+        parts: list[str] = []
         try:
             path = urlsplit(target).path
             parts = [unquote(p) for p in path.strip("/").split("/")] if path.strip("/") else []
             routes = self._routes(parts)
             if routes is None:
+                if self._compat:
+                    return Reply(404, text="404 page not found\n")
                 return error_reply(404, f"no such endpoint: {path}")
             handler = routes.get(method)
             if handler is None:
                 allow = ", ".join(sorted(routes))
+                if self._compat:
+                    return Reply(405, headers=(("allow", allow),))
                 return error_reply(
                     405, f"{method} is not allowed here (allowed: {allow})", (("allow", allow),)
                 )
             return await handler(parts, body)
         except ApiError as exc:
-            return error_reply(exc.status, exc.message)
+            reply = error_reply(exc.status, exc.message)
+            if self._compat and parts[:1] == ["populate"]:
+                return Reply(exc.status, {"error": exc.message, "status": exc.status, "proxies": None})
+            return reply
         except Exception:  # a bug must not take the server down: say so and go on
             traceback.print_exc(file=sys.stderr)
             return error_reply(500, "internal error (see the nemesis' stderr)")
@@ -128,23 +143,23 @@ class ApiApp:
         return Reply(204)
 
     async def _populate(self, parts: list[str], body: bytes) -> Reply:
-        proxies = await self._nemesis.populate(_json(body))
-        return Reply(201, {"proxies": [p.to_json() for p in proxies]})
+        proxies = [p.to_json(compat=self._compat) for p in await self._nemesis.populate(_json(body))]
+        return Reply(201, {"proxies": None if self._compat and not proxies else proxies})
 
     async def _proxies_get(self, parts: list[str], body: bytes) -> Reply:
-        return Reply(200, {p.config.name: p.to_json() for p in self._nemesis.proxies()})
+        return Reply(200, {p.config.name: p.to_json(compat=self._compat) for p in self._nemesis.proxies()})
 
     async def _proxy_create(self, parts: list[str], body: bytes) -> Reply:
         proxy = await self._nemesis.create_proxy(_json(body))
-        return Reply(201, proxy.to_json())
+        return Reply(201, proxy.to_json(compat=self._compat))
 
     async def _proxy_get(self, parts: list[str], body: bytes) -> Reply:
-        return Reply(200, self._nemesis.proxy(parts[1]).to_json())
+        return Reply(200, self._nemesis.proxy(parts[1]).to_json(compat=self._compat))
 
     async def _proxy_update(self, parts: list[str], body: bytes) -> Reply:
         self._nemesis.proxy(parts[1])  # 404 before 400, as Toxiproxy
         proxy = await self._nemesis.update_proxy(parts[1], _json(body))
-        return Reply(200, proxy.to_json())
+        return Reply(200, proxy.to_json(compat=self._compat))
 
     async def _proxy_delete(self, parts: list[str], body: bytes) -> Reply:
         await self._nemesis.delete_proxy(parts[1])
@@ -152,7 +167,7 @@ class ApiApp:
 
     async def _toxics_get(self, parts: list[str], body: bytes) -> Reply:
         proxy = self._nemesis.proxy(parts[1])
-        return Reply(200, [e.spec.to_json() for e in proxy.toxics.entries()])
+        return Reply(200, [e.spec.to_json() for e in proxy.toxics.listing()])
 
     async def _toxic_create(self, parts: list[str], body: bytes) -> Reply:
         self._nemesis.proxy(parts[1])
@@ -260,10 +275,14 @@ async def _read_request(
 async def _send_reply(stream: trio.SocketStream, conn: h11.Connection, reply: Reply) -> None:
     if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
         return
-    payload = b"" if reply.body is None else json.dumps(reply.body).encode("utf-8")
+    if reply.text is not None:
+        payload, content_type = reply.text.encode("utf-8"), "text/plain; charset=utf-8"
+    else:
+        payload = b"" if reply.body is None else json.dumps(reply.body).encode("utf-8")
+        content_type = "application/json"
     headers = [("server", "lab-nemesis"), ("connection", "close"), *reply.headers]
     if reply.status != 204:
-        headers += [("content-type", "application/json"), ("content-length", str(len(payload)))]
+        headers += [("content-type", content_type), ("content-length", str(len(payload)))]
     phrase = HTTPStatus(reply.status).phrase.encode("ascii")
     out = conn.send(h11.Response(status_code=reply.status, headers=headers, reason=phrase)) or b""
     if payload and reply.status != 204:

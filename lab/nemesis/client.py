@@ -1,25 +1,27 @@
-"""A thin wrapper around `toxiproxy-python` 0.1.1 for one Toxiproxy API URL — this
-nemesis or a real Toxiproxy server. Plain blocking code (no trio): use it from threads or
-a simple loop.
+"""The lab's own client of a Toxiproxy HTTP API (v2): this nemesis or a real Toxiproxy
+server. Plain blocking code on the standard library's `http.client` (no trio, gevent or
+requests): every call opens its own connection, so threads share a client freely, with no
+lock, and every call has a timeout (the client's, or one given to the call).
 
-What it adds to the library, and why:
-- **Timeouts.** The library calls `requests` without a timeout (a hung API hangs the
-  caller). Every call here has one: the library's module-level `requests` is replaced by a
-  stand-in that adds `timeout` to each call (`install_timeouts`). It also raises for
-  answers the library would mistake for success (5xx and other unexpected statuses).
-- **One URL per client, thread-safe.** The library keeps host and port in class
-  attributes (`APIConsumer.host/port`); calls are serialised under one lock that sets them.
-- **Update = remove + add.** The library cannot update a toxic.
-- **No toxicity 0.** A toxic with toxicity 0 is refused: DESIGN.md measured that a real
-  Toxiproxy still applies it. Remove the toxic instead.
+`toxiproxy-python` stays the client for people (docs/nemesis.md shows it against the
+embedded nemesis); this one is what the lab itself uses, because the library has no
+timeouts, keeps its host in class attributes, cannot update a toxic, and mistakes some
+error answers for success.
+
+What it adds beyond the API:
+- **Update in place** (`update_toxic`): the API's toxic update when only toxicity and
+  attributes change, remove + add when the type or stream changes.
+- **No toxicity 0.** A toxic with toxicity 0 is refused (`ValueError`): a real Toxiproxy
+  still applies it (measured). Remove the toxic instead.
 - **Optional logging** of every change to a `mcpLabNemesis.v1` log. Use it when driving a
-  real Toxiproxy; the embedded nemesis logs its changes itself (log only on one side).
+  real Toxiproxy; the embedded nemesis logs its changes itself (log on one side only).
 
 Errors (all `ToxiproxyError`)::
 
     ToxiproxyError
-     ├── ToxiproxyUnreachable   no answer in time, or no connection: the change may or
-     │                          may not have happened
+     ├── ToxiproxyUnreachable   no usable answer: `.maybe_done` says whether the request
+     │    │                     may have reached the server (False: it could not connect)
+     │    └── ToxiproxyTimeout  no answer within the timeout (the change may have happened)
      └── ToxiproxyRejected      the API answered with an error status (`.status`)
           ├── NotFoundError     404: unknown proxy or toxic
           └── ConflictError     409: the name exists (or the listen address is in use)
@@ -27,27 +29,20 @@ Errors (all `ToxiproxyError`)::
 
 from __future__ import annotations
 
+import http.client
 import json
-import threading
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, suppress
+from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Final
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
-import requests
-import toxiproxy
-import toxiproxy.api
-import toxiproxy.exceptions
-
-from lab.nemesis.log import NemesisLog, down_record, proxy_record, toxic_record
+from lab.nemesis.log import NemesisLog, NemesisRecord, down_record, proxy_record, toxic_record
 from lab.nemesis.toxics import ToxicSpec
 
 DEFAULT_TIMEOUT_S: Final = 5.0
-
-_LOCK = threading.RLock()  # guards APIConsumer.host/port and the timeout in force
+_MAX_ANSWER: Final = 16 * 1024 * 1024  # an API answer larger than this is not a Toxiproxy's
 
 
 class ToxiproxyError(Exception):
@@ -55,7 +50,17 @@ class ToxiproxyError(Exception):
 
 
 class ToxiproxyUnreachable(ToxiproxyError):
-    """No answer in time, or no connection: the change may or may not have happened."""
+    """No usable answer. `maybe_done` is False when the request never left (no connection
+    could be made), True when it may have reached the server and acted."""
+
+    def __init__(self, message: str, *, maybe_done: bool = True) -> None:
+        super().__init__(message)
+        self.maybe_done = maybe_done
+
+
+class ToxiproxyTimeout(ToxiproxyUnreachable):
+    """The request was sent and no answer came within the timeout: the change may or may
+    not have happened."""
 
 
 class ToxiproxyRejected(ToxiproxyError):
@@ -85,48 +90,8 @@ class ProxyInfo:
     enabled: bool
 
 
-class _TimeoutRequests:
-    """Stands in for the `requests` module inside `toxiproxy.api`: the three functions it
-    calls, each with the timeout in force, raising for statuses the library ignores."""
-
-    _HANDLED: Final = frozenset({400, 404, 409})  # the library raises its own for these
-
-    def __init__(self) -> None:
-        self.timeout = DEFAULT_TIMEOUT_S
-
-    def get(self, url: str, params: Any = None, **kwargs: Any) -> Any:
-        return self._call("GET", url, params=params, **kwargs)
-
-    def post(self, url: str, data: Any = None, json: Any = None, **kwargs: Any) -> Any:
-        return self._call("POST", url, data=data, json=json, **kwargs)
-
-    def delete(self, url: str, **kwargs: Any) -> Any:
-        return self._call("DELETE", url, **kwargs)
-
-    def _call(self, method: str, url: str, **kwargs: Any) -> Any:
-        kwargs.setdefault("timeout", self.timeout)
-        try:
-            response = requests.request(method, url, **kwargs)
-        except requests.RequestException as exc:
-            raise ToxiproxyUnreachable(f"{method} {url}: {exc}") from exc
-        status = int(response.status_code)
-        if status >= 400 and status not in self._HANDLED:
-            raise ToxiproxyRejected(status, _error_text(response.content))
-        return response
-
-
-_SHIM = _TimeoutRequests()
-
-
-def install_timeouts() -> None:
-    """Make every `toxiproxy-python` call in this process go through the timeout stand-in."""
-    with _LOCK:
-        if toxiproxy.api.requests is not _SHIM:
-            toxiproxy.api.requests = _SHIM
-
-
 class ToxiproxyClient:
-    """One Toxiproxy API (`http://host:port`), through `toxiproxy-python`, with timeouts."""
+    """One Toxiproxy API (`http://host:port`). Thread-safe: no shared connection, no lock."""
 
     def __init__(
         self, api_url: str, *, timeout: float = DEFAULT_TIMEOUT_S, log: NemesisLog | None = None
@@ -141,57 +106,68 @@ class ToxiproxyClient:
         self._host = parts.hostname
         self._port = parts.port
         self._log = log
-        self._known: dict[str, ProxyInfo] = {}  # for log records of toxics
-        install_timeouts()
+        self._known: dict[str, ProxyInfo] = {}  # listen/upstream for log records
 
     # -- reading --------------------------------------------------------------------------
 
-    def version(self) -> str:
-        with self._api():
-            raw: bytes = toxiproxy.api.APIConsumer.get("/version").content
-        text = raw.decode("utf-8", "replace").strip()
+    def version(self, *, timeout: float | None = None) -> str:
+        _, raw = self._call("GET", "/version", timeout=timeout, parse=False)
+        text = bytes(raw).decode("utf-8", "replace").strip()
         try:  # newer servers answer JSON, older ones plain text
             decoded = json.loads(text)
         except ValueError:
             return text
         return str(decoded.get("version", text)) if isinstance(decoded, dict) else text
 
-    def proxies(self) -> dict[str, ProxyInfo]:
-        with self._api():
-            found = toxiproxy.Toxiproxy().proxies()
-        out = {name: _info(p) for name, p in found.items()}
+    def proxies(self, *, timeout: float | None = None) -> dict[str, ProxyInfo]:
+        _, body = self._call("GET", "/proxies", timeout=timeout)
+        if not isinstance(body, dict):
+            raise ToxiproxyUnreachable(f"GET {self.url}/proxies: not a JSON object: {_show(body)}")
+        out = {str(name): _info(p) for name, p in body.items()}
         self._known.update(out)
         return out
 
-    def get_proxy(self, name: str) -> ProxyInfo | None:
-        return self.proxies().get(name)
+    def get_proxy(self, name: str, *, timeout: float | None = None) -> ProxyInfo | None:
+        try:
+            _, body = self._call("GET", _proxy_path(name), timeout=timeout)
+        except NotFoundError:
+            self._known.pop(name, None)
+            return None
+        info = _info(body)
+        self._known[name] = info
+        return info
 
-    def toxics(self, proxy: str) -> dict[str, ToxicSpec]:
-        with self._api():
-            found = self._proxy_obj(proxy).toxics()
-        return {name: _spec(t) for name, t in found.items()}
+    def toxics(self, proxy: str, *, timeout: float | None = None) -> dict[str, ToxicSpec]:
+        _, body = self._call("GET", _proxy_path(proxy) + "/toxics", timeout=timeout)
+        if not isinstance(body, list):
+            raise ToxiproxyUnreachable(f"GET toxics of {proxy!r}: not a JSON array: {_show(body)}")
+        specs = [_spec(t) for t in body]
+        return {s.name: s for s in specs}
 
     # -- changing -------------------------------------------------------------------------
 
     def create_proxy(
-        self, name: str, upstream: str, listen: str = "127.0.0.1:0", *, enabled: bool = True
+        self,
+        name: str,
+        upstream: str,
+        listen: str = "127.0.0.1:0",
+        *,
+        enabled: bool = True,
+        timeout: float | None = None,
     ) -> ProxyInfo:
-        with self._api():
-            created = toxiproxy.Toxiproxy().create(
-                upstream=upstream, name=name, listen=listen, enabled=enabled
-            )
-        info = _info(created)
+        body = {"name": name, "upstream": upstream, "listen": listen, "enabled": enabled}
+        _, answer = self._call("POST", "/proxies", body, timeout=timeout)
+        info = _info(answer)
         self._known[name] = info
         self._write(proxy_record("proxy_created", name, info.listen, info.upstream))
-        if not enabled:
+        if not info.enabled:
             self._write(down_record("toxic_added", name, info.listen, info.upstream))
         return info
 
-    def delete_proxy(self, name: str) -> None:
+    def delete_proxy(self, name: str, *, timeout: float | None = None) -> None:
         info = self._info(name)
-        toxics = self.toxics(name) if self._log is not None else {}
-        with self._api():
-            self._proxy_obj(name).destroy()
+        toxics = self.toxics(name, timeout=timeout) if self._log is not None else {}
+        self._call("DELETE", _proxy_path(name), timeout=timeout)
         self._known.pop(name, None)
         for spec in toxics.values():
             self._write(toxic_record("toxic_removed", name, info.listen, info.upstream, spec))
@@ -199,57 +175,58 @@ class ToxiproxyClient:
             self._write(down_record("toxic_removed", name, info.listen, info.upstream))
         self._write(proxy_record("proxy_deleted", name, info.listen, info.upstream))
 
-    def set_enabled(self, name: str, enabled: bool) -> None:
+    def set_enabled(self, name: str, enabled: bool, *, timeout: float | None = None) -> None:
         """Take a proxy down (`enabled=False`: it stops listening, its connections drop) or up."""
         info = self._info(name)
-        with self._api():
-            proxy = self._proxy_obj(name)
-            if enabled:
-                proxy.enable()
-            else:
-                proxy.disable()
+        self._call("POST", _proxy_path(name), {"enabled": enabled}, timeout=timeout)
         if info.enabled != enabled:
             self._known[name] = ProxyInfo(info.name, info.listen, info.upstream, enabled)
             kind = "toxic_removed" if enabled else "toxic_added"
             self._write(down_record(kind, name, info.listen, info.upstream))
 
-    def add_toxic(self, proxy: str, toxic: ToxicSpec) -> None:
-        if toxic.toxicity == 0:
-            raise ValueError(
-                f"toxic {toxic.name!r} has toxicity 0: a real Toxiproxy still applies it; remove the toxic instead"
-            )
+    def add_toxic(self, proxy: str, toxic: ToxicSpec, *, timeout: float | None = None) -> None:
+        _refuse_toxicity_zero(toxic)
         info = self._info(proxy) if self._log is not None else None
-        with self._api():
-            self._proxy_obj(proxy).add_toxic(
-                type=toxic.kind,
-                name=toxic.name,
-                stream=toxic.stream,
-                toxicity=toxic.toxicity,
-                attributes=dict(toxic.attributes),
-            )
+        self._call("POST", _proxy_path(proxy) + "/toxics", toxic.to_json(), timeout=timeout)
         if info is not None:
             self._write(toxic_record("toxic_added", proxy, info.listen, info.upstream, toxic))
 
-    def remove_toxic(self, proxy: str, name: str) -> None:
+    def remove_toxic(self, proxy: str, name: str, *, timeout: float | None = None) -> None:
         """Remove a toxic (NotFoundError if there is none of that name)."""
-        spec = self.toxics(proxy).get(name) if self._log is not None else None
-        with self._api():
-            self._proxy_obj(proxy).destroy_toxic(name)
+        spec = self.toxics(proxy, timeout=timeout).get(name) if self._log is not None else None
+        self._call("DELETE", _toxic_path(proxy, name), timeout=timeout)
         if spec is not None:
             info = self._info(proxy)
             self._write(toxic_record("toxic_removed", proxy, info.listen, info.upstream, spec))
 
-    def update_toxic(self, proxy: str, toxic: ToxicSpec) -> None:
-        """Replace the toxic of the same name (or add it): remove, then add."""
-        with suppress(NotFoundError):
-            self.remove_toxic(proxy, toxic.name)
-        self.add_toxic(proxy, toxic)
+    def update_toxic(self, proxy: str, toxic: ToxicSpec, *, timeout: float | None = None) -> None:
+        """Make the toxic of that name be `toxic`: the API's update when only toxicity and
+        attributes change, remove + add when the type or stream changes, add when absent."""
+        _refuse_toxicity_zero(toxic)
+        current = self.toxics(proxy, timeout=timeout).get(toxic.name)
+        if current is None:
+            self.add_toxic(proxy, toxic, timeout=timeout)
+            return
+        if (current.kind, current.stream) != (toxic.kind, toxic.stream):
+            self.remove_toxic(proxy, toxic.name, timeout=timeout)
+            self.add_toxic(proxy, toxic, timeout=timeout)
+            return
+        change = {"toxicity": toxic.toxicity, "attributes": dict(toxic.attributes)}
+        self._call("POST", _toxic_path(proxy, toxic.name), change, timeout=timeout)
+        if self._log is not None:
+            info = self._info(proxy)
+            t = time.time()
+            self._write(toxic_record("toxic_removed", proxy, info.listen, info.upstream, current, t))
+            self._write(toxic_record("toxic_added", proxy, info.listen, info.upstream, toxic, t))
 
-    def reset(self) -> None:
+    def reset(self, *, timeout: float | None = None) -> None:
         """Enable every proxy and remove every toxic."""
-        before = {name: self.toxics(name) for name in self.proxies()} if self._log is not None else {}
-        with self._api():
-            toxiproxy.Toxiproxy().reset()
+        before = (
+            {name: self.toxics(name, timeout=timeout) for name in self.proxies(timeout=timeout)}
+            if self._log is not None
+            else {}
+        )
+        self._call("POST", "/reset", timeout=timeout)
         for name, toxics in before.items():
             info = self._info(name)
             for spec in toxics.values():
@@ -258,77 +235,127 @@ class ToxiproxyClient:
                 self._write(down_record("toxic_removed", name, info.listen, info.upstream))
                 self._known[name] = ProxyInfo(info.name, info.listen, info.upstream, True)
 
-    @contextmanager
-    def using_library(self) -> Iterator[Any]:
-        """The `toxiproxy` module itself, pointed at this API with this timeout, for a call
-        this wrapper does not offer (the lock is held: keep the block short)."""
-        with self._api():
-            yield toxiproxy
-
     # -- plumbing -------------------------------------------------------------------------
 
-    @contextmanager
-    def _api(self) -> Iterator[None]:
-        """Point the library at this API, with this timeout, and translate its errors."""
-        with _LOCK:
-            consumer = toxiproxy.api.APIConsumer
-            consumer.host, consumer.port = self._host, self._port
-            _SHIM.timeout = self.timeout
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: object = None,
+        *,
+        timeout: float | None,
+        parse: bool = True,
+    ) -> tuple[int, Any]:
+        """One request on its own connection: (status, decoded JSON or None; raw bytes
+        with `parse=False`). Raises the errors of the module docstring."""
+        limit = self.timeout if timeout is None else timeout
+        where = f"{method} {self.url}{path}"
+        payload = None if body is None else json.dumps(body, allow_nan=False).encode("utf-8")
+        headers = {"Accept": "application/json", "User-Agent": "lab-nemesis-client"}
+        if payload is not None:
+            headers["Content-Type"] = "application/json"
+        conn = http.client.HTTPConnection(self._host, self._port, timeout=limit)
+        try:
             try:
-                yield
-            except toxiproxy.exceptions.NotFound as exc:
-                raise NotFoundError(404, _error_text(exc.args[0] if exc.args else b"")) from exc
-            except toxiproxy.exceptions.ProxyExists as exc:
-                raise ConflictError(409, _error_text(exc.args[0] if exc.args else b"")) from exc
-            except toxiproxy.exceptions.InvalidToxic as exc:
-                raise ToxiproxyRejected(400, _error_text(exc.args[0] if exc.args else b"")) from exc
-
-    def _proxy_obj(self, name: str) -> Any:
-        # A library Proxy object only carries the name for these calls: no need to fetch it.
-        known = self._known.get(name)
-        listen, upstream, enabled = (known.listen, known.upstream, known.enabled) if known else ("", "", True)
-        return toxiproxy.Proxy(name=name, upstream=upstream, enabled=enabled, listen=listen)
+                conn.connect()
+            except OSError as exc:  # refused, or no connection in time: nothing was sent
+                raise ToxiproxyUnreachable(f"{where}: cannot connect: {exc}", maybe_done=False) from exc
+            try:
+                conn.request(method, path, body=payload, headers=headers)
+                response = conn.getresponse()
+                raw = response.read(_MAX_ANSWER + 1)
+            except TimeoutError as exc:
+                raise ToxiproxyTimeout(f"{where}: no answer within {limit}s") from exc
+            except (OSError, http.client.HTTPException) as exc:
+                raise ToxiproxyUnreachable(f"{where}: the connection broke: {exc!r}") from exc
+        finally:
+            conn.close()
+        status = response.status
+        if status >= 400:
+            text = _error_text(raw)
+            if status == 404:
+                raise NotFoundError(status, text)
+            if status == 409:
+                raise ConflictError(status, text)
+            raise ToxiproxyRejected(status, text)
+        if not 200 <= status < 300:
+            raise ToxiproxyUnreachable(f"{where}: unexpected status {status}")
+        if not parse or status == 204 or not raw.strip():
+            return status, raw if not parse else None
+        try:
+            return status, json.loads(raw)
+        except ValueError as exc:
+            raise ToxiproxyUnreachable(f"{where}: the answer is not JSON: {_show(raw)}") from exc
 
     def _info(self, name: str) -> ProxyInfo:
         known = self._known.get(name)
         if known is None:
-            known = self.proxies().get(name)
+            known = self.get_proxy(name)
         if known is None:
             raise NotFoundError(404, f"proxy not found: {name}")
         return known
 
-    def _write(self, record: Any) -> None:
+    def _write(self, record: NemesisRecord) -> None:
         if self._log is not None:
             self._log.write(record)
 
 
-def _info(proxy: Any) -> ProxyInfo:
-    return ProxyInfo(str(proxy.name), str(proxy.listen), str(proxy.upstream), bool(proxy.enabled))
+def _proxy_path(name: str) -> str:
+    return "/proxies/" + quote(name, safe="")
 
 
-def _spec(toxic: Any) -> ToxicSpec:
+def _toxic_path(proxy: str, toxic: str) -> str:
+    return f"{_proxy_path(proxy)}/toxics/{quote(toxic, safe='')}"
+
+
+def _refuse_toxicity_zero(toxic: ToxicSpec) -> None:
+    if toxic.toxicity == 0:
+        raise ValueError(
+            f"toxic {toxic.name!r} has toxicity 0: a real Toxiproxy still applies it; remove the toxic instead"
+        )
+
+
+def _info(proxy: object) -> ProxyInfo:
+    if not isinstance(proxy, dict):
+        raise ToxiproxyUnreachable(f"a proxy must be a JSON object, got {_show(proxy)}")
+    try:
+        return ProxyInfo(
+            str(proxy["name"]), str(proxy["listen"]), str(proxy["upstream"]), bool(proxy["enabled"])
+        )
+    except KeyError as exc:
+        raise ToxiproxyUnreachable(f"a proxy without {exc}: {_show(proxy)}") from exc
+
+
+def _spec(toxic: object) -> ToxicSpec:
     # Taken as the server states it (not re-validated): a real Toxiproxy may hold toxics
-    # this module would refuse, and reading them must not fail.
-    attributes: Mapping[str, Any] = toxic.attributes or {}
+    # this lab would refuse, and reading them must not fail.
+    if not isinstance(toxic, dict):
+        raise ToxiproxyUnreachable(f"a toxic must be a JSON object, got {_show(toxic)}")
+    attributes: Mapping[str, Any] = toxic.get("attributes") or {}
     return ToxicSpec(
-        str(toxic.name),
-        str(toxic.type),
-        str(toxic.stream),
-        float(toxic.toxicity),
+        str(toxic.get("name")),
+        str(toxic.get("type")),
+        str(toxic.get("stream")),
+        float(toxic.get("toxicity", 1.0)),
         MappingProxyType({str(k): v for k, v in attributes.items()}),
     )
 
 
-def _error_text(content: object) -> str:
+def _error_text(raw: bytes) -> str:
     """The `error` of a Toxiproxy error body, or the body itself."""
-    raw = content.decode("utf-8", "replace") if isinstance(content, bytes) else str(content)
+    text = raw.decode("utf-8", "replace")
     try:
-        decoded = json.loads(raw)
+        decoded = json.loads(text)
     except ValueError:
-        return raw.strip()
+        return text.strip()
     if isinstance(decoded, dict):
-        return str(decoded.get("error") or decoded.get("title") or raw).strip()
-    return raw.strip()
+        return str(decoded.get("error") or decoded.get("title") or text).strip()
+    return text.strip()
+
+
+def _show(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 def wait_until_up(client: ToxiproxyClient, *, within: float = 10.0) -> str:
@@ -337,8 +364,22 @@ def wait_until_up(client: ToxiproxyClient, *, within: float = 10.0) -> str:
     last: Exception | None = None
     while time.monotonic() < deadline:  # bounded by `within`
         try:
-            return client.version()
+            return client.version(timeout=min(client.timeout, max(0.1, deadline - time.monotonic())))
         except ToxiproxyUnreachable as exc:
             last = exc
             time.sleep(0.1)
-    raise ToxiproxyUnreachable(f"{client.url} did not answer within {within}s: {last}")
+    raise ToxiproxyUnreachable(f"{client.url} did not answer within {within}s: {last}", maybe_done=False)
+
+
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "ConflictError",
+    "NotFoundError",
+    "ProxyInfo",
+    "ToxiproxyClient",
+    "ToxiproxyError",
+    "ToxiproxyRejected",
+    "ToxiproxyTimeout",
+    "ToxiproxyUnreachable",
+    "wait_until_up",
+]

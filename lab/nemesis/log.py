@@ -24,8 +24,25 @@ How other changes are written, so that every fault is a window between two recor
 - deleting a proxy, `/reset`, and the nemesis stopping write `toxic_removed` for every
   toxic still in place before `proxy_deleted` (or the `down` removal).
 
-Used by the embedded nemesis (server side) and by `lab.nemesis.client` when it drives a
-real Toxiproxy (client side; the time is then when the API answered). Thread-safe.
+Used by the embedded nemesis (server side) and by `lab.nemesis.client` or
+`lab.nemesis.schedule` when they drive a real Toxiproxy (client side; the time is then when
+the API answered). Thread-safe; several writers (processes too) may append to one file,
+each line in one write.
+
+Besides the changes, the schedule runner writes the **outcome of every toxic add and
+remove it attempts** (`lab.nemesis.schedule`), against the embedded nemesis and a real
+Toxiproxy alike, so a run can tell a toxic that never ended from one that did:
+
+    {"type": "toxic_outcome", "t", "proxy", "toxic", "kind",
+     "action": "add"|"remove", "outcome": "ok"|"failed"|"timeout"|"unknown", "detail"}
+
+| field | meaning |
+| --- | --- |
+| `t` | when the call ended (answer, error or timeout), Unix epoch seconds |
+| `toxic`, `kind` | the toxic's name and type |
+| `action` | `add` or `remove` |
+| `outcome` | `ok`: the API confirmed it (a remove that found no toxic, 404, is `ok` too: it is gone); `failed`: the API refused it, or no connection could be made (the change did not happen); `timeout`: the request was sent and no answer came in time (it may have happened); `unknown`: the connection broke after sending, or the answer was unreadable (it may have happened) |
+| `detail` | why, in words (`""` for a plain `ok`) |
 """
 
 from __future__ import annotations
@@ -42,6 +59,9 @@ from lab.nemesis.toxics import ToxicSpec
 
 SCHEMA: Final = "mcpLabNemesis.v1"
 RECORD_TYPES: Final = ("proxy_created", "proxy_deleted", "toxic_added", "toxic_removed")
+OUTCOME_TYPE: Final = "toxic_outcome"
+ACTIONS: Final = ("add", "remove")
+OUTCOMES: Final = ("ok", "failed", "timeout", "unknown")
 DOWN: Final = "down"
 """Name and kind of the pseudo-toxic that stands for a disabled proxy."""
 
@@ -69,6 +89,40 @@ class NemesisRecord:
         out = asdict(self)
         out["attributes"] = None if self.attributes is None else dict(self.attributes)
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeRecord:
+    """What became of one toxic add or remove (`toxic_outcome`; fields in the module docstring)."""
+
+    t: float
+    proxy: str
+    toxic: str
+    kind: str
+    action: str
+    outcome: str
+    detail: str = ""
+    type: str = OUTCOME_TYPE
+
+    def __post_init__(self) -> None:
+        if self.type != OUTCOME_TYPE:
+            raise ValueError(f"{SCHEMA}: an outcome record has type {OUTCOME_TYPE!r}, got {self.type!r}")
+        if self.action not in ACTIONS:
+            raise ValueError(f"{SCHEMA}: action must be one of {ACTIONS}, got {self.action!r}")
+        if self.outcome not in OUTCOMES:
+            raise ValueError(f"{SCHEMA}: outcome must be one of {OUTCOMES}, got {self.outcome!r}")
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "type": self.type,
+            "t": self.t,
+            "proxy": self.proxy,
+            "toxic": self.toxic,
+            "kind": self.kind,
+            "action": self.action,
+            "outcome": self.outcome,
+            "detail": self.detail,
+        }
 
 
 def proxy_record(type_: str, proxy: str, listen: str, upstream: str, t: float | None = None) -> NemesisRecord:
@@ -112,7 +166,7 @@ class NemesisLog:
         # crash loses at most the change that was being written.
         self._file: IO[str] | None = path.open("a", encoding="utf-8", buffering=1)
 
-    def write(self, record: NemesisRecord) -> None:
+    def write(self, record: NemesisRecord | OutcomeRecord) -> None:
         line = json.dumps(record.to_json(), separators=(",", ":"), allow_nan=False)
         with self._lock:
             if self._file is None:
@@ -134,9 +188,20 @@ class NemesisLog:
 
 
 def read_nemesis_log(path: Path) -> list[NemesisRecord]:
-    """Every record of a log file; a line that is not a `mcpLabNemesis.v1` record raises
+    """Every change record of a log file (outcome records are left out: see
+    `read_toxic_outcomes`); a line that is not a `mcpLabNemesis.v1` record raises
     `ValueError` naming the file and the line."""
-    out: list[NemesisRecord] = []
+    return [r for r in read_all_records(path) if isinstance(r, NemesisRecord)]
+
+
+def read_toxic_outcomes(path: Path) -> list[OutcomeRecord]:
+    """Every `toxic_outcome` record of a log file, in file order."""
+    return [r for r in read_all_records(path) if isinstance(r, OutcomeRecord)]
+
+
+def read_all_records(path: Path) -> list[NemesisRecord | OutcomeRecord]:
+    """Every record of a log file, in file order."""
+    out: list[NemesisRecord | OutcomeRecord] = []
     with path.open(encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
@@ -145,7 +210,7 @@ def read_nemesis_log(path: Path) -> list[NemesisRecord]:
                 raw = json.loads(line)
                 if not isinstance(raw, dict):
                     raise ValueError("not a JSON object")
-                out.append(NemesisRecord(**raw))
+                out.append(OutcomeRecord(**raw) if raw.get("type") == OUTCOME_TYPE else NemesisRecord(**raw))
             except (ValueError, TypeError) as exc:
                 raise ValueError(f"{path}:{number}: not a {SCHEMA} record: {exc}") from exc
     return out

@@ -13,15 +13,17 @@ follow Toxiproxy's toxics (see `lab.nemesis.toxics` for the attributes):
 - slicer: a chunk is cut into slices of `average_size ± size_variation`, `delay` µs apart.
 - limit_data: `bytes` pass (counted per connection and toxic), then the connection closes.
 - timeout: data is dropped; the connection closes `timeout` ms after the toxic first
-  applied to it (never, for 0). Removing the toxic closes the connections it applied to
-  (Toxiproxy does the same: their byte streams have a hole).
+  applied to it (never, for 0). Removing the toxic closes every connection of the proxy,
+  whether the toxic applied to it or not (as Toxiproxy does; a held byte stream has a hole).
 - reset_peer: the first chunk after the toxic applies is dropped; `timeout` ms later the
-  connection is reset (RST, SO_LINGER 0) towards the receiving side of that direction.
+  connection is reset (RST, SO_LINGER 0) towards the receiving side of that direction,
+  even if the toxic was removed meanwhile (Toxiproxy's removal waits for the reset).
 - slow_close: the end of the stream (EOF) is passed on `delay` ms late.
 - toxicity: rolled once per connection and toxic version (an update rolls again).
 
 A sleep inside a toxic ends early when that toxic is removed, and the data goes on at
-once ("never drop data on the floor", as Toxiproxy puts it). Unlike Toxiproxy, the end of
+once ("never drop data on the floor", as Toxiproxy puts it); reset_peer's wait is the
+exception, as in Toxiproxy. Unlike Toxiproxy, the end of
 one direction is passed on as a half-close (FIN), and the connection closes when both
 directions have ended.
 """
@@ -45,8 +47,12 @@ import trio
 from lab.nemesis.proxyspec import BIND_HOST, Address, ProxyConfig
 from lab.nemesis.toxics import ToxicSpec
 
-_READ_SIZE: Final = 16 * 1024
+_READ_SIZE: Final = 16 * 1024  # with toxics: the unit a toxic acts on (latency stamps, slicing)
 _QUEUE_CHUNKS: Final = 16  # per direction: at most 256 KiB waits inside the proxy
+_BULK_SIZE: Final = 256 * 1024
+"""Without toxics a direction copies through one reused buffer of this size: the cost of a
+pass is trio's scheduling, so fewer, larger passes carry more bytes per CPU second
+(bench/bench_nemesis.py: 16 KiB passes reached about a third of a real Toxiproxy's MB/s)."""
 _CONNECT_TIMEOUT_S: Final = 5.0
 _ACCEPT_ERROR_PAUSE_S: Final = 0.1
 _IO_ERRORS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
@@ -72,6 +78,7 @@ class ToxicChain:
 
     def __init__(self) -> None:
         self._entries: dict[str, ToxicEntry] = {}
+        self._by_stream: dict[str, tuple[ToxicEntry, ...]] = {}
         self._ids = itertools.count(1)
         self._changed = trio.Event()
 
@@ -81,8 +88,15 @@ class ToxicChain:
     def entries(self) -> list[ToxicEntry]:
         return list(self._entries.values())
 
-    def for_stream(self, stream: str) -> list[ToxicEntry]:
-        return [e for e in self._entries.values() if e.spec.stream == stream]
+    def listing(self) -> list[ToxicEntry]:
+        """As the API lists them: upstream toxics, then downstream ones, each in the order
+        they were added (Toxiproxy's order)."""
+        return sorted(self._entries.values(), key=lambda e: e.spec.stream != "upstream")
+
+    def for_stream(self, stream: str) -> tuple[ToxicEntry, ...]:
+        """The toxics of one direction, in the order they were added (kept ready: the
+        proxy asks for every chunk)."""
+        return self._by_stream.get(stream, ())
 
     def is_current(self, entry: ToxicEntry) -> bool:
         """The toxic is still in the chain (possibly updated since)."""
@@ -114,6 +128,10 @@ class ToxicChain:
         return self._changed
 
     def _notify(self) -> None:
+        streams = {e.spec.stream for e in self._entries.values()}
+        self._by_stream = {
+            st: tuple(e for e in self._entries.values() if e.spec.stream == st) for st in streams
+        }
         self._changed.set()
         self._changed = trio.Event()
 
@@ -180,18 +198,19 @@ class Proxy:
     def running(self) -> bool:
         return self._scope is not None
 
-    def open_links(self) -> int:
-        return len(self._links)
-
-    def to_json(self) -> dict[str, object]:
-        """The proxy as the API shows it (with its toxics)."""
-        return {
+    def to_json(self, *, compat: bool = False) -> dict[str, object]:
+        """The proxy as the API shows it (with its toxics). `compat` adds the empty
+        `Logger` object that Toxiproxy 2.12 shows (its logger, marshalled by mistake)."""
+        out: dict[str, object] = {
             "name": self.config.name,
             "listen": str(self.config.listen),
             "upstream": str(self.config.upstream),
             "enabled": self.config.enabled,
-            "toxics": [e.spec.to_json() for e in self.toxics.entries()],
         }
+        if compat:
+            out["Logger"] = {}
+        out["toxics"] = [e.spec.to_json() for e in self.toxics.listing()]
+        return out
 
     async def start(self, nursery: trio.Nursery) -> None:
         """Bind the listen address (OSError if it cannot) and serve in `nursery`."""
@@ -259,15 +278,45 @@ class Proxy:
     async def _pump(
         self, link: Link, direction: str, source: trio.SocketStream, sink: trio.SocketStream
     ) -> None:
-        send, recv = trio.open_memory_channel[tuple[bytes, float]](_QUEUE_CHUNKS)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_read_chunks, source, send)
-            ended = await self._write_chunks(link, direction, recv, sink)
-            nursery.cancel_scope.cancel()
+        first = await self._copy_while_clean(direction, source, sink)
+        if first is None:  # the sink broke
+            ended = False
+        elif first == b"":  # the end of the stream, with no toxic in the way
+            ended = await self._end_stream(link, direction, sink)
+        else:  # a toxic came: this chunk and the rest go through the toxics
+            send, recv = trio.open_memory_channel[tuple[bytes, float]](_QUEUE_CHUNKS)
+            send.send_nowait((first, trio.current_time()))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_read_chunks, source, send)
+                ended = await self._write_chunks(link, direction, recv, sink)
+                nursery.cancel_scope.cancel()
         if ended:
             link.direction_ended(direction)
         else:
             link.finish(f"{direction} peer gone")
+
+    async def _copy_while_clean(
+        self, direction: str, source: trio.SocketStream, sink: trio.SocketStream
+    ) -> bytes | None:
+        """The fast path: while this direction has no toxic, copy through one buffer with
+        no queue and no per-chunk work. Returns `b""` at the end of the stream (or when
+        the source broke), the first chunk read once a toxic is present, None if the sink
+        broke."""
+        buffer = bytearray(_BULK_SIZE)
+        view = memoryview(buffer)
+        while True:  # until the stream ends, the sink breaks, or a toxic arrives
+            try:
+                n = await source.socket.recv_into(buffer)
+            except _IO_ERRORS:
+                return b""
+            if not n:
+                return b""
+            if self.toxics.for_stream(direction):
+                return bytes(view[:n])  # read before the toxic's time: its turn from here
+            try:
+                await sink.send_all(view[:n])
+            except _IO_ERRORS:
+                return None
 
     async def _write_chunks(
         self,
@@ -282,6 +331,10 @@ class Proxy:
                 chain = [e for e in self.toxics.for_stream(direction) if link.applies(e)]
                 if not await self._through(link, direction, chain, 0, data, read_at, sink):
                     return False
+        return await self._end_stream(link, direction, sink)
+
+    async def _end_stream(self, link: Link, direction: str, sink: trio.SocketStream) -> bool:
+        """Pass the end of the stream on (after slow_close's delay); False if the sink broke."""
         for entry in self.toxics.for_stream(direction):
             if entry.spec.kind == "slow_close" and link.applies(entry):
                 await self._sleep_while_present(
@@ -342,21 +395,26 @@ class Proxy:
             if state.triggered:
                 return True
             state.triggered = True  # this chunk is dropped; the reset follows
-            if await self._sleep_while_present(entry, trio.current_time() + spec.attribute("timeout") / 1000):
-                link.finish("reset_peer", "client" if direction == "downstream" else "upstream")
-                return False
-            state.triggered = False
-            return True
+            # Once triggered, the reset happens at its time even if the toxic is removed or
+            # updated meanwhile, as with Toxiproxy (whose removal waits for it). Going on
+            # instead would deliver the stream with this chunk missing: a corruption no
+            # real proxy makes.
+            await trio.sleep_until(trio.current_time() + spec.attribute("timeout") / 1000)
+            link.finish("reset_peer", "client" if direction == "downstream" else "upstream")
+            return False
         return await onward(data, read_at)  # slow_close acts at the end of the stream
 
     def _latency_s(self, spec: ToxicSpec) -> float:
+        # Negative values (compat mode only) act as Toxiproxy's: no jitter, no delay.
         jitter = spec.attribute("jitter")
-        delay_ms = spec.attribute("latency") + (self._rng.randint(-jitter, jitter) if jitter else 0)
+        delay_ms = spec.attribute("latency") + (self._rng.randint(-jitter, jitter) if jitter > 0 else 0)
         return max(0, delay_ms) / 1000
 
     async def _pace(self, link: Link, entry: ToxicEntry, data: bytes, onward: _Onward) -> bool:
         state = link.state_for(entry)
         rate = entry.spec.attribute("rate") * 1000  # bytes per second
+        if rate <= 0:  # compat mode only: Toxiproxy spins (0) or panics (< 0); here no cap
+            return await onward(data, trio.current_time())
         step = max(1, rate // 10)  # at most 100 ms worth of data per write keeps the rate smooth
         for offset in range(0, len(data), step):
             piece = data[offset : offset + step]
@@ -389,16 +447,26 @@ class Proxy:
             with trio.move_on_at(until):
                 await changed.wait()
 
+    def remove_toxic(self, name: str) -> ToxicEntry:
+        """Take a toxic out of the chain (KeyError if absent). Removing a `timeout` toxic
+        closes every connection of the proxy, whether or not the toxic applied to it
+        (Toxiproxy's timeout toxic closes its stub on cleanup, and every connection has a
+        stub of every toxic, whatever its toxicity roll said)."""
+        entry = self.toxics.remove(name)
+        if entry.spec.kind == "timeout":
+            for link in list(self._links):
+                if link.scope is not None:  # its pumps run: the toxic was in its path
+                    link.finish("timeout toxic removed")
+        return entry
+
     async def _watch_timeouts(self, link: Link) -> None:
-        """Close the connection when a timeout toxic's time is up, or when one that applied
-        to it is removed."""
+        """Close the connection when a timeout toxic that applies to it has run its time."""
         since: dict[int, float] = {}  # added_id -> when the toxic first applied to this link
         while True:  # until the connection ends (its cancel scope)
             now = trio.current_time()
             present = {e.added_id: e for e in self.toxics.entries() if e.spec.kind == "timeout"}
-            if any(added_id not in present for added_id in since):
-                link.finish("timeout toxic removed")
-                return
+            for gone in [added_id for added_id in since if added_id not in present]:
+                del since[gone]
             deadline = math.inf
             for added_id, entry in present.items():
                 if not link.applies(entry):
@@ -433,7 +501,9 @@ async def _read_chunks(source: trio.SocketStream, send: trio.MemorySendChannel[t
 
 
 def _slice_bounds(size: int, spec: ToxicSpec, rng: random.Random) -> Iterator[tuple[int, int]]:
-    average, variation = spec.attribute("average_size"), spec.attribute("size_variation")
+    # Compat mode may bring average_size <= 0 or variation >= average: every slice still
+    # carries at least one byte.
+    average, variation = spec.attribute("average_size"), max(0, spec.attribute("size_variation"))
     start = 0
     while start < size:  # each slice is at least 1 byte long
         length = max(1, average + (rng.randint(-variation, variation) if variation else 0))

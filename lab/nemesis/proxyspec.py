@@ -7,8 +7,8 @@ A proxy, as the API carries it::
 This nemesis only ever touches loopback: `listen` must be `127.0.0.1` or `localhost`
 (port 0 picks a free port; the API then shows the real one), and `upstream` must be a
 loopback address (127.0.0.0/8, `localhost`, `::1`). A real Toxiproxy accepts any address;
-refusing others here keeps every lab run on this machine (see SPEC.md: local servers
-bind loopback only).
+refusing others here keeps every lab run on this machine (docs/spec.md: local servers
+bind loopback only). This holds in compat mode too.
 """
 
 from __future__ import annotations
@@ -72,9 +72,13 @@ def parse_address(value: object, what: str) -> Address:
     return Address(host, int(port_text))
 
 
-def parse_listen(value: object) -> Address:
-    """A listen address, normalised to 127.0.0.1 (the nemesis binds loopback only)."""
+def parse_listen(value: object, *, compat: bool = False) -> Address:
+    """A listen address, normalised to 127.0.0.1 (the nemesis binds loopback only). With
+    `compat`, a listen address without a host (`:PORT`, where Toxiproxy binds every
+    interface) binds 127.0.0.1 too."""
     addr = parse_address(value, "listen")
+    if compat and addr.host == "":
+        return Address(BIND_HOST, addr.port)
     if addr.host not in _LISTEN_HOSTS:
         raise ValueError(f"listen {value!r}: the nemesis binds 127.0.0.1 only (use 127.0.0.1:PORT or port 0)")
     return Address(BIND_HOST, addr.port)
@@ -90,30 +94,37 @@ def parse_upstream(value: object) -> Address:
     return addr
 
 
-def parse_proxy(body: object) -> ProxyConfig:
-    """A proxy from an API create body; `listen` defaults to 127.0.0.1:0, `enabled` to true."""
+def parse_proxy(body: object, *, compat: bool = False) -> ProxyConfig:
+    """A proxy from an API create body; `listen` defaults to 127.0.0.1:0, `enabled` to
+    true. With `compat`, unknown fields are ignored (as Toxiproxy does)."""
     if not isinstance(body, dict):
         raise ValueError(f"a proxy must be a JSON object, got {type(body).__name__}")
-    _refuse_unknown(body, _UPDATE_FIELDS)
+    if not compat:
+        _refuse_unknown(body, _UPDATE_FIELDS)
     for key in ("name", "upstream"):
         if not body.get(key):
             raise ValueError(f"missing required field: {key}")
     name = check_name(body["name"], "proxy name")
-    listen = parse_listen(body.get("listen") or f"{BIND_HOST}:0")
+    enabled = _parse_enabled(body.get("enabled", True))
+    listen = parse_listen(body.get("listen") or f"{BIND_HOST}:0", compat=compat)
     upstream = parse_upstream(body["upstream"])
-    return ProxyConfig(name, listen, upstream, _parse_enabled(body.get("enabled", True)))
+    return ProxyConfig(name, listen, upstream, enabled)
 
 
-def parse_proxy_update(current: ProxyConfig, body: object) -> ProxyConfig:
-    """`current` with the fields of an API update body (any subset; the name cannot change)."""
+def parse_proxy_update(current: ProxyConfig, body: object, *, compat: bool = False) -> ProxyConfig:
+    """`current` with the fields of an API update body (any subset; the name cannot
+    change). With `compat`, unknown fields and a different name are ignored."""
     if not isinstance(body, dict):
         raise ValueError(f"a proxy update must be a JSON object, got {type(body).__name__}")
-    _refuse_unknown(body, _UPDATE_FIELDS)
-    if "name" in body and body["name"] != current.name:
-        raise ValueError("a proxy's name cannot change: delete it and create another")
+    if not compat:
+        _refuse_unknown(body, _UPDATE_FIELDS)
+        if "name" in body and body["name"] != current.name:
+            raise ValueError("a proxy's name cannot change: delete it and create another")
     out = current
+    if "enabled" in body:
+        _parse_enabled(body["enabled"])  # checked before anything changes
     if "listen" in body:
-        out = replace(out, listen=parse_listen(body["listen"]))
+        out = replace(out, listen=parse_listen(body["listen"], compat=compat))
     if "upstream" in body:
         out = replace(out, upstream=parse_upstream(body["upstream"]))
     if "enabled" in body:
@@ -121,13 +132,13 @@ def parse_proxy_update(current: ProxyConfig, body: object) -> ProxyConfig:
     return out
 
 
-def parse_populate(body: object) -> list[ProxyConfig]:
+def parse_populate(body: object, *, compat: bool = False) -> list[ProxyConfig]:
     """The body of `POST /populate`: a JSON array of proxies with distinct names."""
     if not isinstance(body, list):
         raise ValueError("populate takes a JSON array of proxies")
     if len(body) > 1000:
         raise ValueError("populate takes at most 1000 proxies")
-    out = [parse_proxy(item) for item in body]
+    out = [parse_proxy(item, compat=compat) for item in body]
     names = [p.name for p in out]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:

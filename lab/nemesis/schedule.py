@@ -7,11 +7,28 @@ trio — either by itself (`run`, in a thread or the caller's own) or from the c
 loop (`run_due` + `next_due`). The runner never acts early; when it is late it acts at
 once, and each outcome records when the step was due and when it was done.
 
-How failures are handled (Jepsen's "info": an unanswered call may or may not have acted):
-- an add the API refused (4xx) is not removed later; an add that got no answer is;
-- a remove that finds no toxic (404) counts as done;
-- `stop()` (or the end of `run`) removes every toxic this runner added and still holds,
-  so a stopped run leaves nothing behind.
+Every call it makes ends in one of four outcomes (Jepsen's "info": an unanswered call may
+or may not have acted), kept in `outcomes`, handed to `on_outcome`, and written to the
+nemesis log as a `toxic_outcome` record when the runner has a `log`:
+- `ok`: the API confirmed it; a remove that finds no toxic (404) is ok too (it is gone);
+- `failed`: the API refused it (4xx/5xx), the client refused it before any call (e.g.
+  toxicity 0), or no connection could be made: the change did not happen. A refused add
+  is not removed later;
+- `timeout`: sent, no answer within the API timeout; `unknown`: sent, the connection broke
+  or the answer was unreadable. The change may have happened: an add is still removed at
+  its time, and a remove is tried again when the runner stops.
+`stop()` (or the end of `run`) removes every toxic this runner added and may still hold.
+
+**API timeout.** A real Toxiproxy answers a DELETE only once the toxic lets go: a
+`reset_peer` that has started its wait holds the removal until the reset fires. The
+runner's calls therefore wait `api_timeout_for(entries)`: `API_TIMEOUT_BASE_S` (twice
+Toxiproxy's own 5 s write timeout) plus the longest wait any toxic of the schedule can
+make, so a removal that succeeds is never mistaken for one that hung.
+
+**Logging.** With `log`, the runner writes a `toxic_outcome` per call. With
+`log_changes=True` it also writes the `toxic_added` / `toxic_removed` records itself, as
+the embedded nemesis does, for a real Toxiproxy that keeps no such log (`lab prepare`).
+Never set `log_changes` against the embedded nemesis, nor with a client that logs.
 """
 
 from __future__ import annotations
@@ -22,20 +39,35 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Final, Literal, Protocol
 
-from lab.nemesis.client import NotFoundError, ToxiproxyError, ToxiproxyRejected
+from lab.nemesis.client import (
+    NotFoundError,
+    ProxyInfo,
+    ToxiproxyError,
+    ToxiproxyRejected,
+    ToxiproxyTimeout,
+    ToxiproxyUnreachable,
+)
+from lab.nemesis.log import NemesisLog, NemesisRecord, OutcomeRecord, toxic_record
 from lab.nemesis.toxics import ToxicSpec
 
-_MAX_WAITS = 1000
+_MAX_WAITS: Final = 1000
+API_TIMEOUT_BASE_S: Final = 10.0
+"""The API timeout of a schedule whose toxics never wait: twice Toxiproxy's own 5 s write
+timeout, which a removal may spend flushing a toxic's buffer."""
+
+type Outcome = Literal["ok", "failed", "timeout", "unknown"]
 
 
 class ToxicsApi(Protocol):
     """What the runner needs of a client (`lab.nemesis.client.ToxiproxyClient` has it)."""
 
-    def add_toxic(self, proxy: str, toxic: ToxicSpec) -> None: ...
+    def add_toxic(self, proxy: str, toxic: ToxicSpec, *, timeout: float | None = None) -> None: ...
 
-    def remove_toxic(self, proxy: str, name: str) -> None: ...
+    def remove_toxic(self, proxy: str, name: str, *, timeout: float | None = None) -> None: ...
+
+    def get_proxy(self, name: str, *, timeout: float | None = None) -> ProxyInfo | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,15 +93,46 @@ class Step:
 
 @dataclass(frozen=True, slots=True)
 class StepOutcome:
-    """What became of a step. Times are Unix epoch seconds; `ok` False with `unknown` True
-    means no answer came (the change may have happened)."""
+    """What became of a step (module docstring). Times are Unix epoch seconds; `detail`
+    says why in words ("" for a plain ok); `called` is False for a remove skipped because
+    its add never happened (no API call, no log record)."""
 
     step: Step
     due_at: float
     done_at: float
-    ok: bool
-    unknown: bool = False
-    error: str | None = None
+    outcome: Outcome
+    detail: str = ""
+    called: bool = True
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome == "ok"
+
+    @property
+    def unknown(self) -> bool:
+        """No answer came: the change may or may not have happened."""
+        return self.outcome in ("timeout", "unknown")
+
+
+def longest_wait_s(toxic: ToxicSpec) -> float:
+    """The longest a real Toxiproxy may hold an API call on this toxic (seconds): the wait
+    its Pipe makes without listening for an interruption, or a delay it flushes through."""
+    a = toxic.attributes
+    match toxic.kind:
+        case "latency":
+            return (a.get("latency", 0) + a.get("jitter", 0)) / 1000
+        case "timeout" | "reset_peer":
+            return a.get("timeout", 0) / 1000
+        case "slow_close":
+            return a.get("delay", 0) / 1000
+        case "slicer":
+            return a.get("delay", 0) / 1_000_000
+    return 0.0
+
+
+def api_timeout_for(entries: Sequence[ScheduledToxic]) -> float:
+    """The API timeout for a schedule: `API_TIMEOUT_BASE_S` + its toxics' longest wait."""
+    return API_TIMEOUT_BASE_S + max((longest_wait_s(e.toxic) for e in entries), default=0.0)
 
 
 def plan_steps(entries: Sequence[ScheduledToxic]) -> list[Step]:
@@ -104,7 +167,9 @@ class ToxicScheduleRunner:
     """Carries out a schedule against one API, relative to `start` (Unix epoch seconds).
 
     `clock` gives the epoch time and `wait(seconds)` sleeps, returning True if the runner
-    was stopped meanwhile; both default to real time (tests pass fakes).
+    was stopped meanwhile; both default to real time (tests pass fakes). `api_timeout`
+    defaults to `api_timeout_for(entries)`. `on_outcome` is called (in the runner's
+    thread) after every step, with its outcome.
     """
 
     def __init__(
@@ -115,16 +180,30 @@ class ToxicScheduleRunner:
         *,
         clock: Callable[[], float] = time.time,
         wait: Callable[[float], bool] | None = None,
+        api_timeout: float | None = None,
+        log: NemesisLog | None = None,
+        log_changes: bool = False,
+        on_outcome: Callable[[StepOutcome], None] | None = None,
     ) -> None:
         self.steps = plan_steps(entries)
         self.start = start
+        self.api_timeout = api_timeout_for(entries) if api_timeout is None else api_timeout
+        if not self.api_timeout > 0:
+            raise ValueError(f"api_timeout must be > 0 seconds, got {self.api_timeout}")
+        if log_changes and log is None:
+            raise ValueError("log_changes needs a log")
         self.outcomes: list[StepOutcome] = []
         self._api = api
         self._clock = clock
         self._stop = threading.Event()
         self._wait = wait if wait is not None else self._stop.wait
+        self._log = log
+        self._log_changes = log_changes
+        self._on_outcome = on_outcome
+        self._endpoints: dict[str, tuple[str, str]] = {}  # proxy -> (listen, upstream), for change records
         self._next = 0
         self._held: dict[int, Step] = {}  # window -> its add step, while the toxic may be in place
+        self._logged: set[int] = set()  # windows whose toxic_added this runner wrote
         self._lock = threading.Lock()
 
     def next_due(self) -> float | None:
@@ -181,31 +260,89 @@ class ToxicScheduleRunner:
 
     def _carry_out(self, step: Step) -> StepOutcome:
         due = self.start + step.offset
-        unknown = False
-        error: str | None = None
+        if step.action == "remove" and step.window not in self._held:
+            return self._record(
+                StepOutcome(step, due, self._clock(), "ok", "not added: nothing to remove", False)
+            )
+        if self._log_changes:
+            self._learn_endpoints(step.proxy)
+        outcome: Outcome = "ok"
+        detail = ""
         try:
             if step.action == "add":
                 self._held[step.window] = step
-                self._api.add_toxic(step.proxy, step.toxic)
+                self._api.add_toxic(step.proxy, step.toxic, timeout=self.api_timeout)
             else:
-                if step.window not in self._held:
-                    outcome = StepOutcome(
-                        step, due, self._clock(), True, error="not added: nothing to remove"
-                    )
-                    self.outcomes.append(outcome)
-                    return outcome
-                with contextlib.suppress(NotFoundError):  # already gone: what the step wanted
-                    self._api.remove_toxic(step.proxy, step.toxic.name)
+                try:
+                    self._api.remove_toxic(step.proxy, step.toxic.name, timeout=self.api_timeout)
+                except NotFoundError as exc:  # already gone: what the step wanted
+                    detail = f"already gone ({exc})"
                 del self._held[step.window]
         except ToxiproxyRejected as exc:
-            error = str(exc)
+            outcome, detail = "failed", str(exc)
             if step.action == "add":
                 del self._held[step.window]  # refused: it is not there
-        except ToxiproxyError as exc:  # no answer: the add may have happened; keep it held
-            error, unknown = str(exc), True
+        except ToxiproxyTimeout as exc:  # sent, no answer: it may have happened; keep it held
+            outcome, detail = "timeout", str(exc)
+        except ToxiproxyUnreachable as exc:
+            if exc.maybe_done:
+                outcome, detail = "unknown", str(exc)
+            else:  # never sent: it did not happen
+                outcome, detail = "failed", str(exc)
+                if step.action == "add":
+                    del self._held[step.window]
+        except ToxiproxyError as exc:
+            outcome, detail = "unknown", str(exc)
         except ValueError as exc:  # refused before any call (e.g. toxicity 0)
-            error = str(exc)
-            self._held.pop(step.window, None)
-        outcome = StepOutcome(step, due, self._clock(), error is None, unknown, error)
+            outcome, detail = "failed", str(exc)
+            if step.action == "add":
+                self._held.pop(step.window, None)
+        done_at = self._clock()
+        if outcome == "ok" and self._log_changes:
+            self._log_change(step, done_at)
+        return self._record(StepOutcome(step, due, done_at, outcome, detail))
+
+    def _record(self, outcome: StepOutcome) -> StepOutcome:
         self.outcomes.append(outcome)
+        if outcome.called:
+            step = outcome.step
+            self._write(
+                OutcomeRecord(
+                    outcome.done_at,
+                    step.proxy,
+                    step.toxic.name,
+                    step.toxic.kind,
+                    step.action,
+                    outcome.outcome,
+                    outcome.detail,
+                )
+            )
+        if self._on_outcome is not None:
+            self._on_outcome(outcome)
         return outcome
+
+    def _log_change(self, step: Step, t: float) -> None:
+        """A `toxic_added` for a confirmed add; a `toxic_removed` for a confirmed remove of
+        a toxic whose add was logged (an add that timed out has no window to close: its
+        outcome records tell what is known)."""
+        listen, upstream = self._endpoints.get(step.proxy, ("", ""))
+        if step.action == "add":
+            self._logged.add(step.window)
+            self._write(toxic_record("toxic_added", step.proxy, listen, upstream, step.toxic, t))
+        elif step.window in self._logged:
+            self._logged.discard(step.window)
+            self._write(toxic_record("toxic_removed", step.proxy, listen, upstream, step.toxic, t))
+
+    def _learn_endpoints(self, proxy: str) -> None:
+        """The proxy's listen and upstream addresses, for change records (asked once)."""
+        if proxy in self._endpoints:
+            return
+        info: ProxyInfo | None = None
+        with contextlib.suppress(ToxiproxyError):
+            info = self._api.get_proxy(proxy, timeout=self.api_timeout)
+        if info is not None:
+            self._endpoints[proxy] = (info.listen, info.upstream)
+
+    def _write(self, record: NemesisRecord | OutcomeRecord) -> None:
+        if self._log is not None:
+            self._log.write(record)

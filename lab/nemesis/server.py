@@ -39,20 +39,30 @@ class ApiError(Exception):
         self.message = message
 
 
+_OWN_TEXTS: Final = ("missing required field", "invalid toxic type", "stream was invalid")
+"""Refusals Toxiproxy words without its `bad request body: ` prefix."""
+
+
 def _bad_input(exc: ValueError) -> ApiError:
-    return ApiError(400, f"bad request body: {exc}")
+    text = str(exc)
+    return ApiError(400, text if text.startswith(_OWN_TEXTS) else f"bad request body: {text}")
 
 
-def _listen_error(proxy: Proxy, exc: OSError) -> ApiError:
-    # Toxiproxy answers 500 here; 409 says what it is (the address is taken) and makes
-    # toxiproxy-python raise instead of returning an error body as if it were a proxy.
+def _listen_error(proxy: Proxy, exc: OSError, *, compat: bool) -> ApiError:
+    if compat:  # Toxiproxy's answer: 500 and Go's error text
+        return ApiError(500, f"listen tcp {proxy.config.listen}: bind: {(exc.strerror or str(exc)).lower()}")
+    # 409 says what it is (the address is taken) and makes toxiproxy-python raise,
+    # where Toxiproxy's 500 would be returned as if it were a proxy.
     return ApiError(409, f"cannot listen on {proxy.config.listen}: {exc.strerror or exc}")
 
 
 class Nemesis:
     """All proxies, and every change to them (each one logged)."""
 
-    def __init__(self, nursery: trio.Nursery, log: NemesisLog, rng: random.Random) -> None:
+    def __init__(
+        self, nursery: trio.Nursery, log: NemesisLog, rng: random.Random, *, compat: bool = False
+    ) -> None:
+        self.compat = compat
         self._nursery = nursery
         self._log = log
         self._rng = rng
@@ -76,7 +86,7 @@ class Nemesis:
 
     async def create_proxy(self, body: object) -> Proxy:
         try:
-            config = parse_proxy(body)
+            config = parse_proxy(body, compat=self.compat)
         except ValueError as exc:
             raise _bad_input(exc) from exc
         async with self._lock:
@@ -86,7 +96,7 @@ class Nemesis:
         async with self._lock:
             proxy = self.proxy(name)
             try:
-                new = parse_proxy_update(proxy.config, body)
+                new = parse_proxy_update(proxy.config, body, compat=self.compat)
             except ValueError as exc:
                 raise _bad_input(exc) from exc
             old = proxy.config
@@ -103,7 +113,7 @@ class Nemesis:
                         proxy.config = replace(proxy.config, enabled=False)
                         self._log_proxy("proxy_created", proxy)
                         self._log_down("toxic_added", proxy)
-                        raise _listen_error(proxy, exc) from exc
+                        raise _listen_error(proxy, exc, compat=self.compat) from exc
                 self._log_proxy("proxy_created", proxy)
             if new.enabled and not proxy.config.enabled:
                 await self._start(proxy)
@@ -124,7 +134,7 @@ class Nemesis:
         with other endpoints is replaced. All or nothing for new ones: on a failure, the
         proxies created by this call are deleted again."""
         try:
-            configs = parse_populate(body)
+            configs = parse_populate(body, compat=self.compat)
         except ValueError as exc:
             raise _bad_input(exc) from exc
         async with self._lock:
@@ -151,7 +161,7 @@ class Nemesis:
         async with self._lock:
             proxy = self.proxy(proxy_name)
             try:
-                spec = parse_toxic(body)
+                spec = parse_toxic(body, compat=self.compat)
             except ValueError as exc:
                 raise _bad_input(exc) from exc
             if proxy.toxics.get(spec.name) is not None:
@@ -165,7 +175,7 @@ class Nemesis:
             proxy = self.proxy(proxy_name)
             current = self.toxic(proxy_name, toxic_name)
             try:
-                spec = parse_toxic_update(current, body)
+                spec = parse_toxic_update(current, body, compat=self.compat)
             except ValueError as exc:
                 raise _bad_input(exc) from exc
             proxy.toxics.update(spec)
@@ -177,7 +187,7 @@ class Nemesis:
         async with self._lock:
             proxy = self.proxy(proxy_name)
             spec = self.toxic(proxy_name, toxic_name)
-            proxy.toxics.remove(toxic_name)
+            proxy.remove_toxic(toxic_name)
             self._log_toxic("toxic_removed", proxy, spec)
 
     async def reset(self) -> None:
@@ -222,11 +232,11 @@ class Nemesis:
         try:
             await proxy.start(self._nursery)
         except OSError as exc:
-            raise _listen_error(proxy, exc) from exc
+            raise _listen_error(proxy, exc, compat=self.compat) from exc
 
     def _remove_all_toxics(self, proxy: Proxy) -> None:
         for entry in proxy.toxics.entries():
-            proxy.toxics.remove(entry.spec.name)
+            proxy.remove_toxic(entry.spec.name)
             self._log_toxic("toxic_removed", proxy, entry.spec)
 
     def _log_proxy(self, type_: str, proxy: Proxy) -> None:
@@ -243,11 +253,17 @@ class Nemesis:
 
 
 async def run_nemesis(
-    api_port: int, log_path: Path, *, seed: int | None, announce: Callable[[str], None]
+    api_port: int,
+    log_path: Path,
+    *,
+    seed: int | None,
+    announce: Callable[[str], None],
+    compat: bool = False,
 ) -> None:
     """Serve the API on 127.0.0.1:`api_port` (0: a free port) until SIGINT or SIGTERM.
 
     `announce` gets one line, `lab-nemesis api http://127.0.0.1:PORT`, once the API listens.
+    `compat` accepts what a real Toxiproxy accepts and answers as it does (docs/nemesis.md).
     """
     from lab.nemesis.api import ApiApp, serve_api  # api imports this module
 
@@ -256,8 +272,8 @@ async def run_nemesis(
         port = listeners[0].socket.getsockname()[1]
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
             async with trio.open_nursery() as nursery:
-                nemesis = Nemesis(nursery, log, random.Random(seed))
-                await nursery.start(serve_api, ApiApp(nemesis, VERSION), listeners)
+                nemesis = Nemesis(nursery, log, random.Random(seed), compat=compat)
+                await nursery.start(serve_api, ApiApp(nemesis, VERSION, compat=compat), listeners)
                 announce(f"lab-nemesis api http://{BIND_HOST}:{port}")
                 async for _ in signals:
                     break

@@ -25,11 +25,19 @@ Attributes by type (all integers; a missing attribute is 0, like Toxiproxy's zer
 Stricter than Toxiproxy on purpose (a typo must not silently become a zero): unknown
 fields and unknown attributes are refused, numbers must be integers (not 1.5, not true),
 attributes must be >= 0, `toxicity` must lie in 0..1, `bandwidth.rate` must be >= 1 and
-`slicer.average_size` >= 1. Every refusal is a `ValueError` whose message names the field.
+`slicer.average_size` >= 1, a toxic's name must not be empty, and an update cannot change
+a toxic's name, type or stream. Every refusal is a `ValueError` whose message names the
+field.
+
+`compat=True` accepts what a real Toxiproxy accepts (`lab nemesis --compat`): unknown
+fields and attributes are ignored, any int64 attribute and any toxicity are taken, an
+empty name means the default one, and an update ignores name, type and stream. Numbers
+must still be integers (Toxiproxy's JSON decoder refuses 1.5 and true too).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -95,65 +103,76 @@ def check_name(value: object, what: str) -> str:
     return value
 
 
-def parse_toxic(body: object) -> ToxicSpec:
+def parse_toxic(body: object, *, compat: bool = False) -> ToxicSpec:
     """A toxic from an API create body (a JSON object already decoded)."""
     if not isinstance(body, dict):
         raise ValueError(f"a toxic must be a JSON object, got {_show(body)}")
-    _refuse_unknown(body, _TOXIC_FIELDS, "toxic field")
-    if "type" not in body:
-        raise ValueError("missing required field: type")
-    kind = body["type"]
-    if not isinstance(kind, str) or kind not in KIND_ATTRIBUTES:
-        raise ValueError(f"invalid toxic type {_show(kind)}; known types: {', '.join(KIND_ATTRIBUTES)}")
+    if not compat:
+        _refuse_unknown(body, _TOXIC_FIELDS, "toxic field")
+        if "type" not in body:
+            raise ValueError("missing required field: type")
+    kind = body.get("type")
     stream = _parse_stream(body.get("stream", DEFAULT_STREAM))
-    name = check_name(body["name"], "toxic name") if "name" in body else f"{kind}_{stream}"
-    toxicity = _parse_toxicity(body.get("toxicity", 1.0))
-    attributes = parse_attributes(kind, body.get("attributes", {}))
+    if not isinstance(kind, str) or kind not in KIND_ATTRIBUTES:
+        if compat:
+            raise ValueError("invalid toxic type")
+        raise ValueError(f"invalid toxic type {_show(kind)}; known types: {', '.join(KIND_ATTRIBUTES)}")
+    if "name" not in body or (compat and body["name"] in (None, "")):
+        name = f"{kind}_{stream}"  # Toxiproxy's default name
+    else:
+        name = check_name(body["name"], "toxic name")
+    toxicity = _parse_toxicity(body.get("toxicity", 1.0), compat=compat)
+    attributes = parse_attributes(kind, body.get("attributes", {}), compat=compat)
     return ToxicSpec(name, kind, stream, toxicity, attributes)
 
 
-def parse_toxic_update(current: ToxicSpec, body: object) -> ToxicSpec:
+def parse_toxic_update(current: ToxicSpec, body: object, *, compat: bool = False) -> ToxicSpec:
     """`current` changed by an API update body: `toxicity` and any subset of `attributes`.
 
     The name, type and stream of a toxic cannot change (delete it and add another); a body
-    that repeats them unchanged is accepted.
+    that repeats them unchanged is accepted. With `compat`, they are ignored, as are
+    unknown fields.
     """
     if not isinstance(body, dict):
         raise ValueError(f"a toxic update must be a JSON object, got {_show(body)}")
-    _refuse_unknown(body, _UPDATE_FIELDS, "toxic field")
-    for key, now in (("name", current.name), ("type", current.kind), ("stream", current.stream)):
-        if key in body and body[key] != now:
-            raise ValueError(
-                f"a toxic's {key} cannot change ({now!r} -> {_show(body[key])}): remove it and add another"
-            )
-    toxicity = _parse_toxicity(body["toxicity"]) if "toxicity" in body else current.toxicity
+    if not compat:
+        _refuse_unknown(body, _UPDATE_FIELDS, "toxic field")
+        for key, now in (("name", current.name), ("type", current.kind), ("stream", current.stream)):
+            if key in body and body[key] != now:
+                raise ValueError(
+                    f"a toxic's {key} cannot change ({now!r} -> {_show(body[key])}): remove it and add another"
+                )
+    toxicity = _parse_toxicity(body["toxicity"], compat=compat) if "toxicity" in body else current.toxicity
     changes = body.get("attributes", {})
     if not isinstance(changes, dict):
         raise ValueError(f"attributes must be a JSON object, got {_show(changes)}")
     merged: dict[str, object] = {**current.attributes, **changes}
-    attributes = parse_attributes(current.kind, merged)
+    attributes = parse_attributes(current.kind, merged, compat=compat)
     return ToxicSpec(current.name, current.kind, current.stream, toxicity, attributes)
 
 
-def parse_attributes(kind: str, raw: object) -> Mapping[str, int]:
-    """The complete, validated attributes of a toxic of type `kind`."""
+def parse_attributes(kind: str, raw: object, *, compat: bool = False) -> Mapping[str, int]:
+    """The complete, validated attributes of a toxic of type `kind` (with `compat`:
+    unknown attributes ignored, any int64 taken)."""
     allowed = KIND_ATTRIBUTES.get(kind)
     if allowed is None:
         raise ValueError(f"invalid toxic type {_show(kind)}")
     if not isinstance(raw, dict):
         raise ValueError(f"attributes must be a JSON object, got {_show(raw)}")
-    _refuse_unknown(raw, frozenset(allowed), f"attribute of {kind}")
+    if not compat:
+        _refuse_unknown(raw, frozenset(allowed), f"attribute of {kind}")
     out: dict[str, int] = {}
     for key in allowed:
         value = raw.get(key, 0)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError(f"{kind}.{key} must be an integer, got {_show(value)}")
-        if value < 0:
+        if value < 0 and not compat:
             raise ValueError(f"{kind}.{key} must be >= 0, got {value}")
-        if value > _INT64_MAX:
+        if not -_INT64_MAX - 1 <= value <= _INT64_MAX:
             raise ValueError(f"{kind}.{key} is too large ({value})")
         out[key] = value
-    _check_kind_rules(kind, out)
+    if not compat:
+        _check_kind_rules(kind, out)
     return MappingProxyType(out)
 
 
@@ -188,13 +207,17 @@ def _check_kind_rules(kind: str, attrs: Mapping[str, int]) -> None:
 
 def _parse_stream(value: object) -> str:
     if not isinstance(value, str) or value.lower() not in STREAMS:
-        raise ValueError(f"stream was invalid ({_show(value)}): it can be either upstream or downstream")
+        raise ValueError(f"stream was invalid, can be either upstream or downstream (got {_show(value)})")
     return value.lower()
 
 
-def _parse_toxicity(value: object) -> float:
+def _parse_toxicity(value: object, *, compat: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"toxicity must be a number in 0..1, got {_show(value)}")
+    if compat:  # any finite number: above 1 always applies, below 0 never
+        if not math.isfinite(float(value)):
+            raise ValueError(f"toxicity must be a finite number, got {value}")
+        return float(value)
     if not 0.0 <= float(value) <= 1.0:  # also refuses NaN
         raise ValueError(f"toxicity must be in 0..1, got {value}")
     return float(value)

@@ -19,7 +19,7 @@ from typing import Any
 from lab.run.compose import prepare_folder
 from lab.run.orchestrator import PROXY_NAME, client_origin
 from lab.run.record import RunRecord
-from lab.run.watch import JsonLines, ToxicOutcomes, Watcher, start_schedule
+from lab.run.watch import JsonLines, ToxicOutcomes, Watcher, describe_outcome, start_schedule
 from lab.runfolder import RunFolderError, read_run_json
 from lab.scenario import Scenario, load_scenario
 
@@ -94,6 +94,9 @@ def watch(run_dir: Path, toxiproxy: str, *, say: Any = print, poll: float = 1.0)
             schedule.stop()
         outcomes.update()
         record.toxic_outcomes = outcomes.records
+        failed = outcomes.failed_removal()
+        if failed is not None:
+            record.spoil(f"toxic removal failed: {describe_outcome(failed)}")
         record.finish()
         record.write()
     return 0 if record.complete else 2

@@ -22,6 +22,7 @@ incomplete, 3 the run could not be made, 4 the lab itself failed.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -41,7 +42,15 @@ from lab.run.processes import Child, ProcessGroup, StartError
 from lab.run.record import RunRecord
 from lab.run.serverconf import UnsafeSetting, serve_accepts_config, serve_options, server_config_file
 from lab.run.serverconf import server_settings as make_server_settings
-from lab.run.watch import JsonLines, LoadStopped, RunningSchedule, ToxicOutcomes, Watcher, start_schedule
+from lab.run.watch import (
+    JsonLines,
+    LoadStopped,
+    RunningSchedule,
+    ToxicOutcomes,
+    Watcher,
+    describe_outcome,
+    start_schedule,
+)
 from lab.runfolder import (
     RunFolderError,
     create_run_folder,
@@ -74,6 +83,20 @@ class RunOptions:
     ui: bool = False
     report: bool = True
     quiet: bool = False
+
+
+LOAD_ENDED_FILE = "load-ended.json"
+"""Written by the Locust master when the load ended with the web UI up (lab/load/locustfile.py,
+not imported here: it imports Locust)."""
+
+
+def load_ended(run_dir: Path) -> str | None:
+    """Why the master says the load ended (`stopped_in_ui`, `load_complete`), if it says."""
+    try:
+        doc = json.loads((run_dir / LOAD_ENDED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return str(doc.get("reason")) if isinstance(doc, dict) else None
 
 
 def _free_port() -> int:
@@ -389,9 +412,14 @@ class Run:
                 return
             if not master.alive():
                 group.reap(master)
+                ended = load_ended(self.dir)
                 # The load shape ended (or Locust gave up): the duration is over.
-                if master.proc.returncode == 0 and elapsed >= self.sc.horizon - 2:
+                if master.proc.returncode == 0 and (
+                    elapsed >= self.sc.horizon - 2 or ended == "load_complete"
+                ):
                     self.record.end("duration", complete=True)
+                elif master.proc.returncode == 0 and ended == "stopped_in_ui":
+                    self.record.end("stopped from the Locust UI", complete=False)
                 else:
                     self.record.end(f"part died: master exited with {master.proc.returncode}", died="master")
                     self.say(master.tail(), err=True)
@@ -454,6 +482,9 @@ class Run:
         if self.outcomes is not None:
             self.outcomes.update()
             self.record.toxic_outcomes = self.outcomes.records
+            failed = self.outcomes.failed_removal()
+            if failed is not None:
+                self.record.spoil(f"toxic removal failed: {describe_outcome(failed)}")
         self.record.finish()
 
     def _report(self) -> int:

@@ -2,18 +2,33 @@
 
 - `TapCounter` follows `proxy/tap.jsonl` as it grows: events the server sent (the run's
   event count) and faults fired, by kind.
+- `ReconnectCounter` follows the clients' ledgers (`clients/*.sqlite`, read-only) for
+  their `reconnects` rows: the very rows gate 6 judges.
 - `progress.json` is the Locust master's sum of its workers' counters (clients, events
-  accepted, reconnects, calls).
-- `ProgressLine` turns them into one line a second, with reconnects/s against the budget.
+  accepted, calls).
+- `ProgressLine` turns them into one line a second. Its reconnects per second are gate
+  6's own (`lab.checker.gate_reconnect.per_second`: 1 s bins of `sent_at`, all workers
+  merged) against gate 6's own budget (run.json `budgets.reconnect_qps`), so the line
+  can never say "over budget" where the gate says pass, or the reverse. Workers commit
+  their ledgers in batches, so the line shows the last second old enough to be whole
+  (`SETTLE_S` ago) and the busiest second so far.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from lab.checker.context import parse_budgets
+from lab.checker.gate_reconnect import over_budget, per_second
+
+SETTLE_S = 2
+"""Seconds after which a 1 s bin of reconnects is taken as whole (workers flush their
+ledgers about once a second)."""
 
 
 @dataclass
@@ -71,6 +86,32 @@ class NemesisCounter(_Follower):
         self.toxics += sum(1 for line in self.new_lines() if b'"toxic_added"' in line)
 
 
+@dataclass
+class ReconnectCounter:
+    """Follows every worker's `reconnects` table as it grows (by rowid, read-only)."""
+
+    clients_dir: Path
+    sent_at: list[float] = field(default_factory=list)
+    _seen: dict[Path, int] = field(default_factory=dict)
+
+    def update(self) -> None:
+        for path in sorted(self.clients_dir.glob("*.sqlite")):
+            last = self._seen.get(path, 0)
+            try:
+                db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=0.2)
+                try:
+                    rows = db.execute(
+                        "SELECT rowid, sent_at FROM reconnects WHERE rowid > ? ORDER BY rowid", (last,)
+                    ).fetchall()
+                finally:
+                    db.close()
+            except sqlite3.Error:
+                continue  # not created yet, or busy: the next second reads it
+            if rows:
+                self._seen[path] = int(rows[-1][0])
+                self.sent_at.extend(float(t) for _, t in rows if isinstance(t, int | float))
+
+
 def read_progress(path: Path) -> dict[str, Any]:
     try:
         out: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
@@ -82,27 +123,53 @@ def read_progress(path: Path) -> dict[str, Any]:
 @dataclass
 class ProgressLine:
     budget_qps: float
+    """The budget to show until run.json's `budgets.reconnect_qps` (gate 6's) is read."""
     horizon: float
     event_target: int | None
-    _last_reconnects: int = 0
-    _last_at: float = 0.0
+    run_dir: Path | None = None
+    """The run folder; by default the folder of the tap the line is rendered with."""
+    _reconnects: ReconnectCounter | None = None
+    _budget_from_run: float | None = None
+
+    def budget(self) -> float:
+        """Gate 6's budget: run.json `budgets.reconnect_qps` (as the checker reads it)."""
+        if self._budget_from_run is None and self.run_dir is not None:
+            try:
+                run = json.loads((self.run_dir / "run.json").read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                run = None
+            self._budget_from_run = parse_budgets(run if isinstance(run, dict) else None).reconnect_qps
+        return self.budget_qps if self._budget_from_run is None else self._budget_from_run
+
+    def reconnect_rates(self, now: float) -> tuple[int, int, bool]:
+        """(reconnects in the last whole second, in the busiest second so far, whether any
+        second was over the budget), all from gate 6's per-second bins."""
+        if self._reconnects is None:
+            if self.run_dir is None:
+                return 0, 0, False
+            self._reconnects = ReconnectCounter(self.run_dir / "clients")
+        self._reconnects.update()
+        counts = per_second(self._reconnects.sent_at)
+        settled = counts[counts.index <= int(now) - SETTLE_S]
+        last = int(settled.get(int(now) - SETTLE_S, 0))
+        peak = int(settled.max()) if len(settled) else 0
+        return last, peak, bool(len(over_budget(settled, self.budget())))
 
     def render(
         self, elapsed: float, now: float, progress: dict[str, Any], tap: TapCounter, toxics: int
     ) -> str:
-        reconnects = int(progress.get("reconnects", 0))
-        dt = now - self._last_at if self._last_at else 0.0
-        rate = (reconnects - self._last_reconnects) / dt if dt > 0 else 0.0
-        self._last_reconnects, self._last_at = reconnects, now
+        if self.run_dir is None:
+            self.run_dir = tap.path.parent.parent  # <run>/proxy/tap.jsonl
+        last, peak, over = self.reconnect_rates(now)
         left = (
             f"events {tap.events:,}/{self.event_target:,}" if self.event_target else f"events {tap.events:,}"
         )
         faults = sum(tap.faults.values()) + toxics
-        warn = " OVER BUDGET" if rate > self.budget_qps else ""
+        warn = " OVER BUDGET" if over else ""
         return (
             f"[{elapsed:5.0f}s/{self.horizon:.0f}s] clients {int(progress.get('users', 0)):>5} | {left} | "
-            f"accepted {int(progress.get('accepted', 0)):,} | reconnects {rate:5.1f}/s "
-            f"(budget {self.budget_qps:g}/s){warn} | faults {faults:,} | calls ok "
+            f"accepted {int(progress.get('accepted', 0)):,} | reconnects {last}/s, peak {peak}/s "
+            f"(budget {self.budget():g}/s){warn} | faults {faults:,} | calls ok "
             f"{int(progress.get('calls_ok', 0)):,} failed {int(progress.get('calls_failed', 0)):,} "
             f"unknown {int(progress.get('calls_unknown', 0)):,}"
         )

@@ -86,6 +86,12 @@ class RunRecord:
             return
         self.end_reason, self.complete, self.died = reason, complete, died
 
+    def spoil(self, reason: str) -> None:
+        """What turns out, once the parts are stopped, to make a complete run incomplete
+        (a toxic whose removal failed while stopping): it is the end reason then."""
+        if self.complete:
+            self.end_reason, self.complete = reason, False
+
     def finish(self) -> None:
         self.stopped_at = time.time()
         self.state = "finished"

@@ -263,10 +263,12 @@ class RunningSchedule:
     runner: Any
     thread: threading.Thread
 
-    def stop(self, timeout: float = 15.0) -> None:
-        """Stop it; its thread removes every toxic it put in place, then ends."""
+    def stop(self) -> None:
+        """Stop it; its thread removes every toxic it put in place (each removal waits at
+        most the runner's API timeout, a step in flight one more), then ends."""
         self.runner.stop()
-        self.thread.join(timeout=timeout)
+        api_timeout = float(getattr(self.runner, "api_timeout", 5.0))
+        self.thread.join(timeout=2 * api_timeout + 5)
 
 
 def start_schedule(

@@ -1,1 +1,1 @@
-"""The reference MCP server: every resumption rule of SPEC.md done right (ASGI, uvicorn)."""
+"""The reference MCP server: every resumption rule of docs/spec.md done right (ASGI, uvicorn)."""

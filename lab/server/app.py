@@ -1,4 +1,4 @@
-"""The reference server as a plain ASGI app: the MCP endpoint, its rules, and the admin control.
+"""The reference server as a plain ASGI app: the MCP endpoint and its rules.
 
 Order of checks for the MCP endpoint (the first failing one answers):
 
@@ -9,13 +9,19 @@ Order of checks for the MCP endpoint (the first failing one answers):
     request rate above --max-rps             429 + Retry-After
     MCP-Protocol-Version unsupported         400
     POST: Content-Type not JSON 415, Accept lacks JSON+SSE 406, body too large 413,
-          bad JSON 400 (-32700), not JSON-RPC / batch where forbidden 400 (-32600)
+          bad JSON 400 (-32700), text that is not Unicode (a lone surrogate) 400 (-32600),
+          not JSON-RPC / batch where forbidden 400 (-32600)
     GET:  Accept lacks text/event-stream     406
     no session ID (but initialize)           400
     unknown, expired or deleted session      404
     token subject is not the session's       403
     version header is not the negotiated one 400
     too many concurrent streams              503 + Retry-After
+    initialize with every session busy       503 + Retry-After (max_sessions)
+    a session's open streams at the limit    429 + Retry-After (max_session_streams)
+
+Before the app sees a request, the HTTP protocol bounds its head and body (protocol.py):
+431 for a head over max_header_bytes, 408 for a head or body not received in time.
 
 Bad input never gets a 5xx; an unexpected exception is logged and answered 500 (only
 if the response had not started), and the tests treat any 5xx for bad input as a bug.
@@ -26,6 +32,9 @@ generation, of an unknown, evicted or non-resumable stream with `--cursor-reject
 (400 by default; 409, 410 or 422 selectable) and a JSON-RPC error naming the verdict;
 `fresh` opens a new standalone stream instead. Either way the verdict is in the ledger
 (`requests.cursor_verdict`) and the client's state is CURSOR_REJECTED.
+
+`--defect NAME` switches on one deliberate misbehaviour (defects.py); each is checked at
+the one place it changes, marked `defect:` in a comment.
 """
 
 from __future__ import annotations
@@ -35,14 +44,31 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from typing import Any
 
 from lab.server import ledger as L
+from lab.server.admin import admin_control
 from lab.server.config import ServerConfig, matches
+from lab.server.defects import Defect
+from lab.server.http import (
+    Receive,
+    Refused,
+    Request,
+    Scope,
+    Send,
+    lone_surrogate,
+    send_empty,
+    send_json,
+    send_json_text,
+    send_plain,
+    send_refusal,
+)
+from lab.server.model import LiveConn, Session, Stream
 from lab.server.ratelimit import RequestRateLimiter
-from lab.server.state import LiveConn, ServerState, Session, Stream
-from lab.server.tools import TOOL_LIST, TOOLS, ToolCall, ToolError
+from lab.server.sse_out import SSE_HEADERS, serve_live
+from lab.server.state import Full, Resumption, ServerState
+from lab.server.tools import TOOL_LIST, ToolError, dispatch
 from lab.wire import jsonrpc
 from lab.wire.errors import RemoteProtocolError
 from lab.wire.extensions import EVENT_ID_CAPABILITY
@@ -56,55 +82,7 @@ from lab.wire.revisions import (
 
 log = logging.getLogger("lab.server")
 
-type Scope = MutableMapping[str, Any]
-type Message = MutableMapping[str, Any]
-type Receive = Callable[[], Awaitable[Message]]
-type Send = Callable[[Message], Awaitable[None]]
-
 SERVER_INFO = {"name": "mcp-lab-reference", "version": "0.1.0"}
-KEEPALIVE = b":\n\n"
-"""An SSE comment: receivers dispatch nothing, but the bytes keep idle timeouts away."""
-_SSE_HEADERS = [
-    (b"content-type", b"text/event-stream"),
-    (b"cache-control", b"no-cache, no-transform"),
-    (b"x-accel-buffering", b"no"),
-]
-
-
-class Refused(Exception):
-    """A request answered with an error status (reason goes to the ledger)."""
-
-    def __init__(
-        self, status: int, reason: str, message: str = "", headers: list[tuple[bytes, bytes]] | None = None
-    ):
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-        self.message = message or reason.replace("_", " ")
-        self.headers = headers or []
-
-
-class Request:
-    __slots__ = ("conn", "headers", "method", "origin_allowed", "path", "scope", "session")
-
-    def __init__(self, scope: Scope) -> None:
-        self.scope = scope
-        self.method: str = scope["method"]
-        self.path: str = scope["path"]
-        self.headers: dict[str, str] = {}
-        for k, v in scope["headers"]:
-            name = k.decode("latin-1").lower()
-            if name in self.headers:
-                # A repeated header we care about is ambiguous: make it unusable.
-                self.headers[name] = self.headers[name] + "," + v.decode("latin-1")
-            else:
-                self.headers[name] = v.decode("latin-1")
-        self.conn = self.headers.get("x-lab-conn")
-        self.session: Session | None = None
-        self.origin_allowed: bool | None = None
-
-    def header(self, name: str) -> str | None:
-        return self.headers.get(name)
 
 
 class McpApp:
@@ -112,14 +90,25 @@ class McpApp:
         config.check()
         self.config = config
         self.path = path
-        self.ledger = L.Ledger(config.ledger_path)
+        self.ledger = L.Ledger(
+            config.ledger_path, meta={"event_ids": config.event_ids, "defects": ",".join(config.defects)}
+        )
         self.state = ServerState(config, self.ledger)
+        self.defects = self.state.defects
         self.rate = RequestRateLimiter(
             config.max_rps or float("inf"), burst=max(1.0, config.max_rps), now=time.time()
         )
         self.open_sse = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self.started = False
+
+    def capabilities(self) -> dict[str, Any]:
+        """What the server declares at initialize, and so may send: tool calls, and log
+        messages (`notifications/message`: ledger.append's notice, the heartbeat)."""
+        caps: dict[str, Any] = {"tools": {"listChanged": False}, "logging": {}}
+        if self.state.names.scheme == "e1":
+            caps["experimental"] = {EVENT_ID_CAPABILITY: {"scheme": "e1"}}
+        return caps
 
     # ------------------------------------------------------------------ ASGI entry
 
@@ -134,7 +123,7 @@ class McpApp:
         req = Request(scope)
         started = False
 
-        async def tracked_send(msg: Message) -> None:
+        async def tracked_send(msg: Any) -> None:
             nonlocal started
             if msg["type"] == "http.response.start":
                 started = True
@@ -144,19 +133,19 @@ class McpApp:
             if req.path == self.path:
                 await self._mcp(req, receive, tracked_send)
             elif req.path.startswith("/lab-admin/"):
-                await self._admin(req, receive, tracked_send)
+                await admin_control(self, req, receive, tracked_send)
             else:
-                await self._plain(tracked_send, 404, "not found")
+                await send_plain(tracked_send, 404, "not found")
         except Refused as r:
             self._log(req, r.status, r.reason)
-            await self._error(tracked_send, r.status, r.message, r.headers)
+            await send_refusal(tracked_send, r)
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("internal error on %s %s", req.method, req.path)
             self._log(req, 500, "internal_error")
             if not started:
-                await self._plain(tracked_send, 500, "internal error")
+                await send_plain(tracked_send, 500, "internal error")
 
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
@@ -175,7 +164,7 @@ class McpApp:
         if self.config.heartbeat_ms > 0:
             self._spawn(self._heartbeat())
 
-    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -203,17 +192,11 @@ class McpApp:
                 g = s.standalone
                 if g is not None and g.subscriber is not None:
                     n += 1
-                    note = jsonrpc.notification(
-                        "notifications/message", {"level": "info", "data": {"heartbeat": n}}
-                    )
-                    self.state.emit(g, jsonrpc.dumps(note), "notification", None, now)
-
-    # ------------------------------------------------------------------ responses
+                    self.state.log_message(s, "info", "mcp-lab/heartbeat", {"heartbeat": n}, now)
 
     def _log(self, req: Request, status: int, reason: str | None, cursor_verdict: str | None = None) -> None:
         if not self.ledger.enabled:
             return
-        version = req.header(PROTOCOL_VERSION_HEADER)
         self.ledger.write(
             L.INSERT_REQUEST,
             (
@@ -225,41 +208,14 @@ class McpApp:
                 reason,
                 req.header("origin"),
                 None if req.origin_allowed is None else int(req.origin_allowed),
-                version,
+                req.header(PROTOCOL_VERSION_HEADER),
                 req.header(LAST_EVENT_ID_HEADER),
                 cursor_verdict,
             ),
         )
 
-    async def _plain(
-        self, send: Send, status: int, text: str, headers: list[tuple[bytes, bytes]] | None = None
-    ) -> None:
-        body = text.encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-type", b"text/plain; charset=utf-8"), *(headers or [])],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
-
-    async def _json(
-        self, send: Send, status: int, obj: object, headers: list[tuple[bytes, bytes]] | None = None
-    ) -> None:
-        body = jsonrpc.dumps(obj).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": status,
-                "headers": [(b"content-type", b"application/json"), *(headers or [])],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
-
-    async def _error(self, send: Send, status: int, message: str, headers: list[tuple[bytes, bytes]]) -> None:
-        code = jsonrpc.PARSE_ERROR if message.startswith("parse error") else jsonrpc.INVALID_REQUEST
-        await self._json(send, status, jsonrpc.error(None, code, message), headers)
+    def _retry_after(self) -> list[tuple[bytes, bytes]]:
+        return [(b"retry-after", str(self.config.retry_after).encode())]
 
     # ------------------------------------------------------------------ the MCP endpoint
 
@@ -271,7 +227,7 @@ class McpApp:
         origin = req.header("origin")
         if origin is not None:
             req.origin_allowed = matches(origin, cfg.allowed_origins)
-            if not req.origin_allowed:
+            if not req.origin_allowed and Defect.ANY_ORIGIN not in self.defects:  # defect: serve any Origin
                 raise Refused(403, "bad_origin", "Origin not allowed")
         if req.method not in ("POST", "GET", "DELETE"):
             raise Refused(
@@ -291,9 +247,6 @@ class McpApp:
         else:
             await self._delete(req, send, subject, now)
 
-    def _retry_after(self) -> list[tuple[bytes, bytes]]:
-        return [(b"retry-after", str(self.config.retry_after).encode())]
-
     def _authenticate(self, req: Request) -> str | None:
         if not self.config.tokens:
             return None
@@ -312,6 +265,8 @@ class McpApp:
             raise Refused(400, "missing_session", "MCP-Session-Id header required")
         s = self.state.sessions.get(sid)
         if s is None or not s.alive:
+            if Defect.UNKNOWN_SESSION_400 in self.defects:  # defect: 400 where the rule says 404
+                raise Refused(400, "unknown_session", "session not found")
             raise Refused(404, "unknown_session", "session not found")
         req.session = s
         if s.subject != subject:
@@ -319,7 +274,7 @@ class McpApp:
         version = req.header(PROTOCOL_VERSION_HEADER)
         if version is not None and version != s.version:
             raise Refused(400, "version_mismatch", f"negotiated {s.version}, got {version}")
-        s.last_seen = now
+        self.state.touch(s, now)
         return s
 
     async def _read_body(self, receive: Receive) -> bytes:
@@ -351,6 +306,13 @@ class McpApp:
             body = json.loads(raw)
         except (ValueError, RecursionError) as e:
             raise Refused(400, "parse_error", f"parse error: {e}") from None
+        where = lone_surrogate(raw, body)
+        if where is not None:
+            raise Refused(
+                400,
+                "not_unicode",
+                f"invalid request: the string at {where} holds a lone surrogate (not Unicode)",
+            )
         if isinstance(body, list):
             await self._batch(req, send, body, subject, now)
             return
@@ -366,20 +328,29 @@ class McpApp:
             if msg.method == jsonrpc.CANCELLED:
                 self._cancel(s, msg, now)
             self._log(req, 202, None)
-            await send({"type": "http.response.start", "status": 202, "headers": []})
-            await send({"type": "http.response.body", "body": b""})
+            await send_empty(send, 202)
             return
-        assert msg.id is not None
-        if msg.id in s.request_ids:
+        mid = msg.id
+        assert mid is not None
+        if mid in s.request_ids:
             raise Refused(400, "request_id_reused", "request ID already used in this session")
         if self.open_sse >= self.config.max_streams:
             raise Refused(503, "overloaded", "too many concurrent streams", self._retry_after())
-        s.request_ids.add(msg.id)
         digest = hashlib.sha256(raw).hexdigest()
-        st = self.state.open_post_stream(s, msg.id, digest, req.conn, now)
+        st = self._open(lambda: self.state.open_post_stream(s, mid, digest, req.conn, now))
+        s.request_ids.add(mid)
         st.task = self._spawn(self._run_request(st, msg))
         self._log(req, 200, None)
-        await self._stream(req, receive, send, st, None, now)
+        await self._stream(req, receive, send, st, None)
+
+    def _open(self, opener: Callable[[], Stream]) -> Stream:
+        try:
+            stream = opener()
+        except Full:
+            raise Refused(
+                429, "too_many_streams", "this session has too many open streams", self._retry_after()
+            ) from None
+        return stream
 
     async def _batch(
         self, req: Request, send: Send, body: list[Any], subject: str | None, now: float
@@ -396,18 +367,15 @@ class McpApp:
             raise Refused(400, "invalid_message", str(e)) from None
         if any(m.method == jsonrpc.INITIALIZE for m in msgs):
             raise Refused(400, "invalid_message", "initialize cannot be batched")
-        out = []
-        for m in msgs:
-            if m.kind is jsonrpc.MessageKind.REQUEST and m.id is not None:
-                out.append(await self._answer_inline(s, m))
+        out = [self._answer_inline(m) for m in msgs if m.kind is jsonrpc.MessageKind.REQUEST]
         self._log(req, 200 if out else 202, None)
         if out:
-            await self._json(send, 200, out)
+            await send_json(send, 200, out)
         else:
-            await send({"type": "http.response.start", "status": 202, "headers": []})
-            await send({"type": "http.response.body", "body": b""})
+            await send_empty(send, 202)
 
-    async def _answer_inline(self, s: Session, m: jsonrpc.Message) -> jsonrpc.JsonObject:
+    @staticmethod
+    def _answer_inline(m: jsonrpc.Message) -> jsonrpc.JsonObject:
         """A request of a 2025-03-26 batch: answered in the JSON array, not streamed."""
         assert m.id is not None
         if m.method == "tools/list":
@@ -425,29 +393,17 @@ class McpApp:
             raise Refused(400, "invalid_message", "initialize must be a request")
         requested = msg.params.get("protocolVersion")
         version = negotiate(requested if isinstance(requested, str) else "", self.config.protocol_versions)
-        result = {
-            "protocolVersion": version,
-            "capabilities": {
-                "tools": {"listChanged": False},
-                "experimental": {EVENT_ID_CAPABILITY: {"scheme": "e1"}},
-            },
-            "serverInfo": SERVER_INFO,
-        }
+        result = {"protocolVersion": version, "capabilities": self.capabilities(), "serverInfo": SERVER_INFO}
         body = jsonrpc.dumps(jsonrpc.result(msg.id, result))
-        s = self.state.create_session(subject, version, body, now)
+        try:
+            s = self.state.create_session(subject, version, body, now)
+        except Full:
+            raise Refused(
+                503, "too_many_sessions", "too many sessions, all busy", self._retry_after()
+            ) from None
         req.session = s
         self._log(req, 200, None)
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 200,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (SESSION_HEADER.encode(), s.sid.encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body.encode()})
+        await send_json_text(send, 200, body, [(SESSION_HEADER.encode(), s.sid.encode())])
 
     def _cancel(self, s: Session, msg: jsonrpc.Message, now: float) -> None:
         rid = msg.params.get("requestId")
@@ -461,36 +417,26 @@ class McpApp:
         assert msg.id is not None
         rid = str(msg.id)
         try:
-            result = await self._dispatch(st, msg)
+            result = await dispatch(self.state, st, msg)
             data, kind = jsonrpc.dumps(jsonrpc.result(msg.id, result)), "response"
         except ToolError as e:
             data, kind = jsonrpc.dumps(jsonrpc.error(msg.id, e.code, e.message)), "error"
         except asyncio.CancelledError:
             return
-        except Exception as e:
+        except Exception:
             log.exception("tool failed")
-            data, kind = jsonrpc.dumps(jsonrpc.error(msg.id, jsonrpc.INTERNAL_ERROR, str(e))), "error"
+            data, kind = (
+                jsonrpc.dumps(jsonrpc.error(msg.id, jsonrpc.INTERNAL_ERROR, "internal error")),
+                "error",
+            )
         if st.closed_at is None:
-            self.state.emit(st, data, kind, rid, time.time())
-
-    async def _dispatch(self, st: Stream, msg: jsonrpc.Message) -> jsonrpc.JsonObject:
-        assert msg.id is not None
-        params = msg.params
-        if msg.method == "tools/call":
-            name = params.get("name")
-            tool = TOOLS.get(name) if isinstance(name, str) else None
-            if tool is None:
-                raise ToolError(jsonrpc.INVALID_PARAMS, f"unknown tool {name!r}")
-            args = params.get("arguments") or {}
-            meta = params.get("_meta") or {}
-            if not isinstance(args, dict) or not isinstance(meta, dict):
-                raise ToolError(jsonrpc.INVALID_PARAMS, "arguments and _meta must be objects")
-            return await tool(ToolCall(self.state, st, msg.id, args, meta))
-        if msg.method == "tools/list":
-            return {"tools": TOOL_LIST}
-        if msg.method == "ping":
-            return {}
-        raise ToolError(jsonrpc.METHOD_NOT_FOUND, f"method not found: {msg.method}")
+            now = time.time()
+            g = st.session.standalone
+            if Defect.RESPONSE_ON_GET in self.defects and g is not None and g.closed_at is None:
+                # defect: the response on the standalone GET too (a kind of its own in the
+                # ledger, so that it neither ends that stream nor passes for the real answer)
+                self.state.emit(g, data, "stray_response", rid, now)
+            self.state.emit(st, data, kind, rid, now)
 
     async def _get(self, req: Request, receive: Receive, send: Send, subject: str | None, now: float) -> None:
         if "text/event-stream" not in (req.header("accept") or "").lower():
@@ -500,27 +446,30 @@ class McpApp:
             raise Refused(503, "overloaded", "too many concurrent streams", self._retry_after())
         cursor = req.header(LAST_EVENT_ID_HEADER)
         if cursor is None:
-            st = self.state.open_standalone(s, req.conn, now)
+            st = self._open(lambda: self.state.open_standalone(s, req.conn, now))
             self._log(req, 200, None)
-            await self._stream(req, receive, send, st, None, now)
+            await self._stream(req, receive, send, st, None)
             return
-        verdict, target, seq = self.state.resolve_cursor(s, cursor)
-        if target is None:
-            if self.config.cursor_policy == "fresh":
-                st = self.state.open_standalone(s, req.conn, now)
-                self._log(req, 200, None, verdict)
-                await self._stream(req, receive, send, st, None, now)
-                return
-            status = self.config.cursor_reject_status
-            self._log(req, status, "cursor_rejected", verdict)
-            await self._json(
-                send,
-                status,
-                jsonrpc.error(None, jsonrpc.INVALID_REQUEST, f"Last-Event-ID rejected: {verdict}"),
-            )
+        found = self.state.resolve_cursor(s, cursor)
+        if isinstance(found, Resumption):
+            self._log(req, 200, None, "valid")
+            await self._stream(req, receive, send, found.stream, found)
             return
-        self._log(req, 200, None, verdict)
-        await self._stream(req, receive, send, target, seq, now)
+        verdict = found
+        if Defect.UNKNOWN_CURSOR_SILENT in self.defects:  # defect: 200 and a stream that carries nothing
+            self._log(req, 200, None, verdict)
+            await self._silent_stream(receive, send)
+            return
+        if self.config.cursor_policy == "fresh":
+            st = self._open(lambda: self.state.open_standalone(s, req.conn, now))
+            self._log(req, 200, None, verdict)
+            await self._stream(req, receive, send, st, None)
+            return
+        status = self.config.cursor_reject_status
+        self._log(req, status, "cursor_rejected", verdict)
+        await send_json(
+            send, status, jsonrpc.error(None, jsonrpc.INVALID_REQUEST, f"Last-Event-ID rejected: {verdict}")
+        )
 
     async def _delete(self, req: Request, send: Send, subject: str | None, now: float) -> None:
         s = self._session(req, subject, now)
@@ -531,40 +480,23 @@ class McpApp:
                 "this server does not let clients terminate sessions",
                 [(b"allow", b"GET, POST")],
             )
-        self.state.end_session(s, "deleted", now)
+        if Defect.DELETED_SESSION_ALIVE not in self.defects:  # defect: answer 200, keep the session
+            self.state.end_session(s, "deleted", now)
         self._log(req, 200, None)
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b""})
+        await send_empty(send, 200)
 
     async def _stream(
-        self, req: Request, receive: Receive, send: Send, st: Stream, after_seq: int | None, now: float
+        self, req: Request, receive: Receive, send: Send, st: Stream, resumed: Resumption | None
     ) -> None:
-        """Stream `st` on this response: backlog after `after_seq` first, then live."""
-        live = LiveConn(req.conn)
+        """Stream `st` on this response: the resumption's backlog first, then live."""
+        live = LiveConn(req.conn, self.config.max_session_event_bytes)
         self.open_sse += 1
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": _SSE_HEADERS})
-            self.state.attach(st, live, after_seq, now)
-            watcher = asyncio.ensure_future(self._watch_disconnect(receive, live))
-            keepalive = self.config.keepalive_s
-            loop = asyncio.get_running_loop()
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            self.state.attach(st, live, None if resumed is None else resumed.backlog, time.time())
             try:
-                while True:
-                    if live.pending:
-                        await send({"type": "http.response.body", "body": live.take(), "more_body": True})
-                        continue
-                    if live.ended:
-                        break
-                    timer = loop.call_later(keepalive, live.wake.set) if keepalive > 0 else None
-                    await live.wake.wait()
-                    if timer is not None:
-                        timer.cancel()
-                    if not live.pending and not live.ended:  # the keep-alive timer rang
-                        live.wake.clear()
-                        await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await serve_live(receive, send, live, self.config.keepalive_s)
             finally:
-                watcher.cancel()
                 self.state.detach(st, live, live.end_reason or "client_gone", time.time())
         except OSError:
             live.end("client_gone")
@@ -572,50 +504,13 @@ class McpApp:
         finally:
             self.open_sse -= 1
 
-    @staticmethod
-    async def _watch_disconnect(receive: Receive, live: LiveConn) -> None:
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                live.end("client_gone")
-                return
-
-    # ------------------------------------------------------------------ admin
-
-    async def _admin(self, req: Request, receive: Receive, send: Send) -> None:
-        """Loopback-only, token-guarded controls for the fault layer (never the MCP auth path)."""
-        client = req.scope.get("client") or ("", 0)
-        token = self.config.admin_token
-        if token is None or req.method != "POST":
-            raise Refused(404, "no_admin", "not found")
-        if not str(client[0]).startswith("127.") and client[0] != "::1":
-            raise Refused(403, "admin_not_loopback", "admin control is loopback only")
-        if req.header("x-lab-admin-token") != token:
-            raise Refused(403, "bad_admin_token", "bad admin token")
-        await self._read_body(receive)
-        now = time.time()
-        if req.path == "/lab-admin/expire":
-            sid = req.header(SESSION_HEADER) or ""
-            s = self.state.sessions.get(sid)
-            if s is None:
-                raise Refused(404, "unknown_session", "session not found")
-            req.session = s
-            self.state.end_session(s, "admin_expired", now)
-            self._log(req, 200, "admin_expired")
-            await self._json(send, 200, {"expired": s.pseudonym})
-        elif req.path == "/lab-admin/rollback":
-            self.state.start_rollback()
-            self._log(req, 200, "rollback")
-            await self._json(send, 200, {"rollback": True, "generation": self.state.generation})
-        elif req.path == "/lab-admin/stats":
-            await self._json(
-                send,
-                200,
-                {
-                    "sessions": len(self.state.sessions),
-                    "open_sse": self.open_sse,
-                    "ledger_rows": self.ledger.rows_written,
-                },
-            )
-        else:
-            raise Refused(404, "no_admin", "not found")
+    async def _silent_stream(self, receive: Receive, send: Send) -> None:
+        """defect unknown-cursor-silent: an SSE stream with keep-alives and nothing else."""
+        self.open_sse += 1
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            await serve_live(receive, send, LiveConn(None, 1), self.config.keepalive_s)
+        except OSError:
+            pass
+        finally:
+            self.open_sse -= 1

@@ -1,4 +1,10 @@
-"""`lab serve`: run the reference server under uvicorn on 127.0.0.1."""
+"""`lab serve`: run the reference server under uvicorn on 127.0.0.1.
+
+Settings come from `ServerConfig`'s defaults, then `--config FILE` (a JSON object of
+ServerConfig fields), then the flags given on the command line: a flag overrides the file.
+Exit codes (lab/exitcodes.py): 0 stopped by a signal, 3 bad settings or cannot bind,
+4 the ledger writer failed (the server stops at once rather than lose evidence).
+"""
 
 from __future__ import annotations
 
@@ -6,76 +12,131 @@ import argparse
 import os
 import secrets
 import sys
+from collections.abc import Callable
 from typing import Any
+
+from lab.exitcodes import ExitCode
+
+_DEFECTS_HELP = """\
+defects (--defect NAME, repeatable; the server then breaks that rule on purpose):
+{defects}
+
+--config FILE: a JSON object whose keys are the settings' field names, e.g.
+  {{"tokens": {{"t1": "alice,evil=mallory"}}, "allowed_origins": ["http://127.0.0.1:*"],
+   "session_ttl": 60, "defects": ["no-priming"], "event_ids": "seq"}}
+Flags given on the command line override the file. Fields: {fields}.
+"""
+
+# flag -> (ServerConfig field, converter from the flag's text)
+_Conv = Callable[[str], Any]
+
+
+def _conversions() -> dict[str, tuple[str, _Conv]]:
+    from lab.server.config import parse_list, parse_tokens
+
+    return {
+        "host": ("host", str),
+        "port": ("port", int),
+        "ledger": ("ledger_path", str),
+        "tokens": ("tokens", parse_tokens),
+        "allowed_origins": ("allowed_origins", parse_list),
+        "allowed_hosts": ("allowed_hosts", parse_list),
+        "session_ttl": ("session_ttl", float),
+        "delete": ("refuse_delete", lambda v: v == "refuse"),
+        "cursor_policy": ("cursor_policy", str),
+        "cursor_reject_status": ("cursor_reject_status", int),
+        "max_streams": ("max_streams", int),
+        "max_rps": ("max_rps", float),
+        "retry_after": ("retry_after", int),
+        "resumable_fraction": ("resumable_fraction", float),
+        "rollback": ("rollback", bool),
+        "admin_token": ("admin_token", str),
+        "heartbeat_ms": ("heartbeat_ms", int),
+        "event_retention": ("event_retention", int),
+        "keepalive": ("keepalive_s", float),
+        "completed_stream_ttl": ("completed_stream_ttl", float),
+        "event_ids": ("event_ids", str),
+        "defect": ("defects", tuple),
+        "max_sessions": ("max_sessions", int),
+        "max_session_streams": ("max_session_streams", int),
+        "max_session_event_bytes": ("max_session_event_bytes", int),
+        "max_header_bytes": ("max_header_bytes", int),
+        "header_timeout": ("header_timeout", float),
+        "body_timeout": ("body_timeout", float),
+    }
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from lab.server.config import EVENT_ID_SCHEMES, FIELDS
+    from lab.server.defects import DEFECT_NAMES, help_text
+
     p = sub.add_parser(
         "serve",
         help="run the reference MCP server (Streamable HTTP, resumable streams, ledgers)",
         description="Run the reference MCP server. Prints `lab-serve listening on URL` when ready.",
+        epilog=_DEFECTS_HELP.format(defects=help_text(), fields=", ".join(FIELDS)),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        argument_default=None,  # unset flags stay None: only given ones override --config
     )
-    p.add_argument("--host", default="127.0.0.1", help="bind address (loopback only unless --tokens is set)")
-    p.add_argument("--port", type=int, default=8000, help="port (0 = any free port); default 8000")
-    p.add_argument("--path", default="/mcp", help="the MCP endpoint path (default /mcp)")
-    p.add_argument("--ledger", help="SQLite ledger file (mcpServerLedger.v1); none if omitted")
-    p.add_argument("--tokens", default="", help="bearer tokens: token=subject,token2=subject2")
-    p.add_argument("--allowed-origins", help="comma-separated Origin allow-list; `:*` matches any port")
-    p.add_argument("--allowed-hosts", help="comma-separated Host allow-list (DNS-rebinding protection)")
-    p.add_argument("--session-ttl", type=float, default=300.0, help="idle seconds before a session expires")
-    p.add_argument("--delete", choices=["allow", "refuse"], default="allow", help="refuse: DELETE gets 405")
-    p.add_argument("--cursor-policy", choices=["reject", "fresh"], default="reject")
-    p.add_argument("--cursor-reject-status", type=int, default=400, help="400 (default), 409, 410 or 422")
-    p.add_argument("--max-streams", type=int, default=10_000, help="concurrent SSE streams before 503")
-    p.add_argument("--max-rps", type=float, default=0.0, help="requests/s before 429 (0 = unlimited)")
-    p.add_argument("--retry-after", type=int, default=1, help="seconds advised when shedding load")
-    p.add_argument(
-        "--resumable-fraction", type=float, default=1.0, help="rollout: share of resumable sessions"
+    a = p.add_argument
+    a("--config", metavar="FILE", help="JSON object of settings (field names as below); flags override it")
+    a("--host", help="bind address (loopback only unless tokens are set); default 127.0.0.1")
+    a("--port", type=int, help="port (0 = any free port); default 8000")
+    a("--path", default="/mcp", help="the MCP endpoint path (default /mcp)")
+    a("--ledger", help="SQLite ledger file (mcpServerLedger.v1); none if omitted")
+    a("--tokens", help="bearer tokens: token=subject,token2=subject2 (use --config for any other text)")
+    a("--allowed-origins", help="comma-separated Origin allow-list; `:*` matches any port")
+    a("--allowed-hosts", help="comma-separated Host allow-list (DNS-rebinding protection)")
+    a("--session-ttl", type=float, help="idle seconds before a session expires (300)")
+    a("--delete", choices=["allow", "refuse"], help="refuse: DELETE gets 405 (allow)")
+    a("--cursor-policy", choices=["reject", "fresh"], help="what a bad Last-Event-ID gets (reject)")
+    a("--cursor-reject-status", type=int, help="400 (default), 409, 410 or 422")
+    a("--max-streams", type=int, help="concurrent SSE streams before 503 (10000)")
+    a("--max-rps", type=float, help="requests/s before 429 (0 = unlimited)")
+    a("--retry-after", type=int, help="seconds advised when shedding load (1)")
+    a("--resumable-fraction", type=float, help="rollout: share of resumable sessions (1.0)")
+    a(
+        "--rollback",
+        action="store_true",
+        default=None,
+        help="new streams are not resumable (old cursors stay)",
     )
-    p.add_argument("--rollback", action="store_true", help="new streams are not resumable (old cursors stay)")
-    p.add_argument("--admin-token", help="enables /lab-admin/* (loopback only) with this token")
-    p.add_argument("--heartbeat-ms", type=int, default=0, help="notification period on standalone streams")
-    p.add_argument("--event-retention", type=int, default=10_000, help="events kept per stream for replay")
-    p.add_argument(
-        "--keepalive", type=float, default=10.0, help="seconds of silence before an SSE comment (0: never)"
-    )
-    p.add_argument(
-        "--completed-stream-ttl", type=float, default=120.0, help="seconds a completed stream stays resumable"
-    )
-    p.add_argument("--log-level", default="warning")
+    a("--admin-token", help="enables /lab-admin/* (loopback only) with this token")
+    a("--heartbeat-ms", type=int, help="notifications/message period on standalone streams (0: none)")
+    a("--event-retention", type=int, help="events kept per stream for replay (10000)")
+    a("--keepalive", type=float, help="seconds of silence before an SSE comment (10; 0: never)")
+    a("--completed-stream-ttl", type=float, help="seconds a completed stream stays resumable (120)")
+    a("--event-ids", choices=EVENT_ID_SCHEMES, help="e1 (default): MAC'd IDs; seq, uuid: opaque IDs")
+    a("--defect", action="append", choices=DEFECT_NAMES, metavar="NAME", help="misbehave on purpose (below)")
+    a("--max-sessions", type=int, help="live sessions; then evict the oldest idle one, or 503 (10000)")
+    a("--max-session-streams", type=int, help="open streams per session; then 429 (64)")
+    a("--max-session-event-bytes", type=int, help="bytes of events a session retains (1048576)")
+    a("--max-header-bytes", type=int, help="bytes of a request head before 431 (65536)")
+    a("--header-timeout", type=float, help="seconds to receive a request head before 408 (10)")
+    a("--body-timeout", type=float, help="seconds to receive a request body before 408 (30)")
+    a("--log-level", default="warning")
     p.set_defaults(func=run)
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
-    from lab.server.config import ServerConfig, parse_list, parse_tokens
+    """The ServerConfig the flags (and `--config FILE`) ask for; ValueError if they are bad."""
+    from lab.server.config import ServerConfig, read_config_file
 
-    defaults = ServerConfig()
+    values: dict[str, Any] = {"port": 8000}
+    if args.config is not None:
+        values.update(read_config_file(args.config))
+    for flag, (name, conv) in _conversions().items():
+        given = getattr(args, flag)
+        if given is not None:
+            values[name] = conv(given)
     key_hex = os.environ.get("LAB_LEDGER_KEY")
-    return ServerConfig(
-        host=args.host,
-        port=args.port,
-        ledger_path=args.ledger,
-        ledger_key=bytes.fromhex(key_hex) if key_hex else secrets.token_bytes(32),
-        tokens=parse_tokens(args.tokens),
-        allowed_origins=parse_list(args.allowed_origins)
-        if args.allowed_origins
-        else defaults.allowed_origins,
-        allowed_hosts=parse_list(args.allowed_hosts) if args.allowed_hosts else defaults.allowed_hosts,
-        session_ttl=args.session_ttl,
-        refuse_delete=args.delete == "refuse",
-        cursor_policy=args.cursor_policy,
-        cursor_reject_status=args.cursor_reject_status,
-        max_streams=args.max_streams,
-        max_rps=args.max_rps,
-        retry_after=args.retry_after,
-        resumable_fraction=args.resumable_fraction,
-        rollback=args.rollback,
-        admin_token=args.admin_token,
-        heartbeat_ms=args.heartbeat_ms,
-        event_retention=args.event_retention,
-        keepalive_s=args.keepalive,
-        completed_stream_ttl=args.completed_stream_ttl,
-    )
+    if key_hex:
+        try:
+            values["ledger_key"] = bytes.fromhex(key_hex)
+        except ValueError:
+            raise ValueError("LAB_LEDGER_KEY must be hex") from None
+    values.setdefault("ledger_key", secrets.token_bytes(32))
+    return ServerConfig(**values)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -85,13 +146,14 @@ def run(args: argparse.Namespace) -> int:
     import uvicorn
 
     from lab.server.app import McpApp
+    from lab.server.protocol import bounded_protocol
 
     try:
         config = config_from_args(args)
         app = McpApp(config, path=args.path)
     except ValueError as e:
         print(f"lab serve: {e}", file=sys.stderr)
-        return 2
+        return ExitCode.CANNOT_RUN
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -99,7 +161,8 @@ def run(args: argparse.Namespace) -> int:
         sock.bind((config.host, config.port))
     except OSError as e:
         print(f"lab serve: cannot bind {config.host}:{config.port}: {e}", file=sys.stderr)
-        return 2
+        app.close()
+        return ExitCode.CANNOT_RUN
     port = sock.getsockname()[1]
     host = f"[{config.host}]" if family == socket.AF_INET6 else config.host
     url = f"http://{host}:{port}{args.path}"
@@ -107,12 +170,20 @@ def run(args: argparse.Namespace) -> int:
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
+            if config.defects:
+                print(f"lab-serve DEFECTS ON PURPOSE: {', '.join(config.defects)}", flush=True)
             print(f"lab-serve listening on {url}", flush=True)
+
+        async def on_tick(self, counter: int) -> bool:
+            # A lost ledger writer stops the server: evidence must not go missing quietly.
+            if app.ledger.failure is not None:
+                return True
+            return await super().on_tick(counter)
 
     uv = uvicorn.Config(
         app,
         loop="uvloop",
-        http="httptools",
+        http=bounded_protocol(config.max_header_bytes, config.header_timeout, config.body_timeout),
         lifespan="on",
         log_level=args.log_level,
         access_log=False,
@@ -128,4 +199,11 @@ def run(args: argparse.Namespace) -> int:
         Server(uv).run(sockets=[sock])
     finally:
         app.close()
-    return 0
+        if app.ledger.failure is not None:
+            print(
+                f"lab serve: the ledger writer failed ({app.ledger.failure!r}); "
+                f"{app.ledger.rows_lost} rows were not recorded; stopping with exit 4",
+                file=sys.stderr,
+                flush=True,
+            )
+    return ExitCode.LAB_FAILED if app.ledger.failure is not None else ExitCode.PASS

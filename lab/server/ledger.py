@@ -7,10 +7,18 @@ survives a crash of the server process. Business dispatches must be durable *bef
 the client is told they happened, so `barrier()` returns a future that resolves once
 everything queued before it is committed; `ledger.append` awaits it before answering
 (group commit: many writes share one commit).
+
+The writer cannot die silently:
+- text SQLite cannot store (a lone surrogate) is written escaped (`\\udc00`), never
+  dropped: a batch that fails to encode is written again with every such string escaped;
+- any other failure (disk full, I/O error, a damaged file) is fatal: `failure` is set,
+  a line goes to the log, every waiting `barrier()` and every later one fails with
+  `LedgerFailed`, later rows are counted in `rows_lost`, and the server exits 4.
 """
 
 from __future__ import annotations
 
+import logging
 import queue
 import sqlite3
 import threading
@@ -20,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA = "mcpServerLedger.v1"
+log = logging.getLogger("lab.server.ledger")
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -50,18 +59,40 @@ CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT);
 _STOP = object()
 
 
+class LedgerFailed(Exception):
+    """The ledger writer failed for good (`__cause__` says why); nothing more is recorded."""
+
+
+def escape_text(value: Any) -> Any:
+    """A value SQLite can store: text that is not valid Unicode gets its bad code points
+    escaped (`\\udc00`); everything else is returned as it is."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
+
+
 class Ledger:
     """Queue in, SQLite out, on a thread of its own."""
 
-    def __init__(self, path: str | Path | None) -> None:
+    def __init__(self, path: str | Path | None, meta: dict[str, str] | None = None) -> None:
         self.path = None if path is None else Path(path)
         self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
         self.rows_written = 0
+        self.rows_escaped = 0
+        self.rows_lost = 0
+        self._inflight = 0
+        self.failure: BaseException | None = None
+        """Why the writer stopped for good; None while it works."""
         if self.path is not None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             db = self._connect()
-            db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (SCHEMA,))
+            rows = {"schema": SCHEMA, **(meta or {})}
+            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", list(rows.items()))
             db.commit()
             db.close()
             self._thread = threading.Thread(target=self._run, name="ledger-writer", daemon=True)
@@ -77,64 +108,116 @@ class Ledger:
 
     @property
     def enabled(self) -> bool:
-        return self._thread is not None
+        return self.path is not None
 
     def write(self, sql: str, params: Sequence[Any]) -> None:
-        if self._thread is not None:
-            self._q.put((sql, params))
+        if self.path is None:
+            return
+        with self._lock:
+            if self.failure is None:
+                self._q.put((sql, params))
+                return
+        self.rows_lost += 1
 
     def barrier(self) -> Future[None]:
-        """A future that completes when everything written before it is committed."""
+        """A future that completes when everything written before it is committed, or
+        fails with LedgerFailed if the writer has failed (never left hanging)."""
         fut: Future[None] = Future()
-        if self._thread is None:
+        if self.path is None:
             fut.set_result(None)
-        else:
-            self._q.put(fut)
+            return fut
+        with self._lock:
+            if self.failure is None:
+                self._q.put(fut)
+                return fut
+        fut.set_exception(self._failed())
         return fut
+
+    def _failed(self) -> LedgerFailed:
+        e = LedgerFailed(f"the ledger writer failed: {self.failure!r}")
+        e.__cause__ = self.failure
+        return e
 
     def close(self) -> None:
         """Flush everything and stop the writer (idempotent)."""
         if self._thread is not None:
-            self._q.put(_STOP)
+            with self._lock:
+                if self.failure is None:
+                    self._q.put(_STOP)
             self._thread.join(timeout=30)
             self._thread = None
 
     def _run(self) -> None:
-        db = self._connect()
-        stop = False
-        while not stop:
-            batch: list[Any] = []
-            try:
-                batch.append(self._q.get(timeout=0.05))
-                while len(batch) < 5000:
-                    batch.append(self._q.get_nowait())
-            except queue.Empty:
-                pass
-            if not batch:
-                continue
-            waiters: list[Future[None]] = []
-            grouped: dict[str, list[Sequence[Any]]] = {}
-            order: list[str] = []
-            for item in batch:
-                if item is _STOP:
-                    stop = True
-                elif isinstance(item, Future):
-                    waiters.append(item)
-                else:
-                    sql, params = item
-                    if sql not in grouped:
-                        grouped[sql] = []
-                        order.append(sql)
-                    grouped[sql].append(params)
-            # Statements keep their first-seen order so an UPDATE follows its INSERT.
+        waiters: list[Future[None]] = []
+        try:
+            db = self._connect()
+            stop = False
+            while not stop:
+                batch: list[Any] = []
+                try:
+                    batch.append(self._q.get(timeout=0.05))
+                    while len(batch) < 5000:
+                        batch.append(self._q.get_nowait())
+                except queue.Empty:
+                    pass
+                if not batch:
+                    continue
+                waiters = []
+                grouped: dict[str, list[Sequence[Any]]] = {}
+                for item in batch:
+                    if item is _STOP:
+                        stop = True
+                    elif isinstance(item, Future):
+                        waiters.append(item)
+                    else:
+                        sql, params = item
+                        # Statements keep their first-seen order so an UPDATE follows its INSERT.
+                        grouped.setdefault(sql, []).append(params)
+                self._inflight = sum(len(rows) for rows in grouped.values())
+                self._commit(db, grouped)
+                self._inflight = 0
+                for w in waiters:
+                    if not w.done():
+                        w.set_result(None)
+            db.close()
+        except BaseException as e:  # the writer must never die silently, whatever the cause
+            self._fail(e, waiters)
+
+    def _commit(self, db: sqlite3.Connection, grouped: dict[str, list[Sequence[Any]]]) -> None:
+        try:
             with db:
-                for sql in order:
-                    db.executemany(sql, grouped[sql])
-                    self.rows_written += len(grouped[sql])
-            for w in waiters:
-                if not w.done():
-                    w.set_result(None)
-        db.close()
+                for sql, rows in grouped.items():
+                    db.executemany(sql, rows)
+        except (UnicodeEncodeError, sqlite3.ProgrammingError):
+            # Text SQLite cannot take (the transaction was rolled back): write the batch
+            # again with such text escaped. A second failure is a real one.
+            escaped: dict[str, list[tuple[Any, ...]]] = {}
+            for sql, rows in grouped.items():
+                escaped[sql] = [tuple(escape_text(v) for v in row) for row in rows]
+                self.rows_escaped += sum(tuple(a) != b for a, b in zip(rows, escaped[sql], strict=True))
+            with db:
+                for sql, fixed in escaped.items():
+                    db.executemany(sql, fixed)
+        self.rows_written += sum(len(rows) for rows in grouped.values())
+
+    def _fail(self, error: BaseException, waiters: list[Future[None]]) -> None:
+        with self._lock:
+            self.failure = error
+        log.error("ledger writer failed, no further rows are recorded: %r", error)
+        lost, self._inflight = self._inflight, 0  # the batch that failed was not committed
+        while True:
+            try:
+                item = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, Future):
+                waiters.append(item)
+            elif item is not _STOP:
+                lost += 1
+        self.rows_lost += lost
+        for w in waiters:
+            if not w.done():
+                w.set_exception(self._failed())
 
 
 INSERT_SESSION = "INSERT OR REPLACE INTO sessions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"

@@ -8,132 +8,84 @@ subscriber in one synchronous step, and every later `emit` goes to that subscrib
 A stream outlives its connections: a tool keeps running when the client's connection
 drops (a dropped connection is not a cancellation), its events are stored, and a GET with
 `Last-Event-ID` replays what was missed on *that stream only*.
+
+Everything held is bounded (ServerConfig says how, and what happens at each limit):
+sessions (`max_sessions`), open streams per session (`max_session_streams`), events
+retained per session in bytes (`max_session_event_bytes`) and per stream in count
+(`event_retention`), and each connection's unsent backlog.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import secrets
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 from lab.server import ledger as L
 from lab.server.config import ServerConfig
+from lab.server.cursors import UNKNOWN_CURSOR, naming
+from lab.server.defects import Defect, SharedEventStore
+from lab.server.model import EVENT_OVERHEAD, LiveConn, Session, StoredEvent, Stream
 from lab.wire import jsonrpc
-from lab.wire.event_ids import CursorVerdict, EventIdCodec, message_digest, post_stream_id, session_tag
+from lab.wire.event_ids import message_digest, post_stream_id, session_tag
 from lab.wire.redact import Redactor
 from lab.wire.revisions import revision
 from lab.wire.sse import encode_event
 
+LOG_LEVELS = ("debug", "info", "notice", "warning", "error", "critical", "alert", "emergency")
+"""`notifications/message` levels, lowest first (RFC 5424 severities, as MCP names them)."""
 
-@dataclass(slots=True)
-class StoredEvent:
-    seq: int
-    event_id: str | None
-    data: str
-    wire: bytes
-    kind: str
-    jsonrpc_id: str | None
+_EVICTION_SCAN = 256
+"""Sessions looked at, least recently used first, for one to evict at `max_sessions`."""
 
 
-class LiveConn:
-    """One HTTP response streaming one stream: a buffer the connection task drains."""
+class Full(Exception):
+    """A bound was reached and nothing could be freed: `what` says which."""
 
-    __slots__ = ("close_after", "conn", "end_reason", "ended", "pending", "retry_ms", "sent", "wake")
-
-    def __init__(self, conn: str | None) -> None:
-        self.conn = conn
-        self.pending: list[bytes] = []
-        self.wake = asyncio.Event()
-        self.ended = False
-        self.end_reason = ""
-        self.sent = 0
-        self.close_after: int | None = None
-        self.retry_ms: int | None = None
-
-    def push(self, wire: bytes, counts: bool = True) -> None:
-        if self.ended:
-            return
-        self.pending.append(wire)
-        if counts:
-            self.sent += 1
-        self.wake.set()
-
-    def end(self, reason: str) -> None:
-        if not self.ended:
-            self.ended = True
-            self.end_reason = reason
-            self.wake.set()
-
-    def take(self) -> bytes:
-        data = b"".join(self.pending)
-        self.pending.clear()
-        self.wake.clear()
-        return data
+    def __init__(self, what: str) -> None:
+        super().__init__(what)
+        self.what = what
 
 
-@dataclass(eq=False, slots=True)
-class Stream:
-    session: Session
-    stream_id: str
-    opened_by: str
-    request_id: jsonrpc.JsonRpcId | None
-    resumable: bool
-    generation: int
-    opened_at: float
-    close_after: int | None = None
-    retry_ms: int | None = None
-    events: deque[StoredEvent] = field(default_factory=deque)
-    next_seq: int = 0
-    complete: bool = False
-    subscriber: LiveConn | None = None
-    last_acked: str | None = None
-    closed_at: float | None = None
-    close_reason: str | None = None
-    task: asyncio.Task[None] | None = None
+@dataclass(frozen=True, slots=True)
+class Resumption:
+    """Where a cursor points: the stream to continue, and what to replay first."""
 
-    @property
-    def last_sent(self) -> str | None:
-        return self.events[-1].event_id if self.events else None
-
-
-@dataclass(eq=False, slots=True)
-class Session:
-    sid: str
-    pseudonym: str
-    tag: str
-    subject: str | None
-    version: str
-    generation: int
-    created_at: float
-    last_seen: float
-    resumable: bool
-    alive: bool = True
-    end_reason: str | None = None
-    streams: dict[str, Stream] = field(default_factory=dict)
-    request_ids: set[jsonrpc.JsonRpcId] = field(default_factory=set)
-    gets: int = 0
-    standalone: Stream | None = None
+    stream: Stream
+    backlog: list[StoredEvent]
 
 
 class ServerState:
     def __init__(self, config: ServerConfig, ledger: L.Ledger) -> None:
         self.config = config
         self.ledger = ledger
-        self.codec = EventIdCodec(config.event_id_key or secrets.token_bytes(32))
-        self.redactor = Redactor(config.ledger_key)
+        self.names = naming(config.event_ids, config.event_id_key)
+        self.redactor = Redactor(config.ledger_key, cache_size=0)  # a pseudonym is made once per session
         self.sessions: dict[str, Session] = {}
+        """Least recently used first (`touch` moves a session to the end)."""
         self.receipts: dict[tuple[str | None, str], str] = (
             L.load_receipts(ledger.path) if ledger.path is not None else {}
         )
         self.generation = 0
         self.kept_generations: set[int] = {0}
         self.rollback = config.rollback
+        self.emitted = 0
+        self._indexed = self.names.scheme != "e1"  # opaque IDs need the cursor index
+        self._retention = config.event_retention
+        self._byte_cap = config.max_session_event_bytes
+        self.defects = frozenset(Defect(d) for d in config.defects)
+        self.shared: SharedEventStore[StoredEvent] | None = (
+            SharedEventStore(config.event_retention) if Defect.SHARED_EVENT_STORE in self.defects else None
+        )
 
     # -- sessions ----------------------------------------------------------------------
 
     def create_session(self, subject: str | None, version: str, result_body: str, now: float) -> Session:
+        """A new session; at `max_sessions` the least recently used idle one is evicted
+        first, and if none is idle: Full("sessions")."""
+        if len(self.sessions) >= self.config.max_sessions and not self._evict_idle_session(now):
+            raise Full("sessions")
         sid = secrets.token_urlsafe(32)  # 256 bits, visible ASCII only, as the spec requires
         frac = int.from_bytes(hashlib.sha256(sid.encode()).digest()[:4], "big") / 2**32
         resumable = frac < self.config.resumable_fraction
@@ -169,13 +121,27 @@ class ServerState:
         )
         return s
 
+    def touch(self, s: Session, now: float) -> None:
+        """`s` was used now: it moves to the most recently used end."""
+        s.last_seen = now
+        self.sessions[s.sid] = self.sessions.pop(s.sid)
+
+    def _evict_idle_session(self, now: float) -> bool:
+        for i, s in enumerate(self.sessions.values()):
+            if i >= _EVICTION_SCAN:
+                return False
+            if not s.busy:
+                self.end_session(s, "evicted", now)
+                return True
+        return False
+
     def end_session(self, s: Session, reason: str, now: float) -> None:
         if not s.alive:
             return
         s.alive = False
         s.end_reason = reason
         self.sessions.pop(s.sid, None)
-        close = "session_deleted" if reason == "deleted" else "session_expired"
+        close = {"deleted": "session_deleted", "evicted": "session_evicted"}.get(reason, "session_expired")
         for st in s.streams.values():
             if st.task is not None and not st.task.done():
                 st.task.cancel()
@@ -196,7 +162,7 @@ class ServerState:
                     and st.closed_at is not None
                     and now - st.closed_at > self.config.completed_stream_ttl
                 ):
-                    del s.streams[st.stream_id]
+                    self._forget_stream(st)
         if self.rollback:
             alive_gens = {s.generation for s in self.sessions.values()}
             self.kept_generations = {g for g in self.kept_generations if g in alive_gens} | {self.generation}
@@ -210,6 +176,17 @@ class ServerState:
             self.generation += 1
             self.kept_generations.add(self.generation)
 
+    def log_message(self, s: Session, level: str, logger: str, data: Any, now: float) -> None:
+        """A `notifications/message` on the session's standalone stream, if it has one and
+        the level is at or above what the client asked for (`logging/setLevel`)."""
+        g = s.standalone
+        if g is None or g.closed_at is not None:
+            return
+        if s.log_level is not None and LOG_LEVELS.index(level) < LOG_LEVELS.index(s.log_level):
+            return
+        note = jsonrpc.notification("notifications/message", {"level": level, "logger": logger, "data": data})
+        self.emit(g, jsonrpc.dumps(note), "notification", None, now)
+
     # -- streams -----------------------------------------------------------------------
 
     def _resumable(self, s: Session) -> bool:
@@ -218,6 +195,7 @@ class ServerState:
     def open_post_stream(
         self, s: Session, request_id: jsonrpc.JsonRpcId, payload_digest: str, conn: str | None, now: float
     ) -> Stream:
+        self._make_room(s, now)
         st = Stream(
             s, post_stream_id(s.tag, request_id), "POST", request_id, self._resumable(s), self.generation, now
         )
@@ -225,15 +203,29 @@ class ServerState:
         return st
 
     def open_standalone(self, s: Session, conn: str | None, now: float) -> Stream:
+        self._make_room(s, now)
         s.gets += 1
         st = Stream(s, f"g{s.gets}", "GET", None, self._resumable(s), self.generation, now)
         self._register(st, None, conn)
         s.standalone = st
         return st
 
+    def _make_room(self, s: Session, now: float) -> None:
+        """At `max_session_streams`, close the oldest standalone stream nobody is connected
+        to (an abandoned GET); Full("streams") if there is none."""
+        if s.open_streams < self.config.max_session_streams:
+            return
+        for st in s.streams.values():
+            if st.opened_by == "GET" and st.closed_at is None and st.subscriber is None:
+                st.complete = True  # nothing more will be sent on it: forgotten after the grace period
+                self.close_stream(st, "abandoned", now)
+                return
+        raise Full("streams")
+
     def _register(self, st: Stream, payload_digest: str | None, conn: str | None) -> None:
         s = st.session
         s.streams[st.stream_id] = st
+        s.open_streams += 1
         self.ledger.write(
             L.INSERT_STREAM,
             (
@@ -251,6 +243,8 @@ class ServerState:
                 None,
             ),
         )
+        if Defect.NO_PRIMING in self.defects:  # defect: streams start without their priming event
+            return
         if st.resumable and revision(s.version).priming_event:
             self.emit(st, "", "priming", None, st.opened_at)
 
@@ -259,18 +253,23 @@ class ServerState:
         s = st.session
         seq = st.next_seq
         st.next_seq += 1
+        self.emitted += 1
         digest = message_digest(data)
-        event_id = (
-            self.codec.mint(s.tag, st.generation, st.stream_id, seq, data, digest=digest)
-            if st.resumable
-            else None
-        )
-        ev = StoredEvent(seq, event_id, data, encode_event(data, id=event_id), kind, jsonrpc_id)
+        event_id = self.names.mint(st, seq, self.emitted, digest) if st.resumable else None
+        wire = encode_event(data, id=event_id)
+        ev = StoredEvent(seq, self.emitted, event_id, wire, digest, kind, jsonrpc_id)
         # Stored even when not resumable: events emitted before the first connection
         # attaches (the priming event, a fast tool) are delivered from here.
         st.events.append(ev)
-        if len(st.events) > self.config.event_retention:
-            st.events.popleft()
+        s.retained += len(wire) + EVENT_OVERHEAD  # = ev.cost, without a call on this hot path
+        if self._indexed:
+            self.names.remember(st, ev)
+        if self.shared is not None:  # defect shared-event-store: every session's events in one store
+            self.shared.add(SharedEventStore.key(st.request_id), ev)
+        if len(st.events) > self._retention:
+            self._drop_oldest(st)
+        if s.retained > self._byte_cap:
+            self._trim(s, st)
         sub = st.subscriber
         final = kind in ("response", "error")
         if final:
@@ -298,53 +297,83 @@ class ServerState:
             self.close_stream(st, "completed", now)
         return ev
 
+    def _drop_oldest(self, st: Stream) -> None:
+        ev = st.events.popleft()
+        st.session.retained -= ev.cost
+        self.names.forget(st.session, ev)
+
+    def _forget_stream(self, st: Stream) -> None:
+        s = st.session
+        del s.streams[st.stream_id]
+        for ev in st.events:
+            s.retained -= ev.cost
+            self.names.forget(s, ev)
+        st.events.clear()
+
+    def _trim(self, s: Session, growing: Stream) -> None:
+        """Bring the session's retained events under `max_session_event_bytes`: completed
+        streams go first (oldest first), then the oldest events of the growing stream
+        (its newest is kept), then of the others."""
+        cap = self.config.max_session_event_bytes
+        for st in list(s.streams.values()):
+            if s.retained <= cap:
+                return
+            if st is not growing and st.complete and st.closed_at is not None:
+                self._forget_stream(st)
+        while s.retained > cap and len(growing.events) > 1:
+            self._drop_oldest(growing)
+        for st in s.streams.values():
+            if st is growing:
+                continue
+            while s.retained > cap and st.events:
+                self._drop_oldest(st)
+
     def _maybe_poll_close(self, st: Stream, sub: LiveConn, now: float) -> None:
         """Server-initiated close (polling): after N events on this connection, send `retry`
         and end the connection while the stream goes on."""
         if st.close_after is not None and sub.sent >= st.close_after and not st.complete and st.resumable:
-            sub.push(encode_event(None, retry=st.retry_ms or 1000), counts=False)
+            if Defect.NO_RETRY_FIELD not in self.defects:  # defect: close without advising `retry`
+                sub.push(encode_event(None, retry=1000 if st.retry_ms is None else st.retry_ms), counts=False)
             self.detach(st, sub, "server_close_polling", now)
             sub.end("server_close_polling")
 
-    def attach(self, st: Stream, live: LiveConn, after_seq: int | None, now: float) -> int:
-        """Make `live` the stream's connection; queue the stored events after `after_seq`
-        first (None: the stream is new, so all of them, and they are not replays).
+    def attach(self, st: Stream, live: LiveConn, backlog: list[StoredEvent] | None, now: float) -> int:
+        """Make `live` the stream's connection; queue `backlog` first (a resumption's
+        replay), or, for a stream just opened (None), every event it holds already.
 
         Returns how many events were queued. A previous connection of the stream is ended
         (one connection per stream: no message goes out on two)."""
         old = st.subscriber
         if old is not None and old is not live:
             old.end("superseded")
-        replay = after_seq is not None
-        queued = 0
-        for ev in st.events:
-            if ev.seq > (after_seq if after_seq is not None else -1):
-                live.push(ev.wire)
-                queued += 1
-                if replay:
-                    self.ledger.write(
-                        L.INSERT_EVENT,
-                        (
-                            st.session.pseudonym,
-                            st.stream_id,
-                            ev.event_id,
-                            ev.seq,
-                            message_digest(ev.data),
-                            ev.kind,
-                            ev.jsonrpc_id,
-                            now,
-                            1,
-                            live.conn,
-                        ),
-                    )
+        replay = backlog is not None
+        events = list(st.events) if backlog is None else backlog
+        for ev in events:
+            live.push(ev.wire)
+            if replay:
+                self.ledger.write(
+                    L.INSERT_EVENT,
+                    (
+                        st.session.pseudonym,
+                        st.stream_id,
+                        ev.event_id,
+                        ev.seq,
+                        ev.digest,
+                        ev.kind,
+                        ev.jsonrpc_id,
+                        now,
+                        1,
+                        live.conn,
+                    ),
+                )
         live.close_after = st.close_after
-        if st.complete:
+        if st.complete or live.ended:
             live.end("completed")
-            return queued
+            return len(events)
         st.subscriber = live
-        if queued:
+        if events:
             self._maybe_poll_close(st, live, now)
-        return queued
+        return len(events)
 
     def detach(self, st: Stream, live: LiveConn, reason: str, now: float) -> None:
         if st.subscriber is live:
@@ -357,11 +386,12 @@ class ServerState:
             return
         st.closed_at = now
         st.close_reason = reason
+        s = st.session
+        s.open_streams -= 1
         sub = st.subscriber
         if sub is not None:
             sub.end(reason)
             st.subscriber = None
-        s = st.session
         self.ledger.write(
             L.CLOSE_STREAM,
             (now, reason, st.last_sent, st.last_acked, st.retry_ms, s.pseudonym, st.stream_id),
@@ -369,26 +399,49 @@ class ServerState:
 
     # -- cursors -----------------------------------------------------------------------
 
-    def resolve_cursor(self, s: Session, cursor: str) -> tuple[str, Stream | None, int]:
+    def resolve_cursor(self, s: Session, cursor: str) -> Resumption | str:
         """Where does `cursor` (a Last-Event-ID) point in session `s`?
 
-        Returns (verdict, stream, sequence); the verdict is a `CursorVerdict` value or
-        `unknown_stream` / `evicted` / `not_resumable`."""
-        verdict, parsed = self.codec.classify(cursor, session_tag=s.tag, generations=self.kept_generations)
-        if verdict is not CursorVerdict.VALID or parsed is None:
-            return str(verdict), None, -1
-        st = s.streams.get(parsed.stream_id)
+        A `Resumption`, or the verdict that refuses it: a `CursorVerdict` value or
+        `unknown_stream` / `unknown_cursor` / `evicted` / `not_resumable`."""
+        if self.shared is not None:  # defect shared-event-store: the cursor is looked up across sessions
+            return self._resolve_shared(s, cursor)
+        verdict, st, seq = self.names.locate(s, cursor, self.kept_generations)
         if st is None:
-            return "unknown_stream", None, -1
-        if not st.resumable:
-            return "not_resumable", None, -1
-        if st.events and parsed.sequence < st.events[0].seq - 1:
-            return "evicted", None, -1
-        if parsed.sequence >= st.next_seq:
-            return str(CursorVerdict.TAMPERED), None, -1
+            return verdict
         st.last_acked = cursor
         self.ledger.write(L.ACK_STREAM, (cursor, s.pseudonym, st.stream_id))
-        return str(CursorVerdict.VALID), st, parsed.sequence
+        return Resumption(st, self._backlog(st, seq))
+
+    def _backlog(self, st: Stream, after_seq: int) -> list[StoredEvent]:
+        """What a resumption from `after_seq` replays: that stream's events after it. Three
+        defects change it, here and nowhere else."""
+        if Defect.REPLAY_FROM_START in self.defects:  # defect: the cursor is ignored
+            after_seq = -1
+        events = [ev for ev in st.events if ev.seq > after_seq]
+        if Defect.REPLAY_OTHER_STREAMS in self.defects:  # defect: the session's other streams too
+            since = next((ev.order for ev in st.events if ev.seq == after_seq), -1)
+            others = [
+                ev for o in st.session.streams.values() if o is not st for ev in o.events if ev.order > since
+            ]
+            events = sorted(events + others, key=lambda ev: ev.order)
+        if Defect.REPLAY_MISORDERED in self.defects:  # defect: the response jumps ahead of its progress
+            final = [ev for ev in events if ev.kind in ("response", "error")]
+            events = final + [ev for ev in events if ev.kind not in ("response", "error")]
+        return events
+
+    def _resolve_shared(self, s: Session, cursor: str) -> Resumption | str:
+        assert self.shared is not None
+        found = self.shared.after(cursor)
+        if found is None:
+            return UNKNOWN_CURSOR
+        key, backlog = found
+        own = [st for st in s.streams.values() if SharedEventStore.key(st.request_id) == key]
+        if own:
+            return Resumption(own[-1], backlog)
+        # No stream of this session has that key: replay, then end (a finished stream).
+        ghost = Stream(s, f"shared-{len(s.streams)}", "GET", None, True, self.generation, 0.0, complete=True)
+        return Resumption(ghost, backlog)
 
     def shutdown(self, now: float) -> None:
         for s in list(self.sessions.values()):

@@ -7,9 +7,13 @@
                    K events (sending `retry` first) and the client resumes with GET
     ledger.append  write: a business side effect, once per idempotency key
                    (params._meta["mcp-lab/idempotency-key"]); a retry with the same key, even
-                   after the first attempt's stream was cut, gets the original receipt
+                   after the first attempt's stream was cut, gets the original receipt;
+                   a performed write is announced on the session's standalone stream as
+                   a `notifications/message` (logger `mcp-lab/ledger`)
 
 A tool runs as a task of its own: the client's connection dropping does not stop it.
+`dispatch` answers every request but initialize: tools/call, tools/list, ping and
+logging/setLevel (the server declares `logging`, so it honours the client's level).
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from lab.server import ledger as L
-from lab.server.state import ServerState, Stream
+from lab.server.defects import Defect
+from lab.server.model import Stream
+from lab.server.state import LOG_LEVELS, ServerState
 from lab.wire import jsonrpc
 from lab.wire.extensions import IDEMPOTENCY_META
 
@@ -111,6 +117,8 @@ async def ledger_append(call: ToolCall) -> dict[str, Any]:
     now = time.time()
     ikey = (session.subject, key)
     receipt = state.receipts.get(ikey)
+    if Defect.NO_IDEMPOTENCY in state.defects:  # defect: a repeated key performs the write again
+        receipt = None
     effect = "replayed" if receipt is not None else "performed"
     if receipt is None:
         # Check-and-set without an await in between: two concurrent retries cannot both perform.
@@ -135,12 +143,25 @@ async def ledger_append(call: ToolCall) -> dict[str, Any]:
     )
     if effect == "performed":
         # The side effect is durable before anyone is told it happened.
-        await asyncio.wrap_future(state.ledger.barrier())
-        g = session.standalone
-        if g is not None and g.closed_at is None:
-            note = jsonrpc.notification("notifications/resources/updated", {"uri": f"lab://ledger/{receipt}"})
-            state.emit(g, jsonrpc.dumps(note), "notification", None, time.time())
-    return _text(receipt, receipt=receipt, effect=effect, entry=entry)
+        try:
+            await asyncio.wrap_future(state.ledger.barrier())
+        except L.LedgerFailed:
+            raise ToolError(
+                jsonrpc.INTERNAL_ERROR, "the server's ledger failed: this write's outcome is unknown"
+            ) from None
+        # A log message, which the server declares (capability `logging`) and may send
+        # unasked; `notifications/resources/updated` would need `resources` and a subscription.
+        state.log_message(
+            session,
+            "info",
+            "mcp-lab/ledger",
+            {"receipt": receipt, "uri": f"lab://ledger/{receipt}"},
+            time.time(),
+        )
+    # A retry is answered with the original receipt, byte for byte: whether this call
+    # performed or replayed the write is the ledger's business (`dispatches.effect`), not
+    # the answer's, so the wire shows one result per key unless a write really ran twice.
+    return _text(receipt, receipt=receipt, entry=entry)
 
 
 TOOLS: dict[str, Callable[[ToolCall], Awaitable[dict[str, Any]]]] = {
@@ -149,6 +170,33 @@ TOOLS: dict[str, Callable[[ToolCall], Awaitable[dict[str, Any]]]] = {
     "ticker": ticker,
     "ledger.append": ledger_append,
 }
+
+
+async def dispatch(state: ServerState, st: Stream, msg: jsonrpc.Message) -> jsonrpc.JsonObject:
+    """The result of a request other than initialize (ToolError for a JSON-RPC error)."""
+    assert msg.id is not None
+    params = msg.params
+    if msg.method == "tools/call":
+        name = params.get("name")
+        tool = TOOLS.get(name) if isinstance(name, str) else None
+        if tool is None:
+            raise ToolError(jsonrpc.INVALID_PARAMS, f"unknown tool {name!r}")
+        args = params.get("arguments") or {}
+        meta = params.get("_meta") or {}
+        if not isinstance(args, dict) or not isinstance(meta, dict):
+            raise ToolError(jsonrpc.INVALID_PARAMS, "arguments and _meta must be objects")
+        return await tool(ToolCall(state, st, msg.id, args, meta))
+    if msg.method == "tools/list":
+        return {"tools": TOOL_LIST}
+    if msg.method == "ping":
+        return {}
+    if msg.method == "logging/setLevel":
+        level = params.get("level")
+        if level not in LOG_LEVELS:
+            raise ToolError(jsonrpc.INVALID_PARAMS, f"level must be one of {', '.join(LOG_LEVELS)}")
+        st.session.log_level = level
+        return {}
+    raise ToolError(jsonrpc.METHOD_NOT_FOUND, f"method not found: {msg.method}")
 
 
 TOOL_LIST = [

@@ -10,7 +10,7 @@ Inbox receipts and outbox dispatches are rows of the inbox database itself
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 LEDGER_SCHEMA = "mcpClientLedger.v1"
@@ -24,7 +24,11 @@ class HttpExchange:
     status: HTTP status, or None if no response head arrived (network error)
     carried_session: the request carried a session ID (what gate 3 keys on)
     started_at / ended_at: request sent / connection finished
-    error: why the connection ended abnormally ("" if it ended normally)
+    error: why the connection ended abnormally ("" if it ended normally): a transport
+           cause in the lab's words (connection_refused, connection_reset, read_timeout,
+           peer_closed_mid_body, protocol_error, ... : `lab.drivers.causes`), or the
+           client's own reason to close it (cut_mid_event, cursor_gap, resume_silent,
+           stream_idle, left, client_stopped, cancelled, http_<status>, ...)
     """
 
     table: ClassVar[str] = "http_exchanges"
@@ -45,8 +49,12 @@ class HttpExchange:
 
 @dataclass(frozen=True, slots=True)
 class EventRejected:
-    """An event `accept_stream_event` refused (reason: `RejectReason`) or found duplicate
-    (reason `duplicate`). digest: SHA-256 hex of the event's data."""
+    """An event the client did not take: refused by `accept_stream_event` (reason: a
+    `RejectReason` value), found duplicate (reason `duplicate`), or refused unread around
+    the door (`connection_abandoned`: read in the same chunk after the client gave up on
+    the connection; `no_stream`; `not_initialize_result`). Every event the client drops
+    has a row. digest: SHA-256 hex of the event's data; event_id: as sent, or `~<conn>.<n>`
+    for an event without an ID."""
 
     table: ClassVar[str] = "events_rejected"
     client_id: str
@@ -65,12 +73,17 @@ class ReconnectAttempt:
     """One reconnect the client actually made (after the budget granted it).
 
     kind: resume (GET + Last-Event-ID) | reinitialize | reopen (fresh standalone GET) |
-          resend (a call re-sent after 429/503) | delete (DELETE re-sent)
-    cause: connection_lost | server_closed | cursor_gap | http_<status> | session_not_found | ...
+          resend (a call re-sent: same idempotency key, new request ID) | delete (DELETE re-sent)
+    stream_key: the stream first lost in this recovery (None for reinitialize and delete)
+    cause: why this attempt is needed (the latest failure): a transport cause (see
+           `HttpExchange.error`), server_closed, cut_mid_event, cursor_gap, http_<status>,
+           session_not_found, no_valid_cursor, cursor_refused_http_<status>,
+           resume_silent, stream_idle, gave_up_resuming_after_<cause>, ...
     advised_delay: what the server advised (`retry` or `Retry-After`), seconds; None if nothing
-    planned_delay: max(backoff, advice) chosen at loss time, seconds
+    planned_delay: max(backoff, advice) chosen when the attempt was planned, seconds
+    lost_at: when the recovery's first loss was detected
     waited: sent_at - lost_at, seconds (>= planned_delay; more when the budget held it back)
-    attempt: 0 for the first attempt after a loss
+    attempt: 0 for the first attempt of this kind in this recovery
     """
 
     table: ClassVar[str] = "reconnects"
@@ -90,12 +103,23 @@ class ReconnectAttempt:
 
 @dataclass(frozen=True, slots=True)
 class Recovery:
-    """One loss and how it ended.
+    """One loss of a call or of the standalone stream, and how it ended (one row each).
 
-    lost_at: when the loss was detected; recovered_at: the next accepted event on the
-    resumed stream, or the completion of the operation by a retry, or (standalone GET
-    streams, which may stay silent) the moment the resumed stream was open again;
-    None if it never recovered. path: resumed | retried | reopened | abandoned.
+    stream_key: the stream first lost; operation_key: the call's (None for a GET stream)
+    cause: the first loss's cause (as `ReconnectAttempt.cause`; `left` / `client_stopped`
+           for a call still waiting, with no loss seen, when its client left or stopped)
+    lost_at: when the loss was detected (for a call still waiting at the end: the last
+           time it moved: sent, or a message accepted)
+    recovered_at: the next accepted message on the resumed stream, or the completion of
+           the operation (ok or error) by a retry, or (standalone GET streams, which may
+           stay silent) the moment the stream was open again; None: never recovered
+    path: how it got back: resumed | retried | reopened; or why it never did (with
+          recovered_at None): abandoned (every attempt used up) | session_lost (the
+          session ended meanwhile, 404, so the call cannot complete; a standalone
+          stream instead comes back with the next session's: reopened, reinitialized)
+          | cancelled | left (the client left still waiting) | client_stopped (its
+          process quit still waiting)
+    attempts: reconnect attempts made during the recovery (all kinds)
     reinitialized: a new handshake happened during the recovery.
     """
 
@@ -132,6 +156,9 @@ class SessionEvent:
 class OperationRecord:
     """A logical operation (tool call) and its outcome (ok | error | unknown | cancelled).
 
+    reason: why, for an outcome other than ok: jsonrpc_error, http_<status>,
+            session_not_found, gave_up_after_<cause>, left, client_stopped, or the
+            application's cancel reason
     attempts: how many requests (distinct JSON-RPC IDs) were sent for it.
     """
 
@@ -158,7 +185,3 @@ RECORD_TYPES: tuple[type[Any], ...] = (
     SessionEvent,
     OperationRecord,
 )
-
-
-def as_row(record: Record) -> dict[str, Any]:
-    return asdict(record)

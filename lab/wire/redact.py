@@ -12,12 +12,20 @@ import hmac
 
 
 class Redactor:
-    __slots__ = ("_cache", "_key")
+    """Pseudonyms under one run key.
 
-    def __init__(self, key: bytes) -> None:
+    `cache_size` bounds a memo of session pseudonyms for callers that ask for the same
+    session over and over (a client, the proxy on every request); a caller that asks once
+    per session (the server, which keeps the pseudonym on its session) passes 0.
+    """
+
+    __slots__ = ("_cache", "_cache_size", "_key")
+
+    def __init__(self, key: bytes, *, cache_size: int = 100_000) -> None:
         if len(key) < 16:
             raise ValueError("redaction key must be at least 16 bytes")
         self._key = key
+        self._cache_size = cache_size
         self._cache: dict[str, str] = {}
 
     def _mac(self, kind: bytes, value: str) -> str:
@@ -29,9 +37,11 @@ class Redactor:
             return None
         hit = self._cache.get(session_id)
         if hit is None:
-            if len(self._cache) > 100_000:
-                self._cache.clear()
-            hit = self._cache[session_id] = "s_" + self._mac(b"session", session_id)
+            hit = "s_" + self._mac(b"session", session_id)
+            if self._cache_size > 0:
+                if len(self._cache) >= self._cache_size:
+                    self._cache.clear()
+                self._cache[session_id] = hit
         return hit
 
     def token(self, token: str | None) -> str | None:

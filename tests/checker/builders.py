@@ -115,7 +115,13 @@ class Sim:
     opaque_ids: bool = False
     """Event IDs like a server that is not ours: `ev<n>`, no stream in them (the tap's
     `stream_id` is then null)."""
+    per_session_ids: bool = False
+    """With `opaque_ids`: numbered per session (`1`, `2`, … in every session), as IDs need
+    only be unique within a session."""
+    tap_kinds: bool = False
+    """The tap's `sent` records also say each message's `kind` and `jsonrpc_id`."""
     events: int = 0
+    session_events: dict[str, int] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -417,9 +423,13 @@ class Sim:
         seq = home.sequence
         home.sequence += 1
         self.events += 1
-        event_id = (
-            f"ev{self.events}" if self.opaque_ids else CODEC.mint(home.tag, 0, home.stream_id, seq, data)
-        )
+        if self.opaque_ids and self.per_session_ids:
+            n = self.session_events[st.session] = self.session_events.get(st.session, 0) + 1
+            event_id = str(n)
+        elif self.opaque_ids:
+            event_id = f"ev{self.events}"
+        else:
+            event_id = CODEC.mint(home.tag, 0, home.stream_id, seq, data)
         ev = Event(event_id, message_digest(data), data, st.flow, st.index, home)
         self._sent(st, ev, kind=kind, sequence=seq, jsonrpc_id=jsonrpc_id)
         if accept:
@@ -430,9 +440,10 @@ class Sim:
         """The server sends an event it sent before (same ID, same data) on `st`'s
         current flow: a replay; on another stream than the event's, a server bug."""
         again = Event(ev.event_id, ev.digest, ev.data, st.flow, st.index, ev.stream)
-        self._sent(st, again, kind="notification", sequence=None, jsonrpc_id=None, replay=1)
+        kind, rid = _kind_of(ev.data)
+        self._sent(st, again, kind=kind, sequence=None, jsonrpc_id=rid, replay=1)
         if accept:
-            self.accept(st, again, kind="notification")
+            self.accept(st, again, kind=kind, jsonrpc_id=rid)
         return again
 
     def _sent(
@@ -449,20 +460,21 @@ class Sim:
         t = self.tick(0.001)
         index = st.index
         st.index += 1
-        self.tap.append(
-            {
-                "type": "sent",
-                "flow": st.flow,
-                "t": t,
-                "index": index,
-                "event_id": event_id,
-                "digest": digest,
-                "has_data": bool(ev.data),
-                "priming": kind == "priming",
-                "stream_id": None if self.opaque_ids else home.stream_id,
-                "session": st.session,
-            }
-        )
+        record: dict[str, Any] = {
+            "type": "sent",
+            "flow": st.flow,
+            "t": t,
+            "index": index,
+            "event_id": event_id,
+            "digest": digest,
+            "has_data": bool(ev.data),
+            "priming": kind == "priming",
+            "stream_id": None if self.opaque_ids else home.stream_id,
+            "session": st.session,
+        }
+        if self.tap_kinds:
+            record |= {"kind": kind, "jsonrpc_id": jsonrpc_id}
+        self.tap.append(record)
         self.tap.append(
             {
                 "type": "forwarded",
@@ -656,6 +668,25 @@ class Sim:
             arguments_digest=f"args-{arguments or key}",
         )
 
+    def result(
+        self, st: Stream, key: str | None, result: str, *, is_error: bool = False, tool: str = "ledger.append"
+    ) -> None:
+        """The tap's record of the server's answer to the tool call on `st` (its result digest)."""
+        self.tap.append(
+            {
+                "type": "result",
+                "flow": st.flow,
+                "t": self.tick(0.001),
+                "session": st.session,
+                "auth": f"t_{st.client}",
+                "jsonrpc_id": st.request_id,
+                "idempotency_key": key,
+                "tool": tool,
+                "is_error": is_error,
+                "result_digest": message_digest(result),
+            }
+        )
+
     def operation(self, client: str, key: str, attempts: int) -> None:
         self.client_row(
             "operations",
@@ -722,6 +753,15 @@ class Sim:
         db.executescript(SERVER_DDL)
         _insert_all(db, self.server_rows)
         db.close()
+
+
+def _kind_of(data: str) -> tuple[str, str | None]:
+    """(kind, JSON-RPC id as text) of a message, as the client and the server ledger say it."""
+    msg = json.loads(data) if data else {}
+    if "method" in msg:
+        return ("request" if "id" in msg else "notification"), None
+    rid = None if msg.get("id") is None else str(msg["id"])
+    return ("error" if "error" in msg else "response"), rid
 
 
 def _insert_all(db: sqlite3.Connection, tables: dict[str, list[dict[str, Any]]]) -> None:

@@ -3,6 +3,7 @@ gate fails that gate (and only that gate) with the right witness and attribution
 
 from __future__ import annotations
 
+import io
 import json
 import sqlite3
 from pathlib import Path
@@ -10,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from lab.checker.model import Attribution, GateResult, RunReport, Verdict
-from lab.checker.run import check_dir
+from lab.checker.verdict import judge_dir
 from lab.wire.event_ids import message_digest
 from tests.checker.builders import T0, Event, Sim, Stream, clean_run
 
 
 def check(sim: Sim, tmp_path: Path, **write: bool) -> RunReport:
-    _, report = check_dir(sim.write(tmp_path / "run", **write))
+    _, report = judge_dir(sim.write(tmp_path / "run", **write))
     return report
 
 
@@ -86,14 +87,16 @@ def test_gate1_server_sends_an_event_of_another_stream(tmp_path: Path) -> None:
     ev = sim.send(run.post_b, json.dumps({"jsonrpc": "2.0", "method": "x"}), minted_for=run.get_b)
     report = check(sim, tmp_path)
     assert only_failing(report) == ["cross_stream"]
-    (w,) = gate(report, "cross_stream").witnesses
-    assert w.attribution is Attribution.SERVER
-    assert w.row["event_id"] == ev.event_id
-    assert "the server itself sent it" in w.explanation
+    # The server sent it off its home (its own violation), and the client accepted it.
+    server, client = gate(report, "cross_stream").witnesses
+    assert (server.check, server.attribution) == ("sent_off_home", Attribution.SERVER)
+    assert server.row["event_id"] == client.row["event_id"] == ev.event_id
+    assert (client.check, client.attribution) == ("not_sent_on_stream", Attribution.CLIENT)
+    assert "the server itself sent it" in client.explanation
 
 
 def test_gate1_resumption_replays_another_streams_events(tmp_path: Path) -> None:
-    # SPEC's failure: the client resumes its POST stream and the server replays the
+    # The failure the lab exists to catch: the client resumes its POST stream and the server replays the
     # events of the standalone GET stream on it; the client files them under post:2.
     run = clean_run()
     sim = run.sim
@@ -101,9 +104,10 @@ def test_gate1_resumption_replays_another_streams_events(tmp_path: Path) -> None
     replayed = sim.send(run.post_b, json.dumps({"jsonrpc": "2.0", "method": "g"}), minted_for=run.get_b)
     report = check(sim, tmp_path)
     assert only_failing(report) == ["cross_stream"]
-    (w,) = gate(report, "cross_stream").witnesses
-    assert w.attribution is Attribution.SERVER and w.row["event_id"] == replayed.event_id
-    assert "resumption GET" in w.explanation
+    server, client = gate(report, "cross_stream").witnesses
+    assert server.attribution is Attribution.SERVER and server.row["event_id"] == replayed.event_id
+    assert "resumption GET" in server.explanation and str(server.row["home"]).endswith(run.get_b.stream_id)
+    assert client.attribution is Attribution.CLIENT and client.row["event_id"] == replayed.event_id
 
 
 def test_gate1_response_to_another_request_on_a_post_stream(tmp_path: Path) -> None:
@@ -117,8 +121,9 @@ def test_gate1_response_to_another_request_on_a_post_stream(tmp_path: Path) -> N
     g = gate(report, "cross_stream")
     assert g.verdict is Verdict.FAIL
     assert g.measured["response_on_wrong_stream"] == 1 and g.measured["not_sent_on_stream"] == 0
-    (w,) = g.witnesses
-    assert w.check == "response_on_wrong_stream" and w.attribution is Attribution.SERVER
+    server, client = g.witnesses
+    assert server.check == "response_to_another_request" and server.attribution is Attribution.SERVER
+    assert client.check == "response_on_wrong_stream" and client.attribution is Attribution.CLIENT
 
 
 def test_gate1_events_the_tap_missed_are_taken_from_the_server_ledger(tmp_path: Path) -> None:
@@ -205,8 +210,9 @@ def test_gate1_opaque_ids_resumption_carrying_another_streams_events(tmp_path: P
     sim.resend(post, pending)  # the server replays a GET event on the POST's resumption
     g = gate(check(sim, tmp_path, server=False), "cross_stream")
     assert g.verdict is Verdict.FAIL
-    (w,) = g.witnesses
-    assert w.row["event_id"] == pending.event_id and w.attribution is Attribution.SERVER
+    server, client = g.witnesses
+    assert server.row["event_id"] == pending.event_id and server.attribution is Attribution.SERVER
+    assert server.check == "sent_off_home" and client.attribution is Attribution.CLIENT
 
 
 # ---------------------------------------------------------------------------- gate 2
@@ -281,7 +287,7 @@ def test_gate2_same_dedup_key_twice_across_worker_files(tmp_path: Path) -> None:
     other = connect(run_dir / "clients" / "worker-2.sqlite")
     other.execute(f"INSERT INTO inbox VALUES ({','.join('?' * len(row))})", row)
     other.close()
-    _, report = check_dir(run_dir)
+    _, report = judge_dir(run_dir)
     g = gate(report, "duplicate_dispatch")
     assert g.verdict is Verdict.FAIL and g.measured["inbox_duplicate"] == 1
     (w,) = g.witnesses
@@ -362,6 +368,16 @@ def test_gate3_tap_sees_the_old_session_on_the_next_request(tmp_path: Path) -> N
     g = gate(report, "missing_rehandshake")
     assert g.verdict is Verdict.FAIL
     assert "the tap saw it carry the expired session" in g.witnesses[0].explanation
+
+
+def test_gate3_a_tap_404_the_client_ledger_lacks_is_said_in_words_not_nan(tmp_path: Path) -> None:
+    sim = clean_run().sim
+    sim.request("a", "call", "POST", 404, stream_key="post:20")
+    sim.client_rows["http_exchanges"].pop()  # the client never wrote it down
+    sim.tick(0.05)
+    sim.initialize("a")
+    (note,) = gate(check(sim, tmp_path), "missing_rehandshake").notes
+    assert "(not in the client ledger)" in note and "nan" not in note
 
 
 # ---------------------------------------------------------------------------- gate 4
@@ -518,3 +534,42 @@ def test_a_violation_fails_even_with_thin_evidence(tmp_path: Path) -> None:
     report = check(sim, tmp_path)
     assert gate(report, "duplicate_dispatch").verdict is Verdict.FAIL
     assert report.verdict is Verdict.FAIL  # fail outranks inconclusive
+
+
+# ---------------------------------------------------------------------------- raw evidence
+
+
+def test_witnesses_point_at_their_raw_rows_and_report_html_links_them(tmp_path: Path) -> None:
+    from lab.report.evidence import raw_rows
+    from lab.report.outputs import report_run
+
+    run = clean_run()
+    sim = run.sim
+    sim.dispatch("b", "op-b-7", 4, "performed")
+    sim.dispatch("b", "op-b-7", 5, "performed")
+    sim.request(
+        "b",
+        "call",
+        "POST",
+        200,
+        origin="http://evil.example",
+        faults=[{"fault": "origin_rewrite", "rule": "r", "decision": "d_00000000000000aa"}],
+    )
+    run_dir = sim.write(tmp_path / "run")
+    _, report = judge_dir(run_dir)
+    (dup,) = gate(report, "duplicate_dispatch").witnesses
+    assert dup.refs == ("server/ledger.sqlite#dispatches/3", "server/ledger.sqlite#dispatches/4")
+    (origin,) = gate(report, "illegal_origin").witnesses
+    assert origin.refs[1] == "fault:d_00000000000000aa"
+    raw = raw_rows(run_dir, [*dup.refs, *origin.refs])
+    assert json.loads(raw[dup.refs[1]])["request_id"] == "5"
+    tap_line = json.loads(raw[origin.refs[0]])
+    assert tap_line["type"] == "flow" and tap_line["origin_out"] == "http://evil.example"
+    assert raw["fault:d_00000000000000aa"].startswith(f"{origin.refs[0]}: ")
+
+    report_run(run_dir, witness_limit=5, figures=False, quiet=True, out=io.StringIO(), err=io.StringIO())
+    page = (run_dir / "report.html").read_text(encoding="utf-8")
+    anchor = "ev-server-ledger-sqlite-dispatches-4"
+    assert f'href="#{anchor}"' in page and f'<dt id="{anchor}">' in page
+    doc = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
+    assert doc["gates"][1]["witnesses"][0]["refs"] == list(dup.refs)

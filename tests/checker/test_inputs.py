@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import pytest
 
 from lab.checker.context import Context, parse_budgets
-from lab.checker.jsonl import LedgerError, read_jsonl
+from lab.checker.jsonl import LINE, LedgerError, read_jsonl
 from lab.checker.load import load_run
 from lab.checker.model import Verdict
-from lab.checker.run import check_dir, run_gate
 from lab.checker.schemas import TAP_RECORDS, TAP_SCHEMA
+from lab.checker.verdict import judge_dir, run_gate
 from tests.checker.builders import clean_run
 
 
@@ -24,7 +24,7 @@ def _run(tmp_path: Path) -> Path:
 
 
 def _verdicts(run_dir: Path) -> dict[str, Verdict]:
-    _, report = check_dir(run_dir)
+    _, report = judge_dir(run_dir)
     return {g.gate: g.verdict for g in report.gates}
 
 
@@ -34,7 +34,7 @@ def test_a_corrupted_tap_line_is_named_and_only_its_gates_suffer(tmp_path: Path)
     lines = tap.read_text(encoding="utf-8").splitlines(keepends=True)
     lines[2] = '{"type": "sent", "flow": "f1", oops\n'
     tap.write_text("".join(lines), encoding="utf-8")
-    data, report = check_dir(run_dir)
+    data, report = judge_dir(run_dir)
     (problem,) = report.problems
     assert str(problem).startswith("proxy/tap.jsonl: line 3 is not JSON (Expecting property name")
     assert data.tap is None
@@ -52,7 +52,7 @@ def test_a_corrupted_client_ledger_is_named_in_every_gate_that_needs_it(tmp_path
     (run_dir / "clients" / "worker-1.sqlite").write_bytes(b"this is not a database" * 100)
     for suffix in ("-wal", "-shm"):
         (run_dir / "clients" / f"worker-1.sqlite{suffix}").unlink(missing_ok=True)
-    _, report = check_dir(run_dir)
+    _, report = judge_dir(run_dir)
     (problem,) = report.problems
     assert problem.path == "clients/worker-1.sqlite" and "not a readable SQLite database" in problem.message
     for g in report.gates:
@@ -68,7 +68,7 @@ def test_a_corrupted_client_ledger_is_named_in_every_gate_that_needs_it(tmp_path
 def test_one_broken_worker_file_keeps_the_gates_from_passing(tmp_path: Path) -> None:
     run_dir = _run(tmp_path)
     (run_dir / "clients" / "worker-2.sqlite").write_bytes(b"\0garbage")
-    _, report = check_dir(run_dir)
+    _, report = judge_dir(run_dir)
     assert report.verdict is Verdict.INCONCLUSIVE
     g = next(g for g in report.gates if g.gate == "resume_p99")
     assert [e.detail for e in g.evidence if not e.ok] == ["unreadable: clients/worker-2.sqlite"]
@@ -99,7 +99,7 @@ def test_unknown_or_malformed_files_are_refused_by_name(
 ) -> None:
     run_dir = _run(tmp_path)
     (run_dir / path).write_text(content, encoding="utf-8")
-    _, report = check_dir(run_dir)
+    _, report = judge_dir(run_dir)
     problems = [p for p in report.problems if p.path == path]
     assert problems and message in problems[0].message, report.problems
     assert report.verdict is Verdict.INCONCLUSIVE
@@ -109,7 +109,7 @@ def test_records_of_a_type_the_contract_does_not_define_are_skipped_with_a_note(
     run_dir = _run(tmp_path)
     with (run_dir / "proxy" / "tap.jsonl").open("a", encoding="utf-8") as f:
         f.write('{"type": "stats", "t": 1, "n": 3}\n{"type": "stats", "t": 2, "n": 4}\n')
-    _, report = check_dir(run_dir)
+    _, report = judge_dir(run_dir)
     assert report.verdict is Verdict.PASS
     assert report.notes == (
         "proxy/tap.jsonl: skipped records of types mcpLabTap.v1 does not define: 2 'stats'",
@@ -149,7 +149,7 @@ def test_a_cut_off_last_tap_line_is_tolerated_with_a_note(tmp_path: Path) -> Non
     run_dir = _run(tmp_path)
     with (run_dir / "proxy" / "tap.jsonl").open("a", encoding="utf-8") as f:
         f.write('{"type": "sent", "flow": "f1", "t": 17')
-    data, report = check_dir(run_dir)
+    data, report = judge_dir(run_dir)
     assert report.verdict is Verdict.PASS
     assert data.notes == [
         "proxy/tap.jsonl: the last line is cut off (the writer stopped mid-line); it was ignored"
@@ -159,7 +159,7 @@ def test_a_cut_off_last_tap_line_is_tolerated_with_a_note(tmp_path: Path) -> Non
 def test_no_run_json_means_spec_budgets_and_no_pass(tmp_path: Path) -> None:
     run_dir = _run(tmp_path)
     (run_dir / "run.json").unlink()
-    _, report = check_dir(run_dir)
+    _, report = judge_dir(run_dir)
     assert report.verdict is Verdict.INCONCLUSIVE
     assert report.budgets["resume_p99_s"] == 5.0 and report.budgets["min_events"] == 100_000
     assert report.budgets["reconnect_qps"] is None
@@ -189,7 +189,13 @@ def test_the_fast_and_the_line_by_line_jsonl_paths_agree(tmp_path: Path) -> None
     slow = read_jsonl(tap, "tap", TAP_RECORDS, TAP_SCHEMA)
     assert fast.lines == slow.lines > 0
     for kind in TAP_RECORDS:
-        assert fast.frames[kind].equals(slow.frames[kind]), kind
+        a, b = fast.frames[kind], slow.frames[kind]
+        assert a.drop(columns=LINE).equals(b.drop(columns=LINE)), kind
+        # Line numbers are exact on both paths: every record after the blank line moved down one.
+        assert (b[LINE].astype(int) - a[LINE].astype(int)).tolist() == [0 if n == 1 else 1 for n in a[LINE]]
+    lines = tap.read_text(encoding="utf-8").split("\n")
+    last = fast.frames["flow"].iloc[-1]
+    assert json.loads(lines[int(last[LINE]) - 1 + 1])["flow"] == last["flow"]  # +1: the blank line
 
 
 def test_a_bad_line_number_is_exact(tmp_path: Path) -> None:
@@ -198,3 +204,99 @@ def test_a_bad_line_number_is_exact(tmp_path: Path) -> None:
     path.write_text(f"{good}\n{good}\n{good}\n{{\n{good}\n", encoding="utf-8")
     with pytest.raises(LedgerError, match=r"^t.jsonl: line 4 is not JSON"):
         read_jsonl(path, "t.jsonl", TAP_RECORDS, TAP_SCHEMA)
+
+
+def _bigger_run(tmp_path: Path) -> Path:
+    """A clean run whose ledgers span many pages (so 'the middle' is a data page)."""
+    run = clean_run()
+    for _ in range(30):
+        run.sim.notify(run.get_a, 20)
+    return run.sim.write(tmp_path / "run")
+
+
+def _scribble(path: Path, offset: int, size: int = 4096, seed: int = 1) -> None:
+    """Write `size` random bytes at `offset`, leaving the SQLite header (first 100 bytes) intact."""
+    import random
+
+    assert offset >= 100
+    data = bytearray(path.read_bytes())
+    data[offset : offset + size] = random.Random(seed).randbytes(size)[: len(data) - offset]
+    path.write_bytes(bytes(data))
+
+
+def _middle_index_page(path: Path) -> int:
+    """The byte offset of the index page nearest the middle of a SQLite file: a page that
+    reading the tables never touches (a full scan reads only the table b-trees)."""
+    import sqlite3
+
+    db = sqlite3.connect(path)
+    try:
+        size = db.execute("PRAGMA page_size").fetchone()[0]
+        indexes = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+        pages = [p for name, p in db.execute("SELECT name, pageno FROM dbstat") if name in indexes]
+    except sqlite3.OperationalError as e:
+        pytest.skip(f"this SQLite has no dbstat table to find an index page with ({e})")
+    finally:
+        db.close()
+    middle = path.stat().st_size // size // 2
+    offset: int = (min(pages, key=lambda p: abs(p - middle)) - 1) * int(size)
+    return offset
+
+
+def test_random_bytes_in_the_middle_of_a_client_ledger_make_the_run_inconclusive(tmp_path: Path) -> None:
+    run_dir = _bigger_run(tmp_path)
+    assert set(_verdicts(run_dir).values()) == {Verdict.PASS}  # pristine: a pass
+    ledger = run_dir / "clients" / "worker-1.sqlite"
+    # 4 KiB of random bytes over one index page in the middle (header intact): every table
+    # still reads, which is how such damage used to pass unseen.
+    _scribble(ledger, _middle_index_page(ledger), 4096)
+    _, report = judge_dir(run_dir)
+    (problem,) = report.problems
+    assert problem.path == "clients/worker-1.sqlite"
+    assert problem.message.startswith("is damaged (PRAGMA quick_check: ")
+    assert "\n" not in problem.message
+    assert report.verdict is Verdict.INCONCLUSIVE
+
+
+@pytest.mark.parametrize("ledger", ["clients/worker-1.sqlite", "server/ledger.sqlite"])
+def test_damaged_inner_pages_give_one_line_and_exit_2_never_a_traceback(tmp_path: Path, ledger: str) -> None:
+    import subprocess
+    import sys
+
+    run_dir = _bigger_run(tmp_path)
+    path = run_dir / ledger
+    size = path.stat().st_size
+    for n, at in enumerate(range(4096, size, 4096 * 3)):  # every third page after the first
+        _scribble(path, at, 512, seed=n)
+    lab = Path(sys.executable).with_name("lab")
+    done = subprocess.run(
+        [str(lab), "report", str(run_dir), "--no-figures"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    (line,) = [x for x in done.stderr.splitlines() if ledger in x]
+    assert line.startswith(f"lab report: evidence unreadable: {ledger}: ")
+
+
+def test_a_sqlite_error_raised_by_pandas_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # pandas wraps sqlite3's errors in its own DatabaseError, with the whole query in the
+    # text; whatever depth raises it, the file is refused with SQLite's own one line.
+    import pandas as pd
+
+    run_dir = _run(tmp_path)
+
+    def broken(*args: object, **kwargs: object) -> None:
+        import sqlite3
+
+        try:
+            raise sqlite3.DatabaseError("database disk image is malformed")
+        except sqlite3.DatabaseError as e:
+            raise pd.errors.DatabaseError("Execution failed on sql 'SELECT ...': boom") from e
+
+    monkeypatch.setattr(pd, "read_sql_query", broken)
+    _, report = judge_dir(run_dir)
+    messages = {p.path: p.message for p in report.problems}
+    assert messages["clients/worker-1.sqlite"] == (
+        "is not a readable SQLite database (database disk image is malformed)"
+    )
+    assert report.verdict is Verdict.INCONCLUSIVE

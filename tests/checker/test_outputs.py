@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from lab.checker.outputs import report_run
+from lab.report.outputs import report_run
 from tests.checker.builders import T0, clean_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,7 +97,9 @@ def test_markdown_junit_and_html_say_the_same_thing(tmp_path: Path) -> None:
         "4 illegal_origin",
         "5 resume_p99",
         "6 reconnect_qps",
+        "run complete",
     ]
+    assert cases["run complete"].find("error") is not None
     assert cases["2 duplicate_dispatch"].find("failure") is not None
     assert cases["5 resume_p99"].find("failure") is not None
     assert cases["1 cross_stream"].find("failure") is None and cases["1 cross_stream"].find("error") is None
@@ -107,7 +110,7 @@ def test_markdown_junit_and_html_say_the_same_thing(tmp_path: Path) -> None:
     assert 'id="incomplete"' in page
     assert "op-&lt;b&gt;&amp;7" in page and "op-<b>&7" not in page
     assert page.count('src="data:image/png;base64,') == 4
-    external = re.findall(r'(?:src|href)="(?!data:)[^"]*"', page)
+    external = re.findall(r'(?:src|href)="(?!data:|#)[^"]*"', page)
     assert external == [], "report.html must not load anything"
     for name in ("fig-resume-latency.png", "fig-reconnects.png", "fig-events-clients.png", "fig-faults.png"):
         assert (run_dir / name).read_bytes().startswith(b"\x89PNG\r\n\x1a\n"), name
@@ -137,12 +140,75 @@ def test_exit_codes_through_the_real_command(tmp_path: Path) -> None:
     (broken / "proxy" / "tap.jsonl").write_text('{"type": "flow"\n', encoding="utf-8")
     done = _lab_report(broken)
     assert done.returncode == 2
-    assert "lab report: proxy/tap.jsonl: line 1 is not JSON" in done.stderr
+    assert "lab report: evidence unreadable: proxy/tap.jsonl: line 1 is not JSON" in done.stderr
     assert "Traceback" not in done.stderr + done.stdout
     assert json.loads((broken / "report.json").read_text(encoding="utf-8"))["verdict"] == "inconclusive"
 
     done = _lab_report(tmp_path / "no-such-run")
-    assert done.returncode == 2 and "is not a folder" in done.stderr
+    assert done.returncode == 3 and "is not a folder" in done.stderr
+
+
+def _edit_run_json(run_dir: Path, **fields: Any) -> None:
+    path = run_dir / "run.json"
+    run = json.loads(path.read_text(encoding="utf-8"))
+    run.update(fields)
+    path.write_text(json.dumps(run), encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"complete": False, "end_reason": "interrupted"},
+        {"complete": False, "end_reason": "running"},
+        {"complete": False, "end_reason": "abandoned"},
+        {"complete": True, "end_reason": "abandoned"},  # marked abandoned by a later run
+    ],
+)
+def test_an_unfinished_run_is_incomplete_never_pass_in_lab_report(
+    tmp_path: Path, fields: dict[str, Any]
+) -> None:
+    # The same ledgers pass when the run finished: only completeness differs.
+    run_dir = clean_run().sim.write(tmp_path / "run")
+    assert _report(run_dir)[0] == 0
+    _edit_run_json(run_dir, **fields)
+    code, stdout, _ = _report(run_dir)
+    assert code == 2, stdout
+    assert "verdict: INCOMPLETE (exit 2)" in stdout and stdout.startswith("INCOMPLETE RUN")
+    doc = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
+    assert doc["verdict"] == "incomplete" and doc["exit_code"] == 2 and doc["incomplete"] is True
+    assert all(g["verdict"] == "pass" for g in doc["gates"])
+
+
+def test_lab_report_on_an_interrupted_run_says_incomplete_and_exits_2(tmp_path: Path) -> None:
+    run_dir = clean_run().sim.write(tmp_path / "run")
+    _edit_run_json(run_dir, complete=False, end_reason="interrupted")
+    done = _lab_report(run_dir, "-q")
+    assert done.returncode == 2 and done.stdout.strip() == f"INCOMPLETE {run_dir}"
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"complete": "yes"}, "field 'complete' is 'yes' (expected true or false)"),
+        ({"started_at": "noon"}, "field 'started_at' is 'noon' (expected epoch seconds)"),
+        (
+            {"budgets": {"resume_p99_s": "5s"}},
+            "field 'budgets.resume_p99_s' is '5s' (expected a number >= 0)",
+        ),
+        ({"fault_windows": [{"fault": 3}]}, "field 'fault_windows[0]' is {'fault': 3}"),
+        ({"complete": None}, "field 'complete' is None (expected true or false)"),
+    ],
+)
+def test_a_mistyped_run_json_field_is_refused_by_name(
+    tmp_path: Path, fields: dict[str, Any], said: str
+) -> None:
+    run_dir = clean_run().sim.write(tmp_path / "run")
+    _edit_run_json(run_dir, **fields)
+    code, stdout, stderr = _report(run_dir)
+    # 2, not 3: the run was made and its ledgers exist; its own record cannot be trusted,
+    # so no verdict can be given (3 is for a run that could not be made at all).
+    assert code == 2, stdout + stderr
+    assert f"lab report: evidence unreadable: run.json: {said}" in stderr
 
 
 @pytest.mark.skipif(
@@ -182,3 +248,51 @@ def test_report_html_renders_in_headless_chromium_with_its_figures(tmp_path: Pat
         colors = image.convert("RGB").getcolors(maxcolors=1 << 20)
     assert colors is not None and len(colors) > 50  # text, tables and figures, not a blank page
     shutil.rmtree(profile, ignore_errors=True)
+
+
+def test_outputs_that_cannot_be_written_exit_4_with_one_line(tmp_path: Path) -> None:
+    run_dir = clean_run().sim.write(tmp_path / "run")
+    # Every output's place taken by a folder: no write can succeed (the same for root,
+    # which a read-only mode bit would not stop).
+    for name in ("report.json", "report.md", "junit.xml", "report.html", "fig-faults.png"):
+        (run_dir / name).mkdir()
+    code, stdout, stderr = _report(run_dir, figures=True)
+    assert code == 4
+    (line,) = [x for x in stderr.splitlines() if "the lab failed" in x]
+    assert line.startswith(f"lab report: the lab failed: outputs not written in {run_dir} (")
+    assert "report.json" in line and "fig-faults.png" in line and "would have been PASS" in line
+    assert "Traceback" not in stdout + stderr
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root writes into read-only folders")
+def test_a_read_only_run_folder_exits_4(tmp_path: Path) -> None:
+    run_dir = clean_run().sim.write(tmp_path / "run")
+    run_dir.chmod(0o555)
+    try:
+        done = _lab_report(run_dir)
+    finally:
+        run_dir.chmod(0o755)
+    assert done.returncode == 4 and "the lab failed: outputs not written" in done.stderr
+
+
+def test_a_crash_inside_lab_report_exits_4_with_one_line_naming_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lab.checker import verdict
+
+    run_dir = clean_run().sim.write(tmp_path / "run")
+
+    def crash(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the checker tripped")
+
+    monkeypatch.setattr(verdict, "judge_dir", crash)
+    code, stdout, stderr = _report(run_dir)
+    assert code == 4
+    (line,) = stderr.splitlines()
+    assert line == (
+        "lab report: the lab failed (RuntimeError: the checker tripped); "
+        f"traceback in {run_dir / 'report-crash.log'}"
+    )
+    log = (run_dir / "report-crash.log").read_text(encoding="utf-8")
+    assert log.startswith("Traceback") and "the checker tripped" in log
+    assert "Traceback" not in stdout + stderr

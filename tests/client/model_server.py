@@ -1,7 +1,7 @@
 """An in-memory model of an MCP server, and a fake link that drives a ClientCore with it.
 
 Deliberately small and independent of the reference server: it answers the core's
-requests by the rules of SPEC.md (sessions, 400/404, streams, event IDs from the codec,
+requests by the protocol's rules (sessions, 400/404, streams, event IDs from the codec,
 replay of one stream only, idempotent writes) and records the ground truth the
 invariants are checked against: which message digest was sent on which stream of which
 session, and how many business side effects each idempotency key caused.
@@ -20,9 +20,10 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 
-from lab.client import ClientCore
+from lab.client import ClientCore, Notice, Output
 from lab.client._commands import CloseConnection, Command, Purpose, SendRequest
 from lab.wire import jsonrpc
+from lab.wire.client_ledger import Record
 from lab.wire.event_ids import CursorVerdict, EventIdCodec, message_digest, post_stream_id, session_tag
 from lab.wire.extensions import EVENT_ID_CAPABILITY, IDEMPOTENCY_META
 from lab.wire.sse import encode_event
@@ -62,7 +63,7 @@ class Reply:
 
 
 class ModelServer:
-    def __init__(self, *, progress_events: int = 2, seed: int = 0) -> None:
+    def __init__(self, *, progress_events: int = 2, seed: int = 0, announce_ids: bool = True) -> None:
         self.codec = EventIdCodec(b"model-server-key" * 2)
         self.sessions: dict[str, ModelSession] = {}
         self.effects: Counter[tuple[str | None, str]] = Counter()
@@ -73,6 +74,13 @@ class ModelServer:
         self.refuse_next: list[tuple[int, str | None]] = []
         """Queued (status, Retry-After) answers for the next requests (429/503 storms)."""
         self.delete_status = 200
+        self.announce_ids = announce_ids
+        """Announce `e1` event IDs at initialize; else the client takes them as opaque."""
+        self.silent_resumes = 0
+        """The next resumptions are answered 200 with a stream that never carries anything."""
+        self.stalled_calls = 0
+        """The next calls send their priming event, then hold the stream open and send
+        nothing more (the rest is produced, and replayed to a resumption)."""
         self.rng = random.Random(seed)
         self._ids = itertools.count(1)
 
@@ -136,9 +144,10 @@ class ModelServer:
         sid = f"model-session-{next(self._ids)}-{self.rng.getrandbits(64):016x}"
         version = str(msg.params.get("protocolVersion"))
         self.sessions[sid] = ModelSession(sid, session_tag(sid), subject, version)
+        caps = {"experimental": {EVENT_ID_CAPABILITY: {"scheme": "e1"}}} if self.announce_ids else {}
         result = {
             "protocolVersion": version,
-            "capabilities": {"experimental": {EVENT_ID_CAPABILITY: {"scheme": "e1"}}},
+            "capabilities": caps,
             "serverInfo": {"name": "model", "version": "0"},
         }
         body = jsonrpc.dumps(jsonrpc.result(msg.id or 0, result)).encode()
@@ -159,7 +168,7 @@ class ModelServer:
             note = jsonrpc.notification(jsonrpc.PROGRESS, {"progressToken": token, "progress": n + 1})
             chunks.append(self._emit(s, st, jsonrpc.dumps(note)))
         # The business side effect happens here, before the response is sent: exactly the
-        # moment SPEC.md's failure story cuts the connection.
+        # moment the lab's founding failure story cuts the connection.
         ikey = (s.subject, str(key))
         if ikey not in self.receipts:
             self.effects[ikey] += 1
@@ -169,6 +178,9 @@ class ModelServer:
         )
         chunks.append(self._emit(s, st, jsonrpc.dumps(resp)))
         st.complete = True
+        if self.stalled_calls:
+            self.stalled_calls -= 1
+            return Reply(200, SSE, chunks[:1], hold_open=True)
         return Reply(200, SSE, chunks)
 
     def _standalone(self, s: ModelSession) -> Reply:
@@ -182,6 +194,9 @@ class ModelServer:
         if verdict is not CursorVerdict.VALID or parsed is None or parsed.stream_id not in s.streams:
             return Reply(400, JSON, [])
         st = s.streams[parsed.stream_id]
+        if self.silent_resumes:
+            self.silent_resumes -= 1
+            return Reply(200, SSE, [], hold_open=True)
         chunks = [encode_event(d, id=e) for e, d in st.events[parsed.sequence + 1 :]]
         live = st.request_id is None
         return Reply(200, SSE, chunks, hold_open=live, stream=(s.sid, st.stream_id) if live else None)
@@ -216,11 +231,21 @@ class Link:
         self.defer_head: set[Purpose] = set()
         """Purposes whose answers wait (the request is in flight) until `deliver_head`."""
         self.deferred: dict[int, tuple[SendRequest, Reply]] = {}
+        self.records: list[Record] = []
+        """Every ledger record the core produced, in order (what a driver would write)."""
+        self.notices: list[Notice] = []
+        """Every notice the core produced, in order (what the application would read)."""
 
-    def run(self, cmds: list[Command]) -> None:
-        """Carry out commands in order; what a command's answer causes runs first (depth
-        first), and closing a connection that was not sent yet cancels its request."""
-        queue = list(cmds)
+    def take(self, out: Output) -> list[Command]:
+        """Keep an output's records and notices; its commands are to be carried out."""
+        self.records += out.records
+        self.notices += out.notices
+        return list(out.commands)
+
+    def run(self, out: Output) -> None:
+        """Carry out an output's commands in order; what a command's answer causes runs first
+        (depth first), and closing a connection that was not sent yet cancels its request."""
+        queue = self.take(out)
         cancelled: set[int] = set()
         while queue:
             cmd = queue.pop(0)
@@ -239,7 +264,7 @@ class Link:
                 continue
             if cmd.purpose in self.lose_next_response:
                 self.lose_next_response.discard(cmd.purpose)
-                queue[:0] = self.core.connection_failed(cmd.conn_id, self.now)
+                queue[:0] = self.take(self.core.connection_failed(cmd.conn_id, self.now))
                 continue
             if reply.status == 404 and cmd.header("mcp-session-id") is not None:
                 self._expect_init = True
@@ -249,10 +274,12 @@ class Link:
             key = self.core.stream_key_of(cmd.conn_id)
             if cmd.purpose is Purpose.STANDALONE and reply.stream is not None and key is not None:
                 self.standalone[key] = reply.stream
-            caused = self.core.response_head(cmd.conn_id, reply.status, list(reply.headers), self.now)
+            caused = self.take(
+                self.core.response_head(cmd.conn_id, reply.status, list(reply.headers), self.now)
+            )
             if cmd.conn_id in self.open and reply.status != 200:
                 self.open.pop(cmd.conn_id, None)
-                caused += self.core.response_end(cmd.conn_id, self.now)
+                caused += self.take(self.core.response_end(cmd.conn_id, self.now))
             queue[:0] = caused
 
     def deliver_head(self, conn_id: int, status: int | None = None) -> None:
@@ -262,11 +289,11 @@ class Link:
         self.open[conn_id] = OpenConn(
             conn_id, cmd, list(reply.chunks) if head == 200 else [], reply.hold_open, reply.stream
         )
-        caused = self.core.response_head(conn_id, head, list(reply.headers), self.now)
+        caused = self.take(self.core.response_head(conn_id, head, list(reply.headers), self.now))
         if conn_id in self.open and head != 200:
             self.open.pop(conn_id, None)
-            caused += self.core.response_end(conn_id, self.now)
-        self.run(caused)
+            caused += self.take(self.core.response_end(conn_id, self.now))
+        self.run(Output(tuple(caused)))
 
     # -- delivery ----------------------------------------------------------------------
 
@@ -293,15 +320,16 @@ class Link:
                 if conn.stream == (sid, stream_id):
                     conn.chunks.append(chunk)
 
-    def settle(self, max_steps: int = 10_000) -> None:
-        """Deliver everything, and run timers, until nothing is left to do."""
+    def settle(self, max_steps: int = 10_000, *, patience: float | None = None) -> None:
+        """Deliver everything, and run timers, until nothing is left to do (or nothing
+        will happen within `patience` seconds of model time)."""
         for _ in range(max_steps):
             busy = [c for c in self.open.values() if c.chunks or not c.hold_open]
             if busy:
                 self.deliver(busy[0].conn_id)
                 continue
             wake = self.core.next_wakeup()
-            if wake is None:
+            if wake is None or (patience is not None and wake - self.now > patience):
                 return
             self.advance_to(wake)
         raise AssertionError("link did not settle")

@@ -327,6 +327,19 @@ def test_late_response_is_received_but_not_dispatched_twice() -> None:
     assert [x.dispatch_key for x in w.inbox.dispatches] == ["op:op-1"]
 
 
+def test_a_response_to_a_request_that_already_completed_is_refused_wherever_it_comes() -> None:
+    w = world(structured=False)  # opaque IDs: a fresh ID says nothing
+    first = response(RID)
+    feed_ok(w, (first, "a-1"))
+    done = replace(w.post, ended=True)
+    again = accept(w, first, "a-2", stream=done)
+    assert again.reason is RejectReason.STREAM_ALREADY_ENDED
+    other = StreamView("post:8", 8, 8, "op-2", None)
+    elsewhere = accept(w, first, "a-3", stream=other)
+    assert elsewhere.reason is RejectReason.RESPONSE_ID_MISMATCH
+    assert [x.dispatch_key for x in w.inbox.dispatches] == ["op:op-1"]
+
+
 def test_events_without_ids_get_synthetic_ones_that_are_not_cursors() -> None:
     w = world(structured=False)
     d = response(RID)

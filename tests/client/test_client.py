@@ -1,4 +1,4 @@
-"""ClientCore against the in-memory model server: each rule of SPEC.md, one scenario each."""
+"""ClientCore against the in-memory model server: each rule of the protocol, one scenario each."""
 
 from __future__ import annotations
 
@@ -13,13 +13,15 @@ from lab.client._acceptance import MemoryInbox
 from lab.client._commands import (
     CallFinished,
     CallOutcome,
+    CloseConnection,
     LeaveFinished,
     LeaveReceipt,
     Purpose,
     SendRequest,
     SessionLost,
 )
-from lab.client._core import ClientConfig, ClientCore
+from lab.client._config import ClientConfig
+from lab.client._core import ClientCore
 from lab.client._reconnect import BackoffPolicy, ReconnectBudget
 from lab.client._states import State
 from lab.wire.client_ledger import EventRejected, HttpExchange, ReconnectAttempt, Recovery, SessionEvent
@@ -59,12 +61,12 @@ def make(
     return core, server, link, inbox
 
 
-def finished(core: ClientCore) -> list[CallFinished]:
-    return [n for n in core.notices if isinstance(n, CallFinished)]
+def finished(link: Link) -> list[CallFinished]:
+    return [n for n in link.notices if isinstance(n, CallFinished)]
 
 
-def records[T](core: ClientCore, kind: type[T]) -> list[T]:
-    return [r for r in core.records if isinstance(r, kind)]
+def records[T](link: Link, kind: type[T]) -> list[T]:
+    return [r for r in link.records if isinstance(r, kind)]
 
 
 def post_conn(link: Link) -> int:
@@ -93,7 +95,7 @@ def test_a_call_completes_on_its_post_stream() -> None:
     handle, cmds = core.call_tool("ledger.append", {"x": 1}, link.now, write=True)
     link.run(cmds)
     link.settle()
-    (done,) = finished(core)
+    (done,) = finished(link)
     assert done.outcome is CallOutcome.OK and done.call == handle
     assert sum(server.effects.values()) == 1
     assert [d.dispatch_key for d in inbox.dispatches if d.dispatch_key.startswith("op:")] == [
@@ -104,7 +106,7 @@ def test_a_call_completes_on_its_post_stream() -> None:
 
 
 def test_cut_after_the_write_resumes_with_last_event_id_and_writes_once() -> None:
-    """SPEC.md's failure story: the server wrote, the connection dropped before the response."""
+    """The failure the lab exists to catch: the server wrote, the connection dropped before the response."""
     core, server, link, inbox = make()
     handle, cmds = core.call_tool("ledger.append", {"x": 1}, link.now, write=True)
     link.run(cmds)
@@ -112,7 +114,7 @@ def test_cut_after_the_write_resumes_with_last_event_id_and_writes_once() -> Non
     link.deliver(conn, 2)  # priming + first progress; the write has happened on the server
     assert sum(server.effects.values()) == 1
     link.cut(conn)
-    assert not finished(core)  # a dropped connection is not a cancellation
+    assert not finished(link)  # a dropped connection is not a cancellation
     wm = inbox.watermark(1, f"post:{request_id(link, conn)}")
     assert wm is not None and wm.sequence == 1
     link.settle()
@@ -120,10 +122,10 @@ def test_cut_after_the_write_resumes_with_last_event_id_and_writes_once() -> Non
     assert len(resume) == 1 and resume[0].method == "GET"
     assert resume[0].header("last-event-id") == wm.event_id
     assert not any(r.purpose is Purpose.CANCEL for r in link.requests)
-    (done,) = finished(core)
+    (done,) = finished(link)
     assert done.outcome is CallOutcome.OK
     assert sum(server.effects.values()) == 1
-    (rec,) = [r for r in records(core, Recovery) if r.operation_key == handle.operation_key]
+    (rec,) = [r for r in records(link, Recovery) if r.operation_key == handle.operation_key]
     assert rec.path == "resumed" and rec.recovered_at is not None and rec.recovered_at >= rec.lost_at
 
 
@@ -143,8 +145,8 @@ def test_resume_uses_the_watermark_of_that_stream_only() -> None:
     link.settle()
     resumes = [r.header("last-event-id") for r in link.requests if r.purpose is Purpose.RESUME]
     assert sorted(resumes) == sorted([wm_a.event_id, wm_b.event_id])  # type: ignore[type-var]
-    assert {f.outcome for f in finished(core)} == {CallOutcome.OK}
-    assert {f.call for f in finished(core)} == {a, b}
+    assert {f.outcome for f in finished(link)} == {CallOutcome.OK}
+    assert {f.call for f in finished(link)} == {a, b}
 
 
 def request_id(link: Link, conn: int) -> int:
@@ -165,7 +167,7 @@ def test_lost_priming_and_cut_before_any_event_resends_with_the_same_key() -> No
     assert len(calls) == 2
     assert calls[0].body != calls[1].body  # a new JSON-RPC request ID ...
     assert all(handle.operation_key.encode() in c.body for c in calls if c.body)  # ... same key
-    (done,) = finished(core)
+    (done,) = finished(link)
     assert done.outcome is CallOutcome.OK
     assert sum(server.effects.values()) == 1  # the server deduplicated the write
 
@@ -181,9 +183,9 @@ def test_404_reports_unknown_and_reinitializes_without_session_id_next() -> None
     server.expire(old_sid)
     link.cut(conn)
     link.settle()
-    lost = [n for n in core.notices if isinstance(n, SessionLost)]
+    lost = [n for n in link.notices if isinstance(n, SessionLost)]
     assert len(lost) == 1 and lost[0].outcome_unknown == (handle,)
-    (done,) = finished(core)
+    (done,) = finished(link)
     assert done.outcome is CallOutcome.UNKNOWN  # never silently re-sent in the new session
     i404 = next(i for i, r in enumerate(link.requests) if r.purpose is Purpose.RESUME)
     nxt = link.requests[i404 + 1]
@@ -192,9 +194,9 @@ def test_404_reports_unknown_and_reinitializes_without_session_id_next() -> None
     # The application may retry explicitly, with the same idempotency key: no second write.
     link.run(core.retry_call(handle, link.now))
     link.settle()
-    assert finished(core)[-1].outcome is CallOutcome.OK
+    assert finished(link)[-1].outcome is CallOutcome.OK
     assert sum(server.effects.values()) == 1
-    assert [s.what for s in records(core, SessionEvent)] == ["established", "expired", "established"]
+    assert [s.what for s in records(link, SessionEvent)] == ["established", "expired", "established"]
 
 
 def test_429_storm_waits_at_least_retry_after_and_respects_the_budget() -> None:
@@ -204,8 +206,8 @@ def test_429_storm_waits_at_least_retry_after_and_respects_the_budget() -> None:
     _handle, cmds = core.call_tool("echo", {}, link.now)
     link.run(cmds)
     link.settle()
-    assert finished(core)[-1].outcome is CallOutcome.OK
-    resends = records(core, ReconnectAttempt)
+    assert finished(link)[-1].outcome is CallOutcome.OK
+    resends = records(link, ReconnectAttempt)
     assert [r.cause for r in resends] == ["http_429", "http_503", "http_503"]
     assert resends[0].advised_delay == 3.0 and resends[0].sent_at - t0 >= 3.0
     assert resends[1].advised_delay == 2.0
@@ -223,10 +225,10 @@ def test_polling_close_waits_the_retry_advice_then_resumes() -> None:
     t_close = link.now
     link.polling_close(conn, 1500)
     link.settle()
-    (attempt,) = records(core, ReconnectAttempt)
+    (attempt,) = records(link, ReconnectAttempt)
     assert attempt.cause == "server_closed" and attempt.advised_delay == 1.5
     assert attempt.sent_at - t_close >= 1.5
-    assert finished(core)[-1].outcome is CallOutcome.OK
+    assert finished(link)[-1].outcome is CallOutcome.OK
 
 
 def test_replay_after_ack_is_deduplicated() -> None:
@@ -237,7 +239,7 @@ def test_replay_after_ack_is_deduplicated() -> None:
     link.deliver(conn, 2)
     link.replay_delivered(conn)
     link.settle()
-    dups = [r for r in records(core, EventRejected) if r.reason == "duplicate"]
+    dups = [r for r in records(link, EventRejected) if r.reason == "duplicate"]
     assert len(dups) == 1
     assert len({(r.key.stream_key, r.key.event_id) for r in inbox.receipts}) == len(inbox.receipts)
 
@@ -255,7 +257,7 @@ def test_crossed_event_of_the_standalone_stream_is_refused_on_a_post_stream() ->
     assert chunk is not None and b"notifications/message" in chunk
     link.inject(conn, chunk)
     link.settle()
-    reasons = [r.reason for r in records(core, EventRejected)]
+    reasons = [r.reason for r in records(link, EventRejected)]
     assert reasons == ["crossed_stream"]
     for r in inbox.receipts:
         if r.key.stream_key.startswith("post:"):
@@ -267,9 +269,9 @@ def test_delete_405_is_not_a_deletion_receipt() -> None:
     server.delete_status = 405
     link.run(core.leave(link.now))
     link.settle()
-    leave = [n for n in core.notices if isinstance(n, LeaveFinished)]
+    leave = [n for n in link.notices if isinstance(n, LeaveFinished)]
     assert [n.receipt for n in leave] == [LeaveReceipt.TERMINATION_UNSUPPORTED]
-    assert "terminated" not in [s.what for s in records(core, SessionEvent)]
+    assert "terminated" not in [s.what for s in records(link, SessionEvent)]
     assert core.state is State.SESSION_ACTIVE
 
 
@@ -277,7 +279,7 @@ def test_delete_confirmed() -> None:
     core, _, link, _ = make()
     link.run(core.leave(link.now))
     link.settle()
-    assert [n.receipt for n in core.notices if isinstance(n, LeaveFinished)] == [LeaveReceipt.DELETED]
+    assert [n.receipt for n in link.notices if isinstance(n, LeaveFinished)] == [LeaveReceipt.DELETED]
     assert core.state is State.TERMINATED
 
 
@@ -287,8 +289,8 @@ def test_lost_delete_response_is_retried_and_404_confirms_it_gone() -> None:
     link.run(core.leave(link.now))
     assert core.session_id is not None and not server.sessions[core.session_id].alive
     link.settle()
-    assert [n.receipt for n in core.notices if isinstance(n, LeaveFinished)] == [LeaveReceipt.ALREADY_GONE]
-    assert [r.kind for r in records(core, ReconnectAttempt)] == ["delete"]
+    assert [n.receipt for n in link.notices if isinstance(n, LeaveFinished)] == [LeaveReceipt.ALREADY_GONE]
+    assert [r.kind for r in records(link, ReconnectAttempt)] == ["delete"]
 
 
 def test_cancel_sends_notifications_cancelled() -> None:
@@ -298,7 +300,7 @@ def test_cancel_sends_notifications_cancelled() -> None:
     link.run(core.cancel(handle, link.now))
     cancel = [r for r in link.requests if r.purpose is Purpose.CANCEL]
     assert len(cancel) == 1 and cancel[0].body is not None and b"notifications/cancelled" in cancel[0].body
-    assert finished(core)[-1].outcome is CallOutcome.CANCELLED
+    assert finished(link)[-1].outcome is CallOutcome.CANCELLED
 
 
 def test_refused_cursor_resends_the_call() -> None:
@@ -310,8 +312,8 @@ def test_refused_cursor_resends_the_call() -> None:
     link.cut(conn)
     server.refuse_next = [(400, None)]  # the server rejects the cursor
     link.settle()
-    assert [r.kind for r in records(core, ReconnectAttempt)] == ["resume", "resend"]
-    assert finished(core)[-1].outcome is CallOutcome.OK
+    assert [r.kind for r in records(link, ReconnectAttempt)] == ["resume", "resend"]
+    assert finished(link)[-1].outcome is CallOutcome.OK
     assert sum(server.effects.values()) == 1
 
 
@@ -326,7 +328,7 @@ def test_standalone_stream_is_resumed_after_a_cut() -> None:
     link.settle()
     (resume,) = [r for r in link.requests if r.purpose is Purpose.RESUME]
     assert resume.header("last-event-id") is not None
-    (rec,) = records(core, Recovery)
+    (rec,) = records(link, Recovery)
     assert rec.path == "resumed" and rec.stream_key == "get:1"
 
 
@@ -337,11 +339,11 @@ def test_every_http_exchange_is_recorded_once() -> None:
     link.settle()
     link.run(core.leave(link.now))
     link.settle()
-    ex = records(core, HttpExchange)
+    ex = records(link, HttpExchange)
     assert sorted(e.conn_id for e in ex) == sorted({r.conn_id for r in link.requests})
     assert all(e.session is None or e.session.startswith("s_") for e in ex)
     sid = core.session_id
-    assert sid is not None and all(sid not in repr(r) for r in core.records)  # no raw session ID
+    assert sid is not None and all(sid not in repr(r) for r in link.records)  # no raw session ID
 
 
 def test_misuse_is_a_local_protocol_error() -> None:
@@ -360,8 +362,8 @@ def test_misuse_is_a_local_protocol_error() -> None:
 
 def test_a_send_request_is_self_describing() -> None:
     core, _, link, _ = make()
-    _, cmds = core.call_tool("echo", {"text": "hé"}, link.now)
-    (send,) = cmds
+    _, out = core.call_tool("echo", {"text": "hé"}, link.now)
+    (send,) = out.commands
     assert isinstance(send, SendRequest)
     assert send.method == "POST" and send.header("content-type") == "application/json"
     assert send.header("accept") == "application/json, text/event-stream"
@@ -381,7 +383,7 @@ def test_a_404_while_leaving_ends_the_leave_without_a_new_handshake() -> None:
     assert core.session_id is not None and not server.sessions[core.session_id].alive
     link.deliver_head(get, 404)  # its answer comes now: the session is gone
     link.settle()
-    assert [n.receipt for n in core.notices if isinstance(n, LeaveFinished)] == [LeaveReceipt.ALREADY_GONE]
+    assert [n.receipt for n in link.notices if isinstance(n, LeaveFinished)] == [LeaveReceipt.ALREADY_GONE]
     assert core.state is State.TERMINATED
     assert len(link.requests) == sent_before  # no DELETE retry, no initialize
 
@@ -392,8 +394,10 @@ def test_close_all_records_every_open_exchange() -> None:
     link.run(cmds)
     open_conns = set(link.conns())
     assert open_conns
-    closes = core.close_all(link.now, "client_stopped")
-    assert {c.conn_id for c in closes} == open_conns
-    stopped = [r for r in records(core, HttpExchange) if r.error == "client_stopped"]
+    out = core.close_all(link.now, "client_stopped")
+    link.take(out)
+    assert all(isinstance(c, CloseConnection) for c in out.commands)
+    assert {c.conn_id for c in out.commands} == open_conns
+    stopped = [r for r in records(link, HttpExchange) if r.error == "client_stopped"]
     assert {r.conn_id for r in stopped} == open_conns
     assert core.next_wakeup() is None

@@ -1,12 +1,14 @@
 """Model-based test: two ClientCores against the model server, with every fault at random.
 
-Invariants (SPEC.md's gates, on the ground truth of the model server):
+Invariants (the lab's gates, on the ground truth of the model server):
 - no cross-stream acceptance: every accepted message was sent by the server on the
   stream (of the session) the client filed it under;
 - no duplicate dispatch: no idempotency key caused two side effects on the server, and no
   message was dispatched twice by a client;
 - every 404 to a request carrying a session ID is followed by a new initialize without one;
-- reconnect attempts of the process never exceed the shared budget in any 1-second bin.
+- reconnect attempts of the process never exceed the shared budget in any 1-second bin;
+- liveness (at the end): with the faults over, every call ends, even one whose resumed
+  stream stayed silent or whose stream stalled after its priming event.
 
 And `test_the_invariants_catch_a_client_without_checks` shows the invariants are not
 hollow: the same machine, with the acceptance checks switched off, is caught.
@@ -17,6 +19,8 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
+from dataclasses import asdict
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -25,7 +29,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, ru
 
 from lab.client._acceptance import ALL_CHECKS, Check, MemoryInbox
 from lab.client._commands import CallFinished, CallOutcome, Purpose
-from lab.client._core import ClientConfig, ClientCore
+from lab.client._config import ClientConfig
+from lab.client._core import ClientCore
 from lab.client._reconnect import BackoffPolicy, ReconnectBudget
 from lab.wire.client_ledger import ReconnectAttempt
 from lab.wire.event_ids import post_stream_id, session_tag
@@ -33,6 +38,9 @@ from lab.wire.redact import Redactor
 from tests.client.model_server import Link, ModelServer
 
 BUDGET = 4.0
+PATIENCE = 600.0
+"""Liveness: with the faults over, nothing a client waits for may be more than this many
+seconds (of model time) away."""
 T0 = 1_800_000_000.0
 
 clients = st.integers(0, 1)
@@ -42,6 +50,8 @@ conn_pick = st.integers(0, 7)
 class ClientAgainstModel(RuleBasedStateMachine):
     checks: frozenset[Check] = ALL_CHECKS
     store_guards = True
+    silence_bound = 2.0
+    """`resume_silence_s`; `stream_idle_s` is twice as long."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -56,6 +66,8 @@ class ClientAgainstModel(RuleBasedStateMachine):
                     auth_subject=f"user{i}",
                     backoff=BackoffPolicy(0.1, 1.0),
                     max_attempts=6,
+                    resume_silence_s=self.silence_bound,
+                    stream_idle_s=2 * self.silence_bound,
                     checks=self.checks,
                 ),
                 inbox=self.inboxes[i],
@@ -152,6 +164,16 @@ class ClientAgainstModel(RuleBasedStateMachine):
     def storm(self, status: int, retry_after: str | None, n: int) -> None:
         self.server.refuse_next += [(status, retry_after)] * n
 
+    @rule(n=st.integers(1, 3))
+    def silent_resumptions(self, n: int) -> None:
+        """The next resumptions are answered with a stream that never carries anything."""
+        self.server.silent_resumes += n
+
+    @rule()
+    def stalled_call(self) -> None:
+        """The next call's stream sends its priming event, then nothing, held open."""
+        self.server.stalled_calls += 1
+
     @rule(c=clients)
     def push_notification(self, c: int) -> None:
         sid = self.cores[c].session_id
@@ -168,12 +190,32 @@ class ClientAgainstModel(RuleBasedStateMachine):
     @rule(c=clients)
     def retry_unknown(self, c: int) -> None:
         core = self.cores[c]
-        for n in core.notices:
+        for n in self.links[c].notices:
             if isinstance(n, CallFinished) and n.outcome is CallOutcome.UNKNOWN:
                 call = core.calls[n.call.operation_key]
                 if call.done:
                     self.links[c].run(core.retry_call(n.call, self.links[c].now))
                     return
+
+    # -- the ledgers, as the checker reads them ----------------------------------------
+
+    def client_ledger(self) -> dict[str, list[dict[str, Any]]]:
+        """Both clients' ledgers as rows of the tables of `mcpClientLedger.v1` (the names
+        and columns of the SQLite files: the record types' tables, plus `inbox` and
+        `outbox`), built from what the cores returned and what their inboxes hold. The
+        invariants below read it, and so can any function that checks ledgers."""
+        tables: dict[str, list[dict[str, Any]]] = {"inbox": [], "outbox": []}
+        for link in self.links:
+            for r in link.records:
+                tables.setdefault(r.table, []).append(asdict(r))
+        for inbox in self.inboxes:
+            for rec in inbox.receipts:
+                row = {k: v for k, v in asdict(rec).items() if k != "key"}
+                tables["inbox"].append({**row, **asdict(rec.key)})
+            for d in inbox.dispatches:
+                row = {k: v for k, v in asdict(d).items() if k != "key"}
+                tables["outbox"].append({**row, **asdict(d.key)})
+        return tables
 
     # -- invariants --------------------------------------------------------------------
 
@@ -223,18 +265,16 @@ class ClientAgainstModel(RuleBasedStateMachine):
     @invariant()
     def reconnects_within_the_budget(self) -> None:
         bins: Counter[int] = Counter()
-        for core in self.cores:
-            for r in core.records:
-                if isinstance(r, ReconnectAttempt):
-                    bins[math.floor(r.sent_at)] += 1
-                    assert r.sent_at - r.lost_at >= r.planned_delay - 1e-9  # never earlier than planned
+        for r in self.client_ledger().get(ReconnectAttempt.table, []):
+            bins[math.floor(r["sent_at"])] += 1
+            assert r["sent_at"] - r["lost_at"] >= r["planned_delay"] - 1e-9  # never earlier than planned
         assert max(bins.values(), default=0) <= math.floor(BUDGET)
 
     def teardown(self) -> None:
         # Liveness: with the faults over, every call ends, and writes happened at most once.
         self.server.refuse_next.clear()
         for link in self.links:
-            link.settle()
+            link.settle(patience=PATIENCE)
         for core in self.cores:
             assert all(call.done or call.queued for call in core.calls.values())
 
@@ -296,3 +336,38 @@ def test_each_fault_breaks_an_invariant_of_a_client_without_checks(fault: str) -
     with pytest.raises(AssertionError):
         m.no_cross_stream_acceptance()
         m.no_duplicate_dispatch()
+
+
+def test_the_model_ledger_has_the_columns_the_checker_reads() -> None:
+    from lab.checker.schemas import CLIENT_TABLES
+
+    m = ClientAgainstModel()
+    m.connect()
+    m.call(c=0, write=True)
+    m.cut(c=0, pick=1)
+    m.advance(dt=2.5)
+    m.links[0].settle()
+    tables = m.client_ledger()
+    assert {"inbox", "outbox", "http_exchanges", "reconnects", "recoveries", "operations"} <= set(tables)
+    for name, rows in tables.items():
+        assert rows, name
+        assert set(CLIENT_TABLES[name]) <= set(rows[0]), name
+
+
+class ClientWithoutSilenceBounds(ClientAgainstModel):
+    """The same client, bounds so long that silence is waited out forever."""
+
+    silence_bound = 2 * PATIENCE
+
+
+def test_liveness_catches_a_client_that_waits_for_a_silent_stream() -> None:
+    for machine in (ClientAgainstModel, ClientWithoutSilenceBounds):
+        m = machine()
+        m.connect()
+        m.stalled_call()
+        m.call(c=0, write=True)
+        if machine is ClientAgainstModel:
+            m.teardown()  # the stalled stream is given up on, resumed, and the call ends
+        else:
+            with pytest.raises(AssertionError):
+                m.teardown()

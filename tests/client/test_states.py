@@ -23,7 +23,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "state-machine.md"
 
 
 def test_spec_diagram_edges_are_all_in_the_table() -> None:
-    """Every arrow of SPEC.md's diagram is a move of the table (or the stream-open rule)."""
+    """Every arrow of the rules' diagram is a move of the table (or the stream-open rule)."""
     sess, stream = TRANSITIONS[Role.SESSION], TRANSITIONS[Role.STREAM]
 
     def reachable(table: dict[State, dict[Trigger, State]] | object, a: State, b: State) -> bool:

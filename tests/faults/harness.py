@@ -1,9 +1,11 @@
-"""Drive the addon through mitmproxy's test context (taddons/tflow) without sockets.
+"""Drive the addons through mitmproxy's test context (taddons/tflow) without sockets.
 
-`Harness` loads `McpFaults` with a plan, builds flows as the proxy would see them, runs
-the hooks in mitmproxy's order (request -> responseheaders -> stream chunks -> response),
-and reads the tap it wrote. The I/O seams are replaced: `cuts` records connection cuts,
-`expired` records admin expire calls, and the clock is a counter.
+`Harness` loads `McpFaults` and its tap (`McpTap`) with a plan, builds flows as the proxy
+would see them, runs the hooks in mitmproxy's order (request -> responseheaders -> stream
+chunks -> response), each hook on both addons in their load order (the fault addon, then
+the tap), and reads the tap they wrote. The I/O seams are replaced: `cuts` records
+connection cuts, `calls` records the side calls (admin expire, DELETE) the proxy would
+make, and the clock is a counter.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import mcp_faults
-import mcp_faults_io
+import mcp_tap
 from mitmproxy import http
 from mitmproxy.test import taddons, tflow
 
+from lab.faults.kinds.base import HttpCall
 from lab.wire.sse import SseDecoder, SseEvent, encode_event
 
 KEY_HEX = "ef" * 32
@@ -40,15 +43,16 @@ class Harness:
     ) -> None:
         self.tmp = tmp
         self.tap_path = tmp / "tap.jsonl"
-        self.addon = mcp_faults.McpFaults()
+        self.tap_addon = mcp_tap.McpTap()
+        self.addon = mcp_faults.McpFaults(self.tap_addon)
         self.clock = Clock()
-        self.addon.clock = self.clock
+        self.addon.clock = self.tap_addon.clock = self.clock
         self.cuts: list[http.HTTPFlow] = []
         self.addon.cutter = self.cuts.append
-        self.expired: list[mcp_faults_io.AdminCall] = []
-        self.addon.expirer = self._expire
-        self.admin_status = 200
-        self.ctx: Any = taddons.context(self.addon)  # type: ignore[no-untyped-call]
+        self.calls: list[HttpCall] = []
+        self.addon.caller = self._call
+        self.call_status = 200
+        self.ctx: Any = taddons.context(self.addon, self.tap_addon)  # type: ignore[no-untyped-call]
         opts: dict[str, Any] = {
             "mcpfaults_tap": str(self.tap_path),
             "mcpfaults_key": KEY_HEX,
@@ -60,12 +64,13 @@ class Harness:
         opts.update(options)
         self.configure(**opts)
 
-    def _expire(self, call: mcp_faults_io.AdminCall) -> int:
-        self.expired.append(call)
-        return self.admin_status
+    async def _call(self, call: HttpCall) -> int:
+        self.calls.append(call)
+        await asyncio.sleep(0)  # a real call yields to the loop
+        return self.call_status
 
     def configure(self, **options: Any) -> None:
-        self.ctx.configure(self.addon, **options)
+        self.ctx.configure(self.addon, **options)  # every loaded addon sees the change
 
     # ------------------------------------------------------------------ flows
 
@@ -97,6 +102,7 @@ class Harness:
 
     def request(self, f: http.HTTPFlow) -> http.HTTPFlow:
         self.addon.request(f)
+        self.tap_addon.request(f)
         return f
 
     def respond(
@@ -109,6 +115,7 @@ class Harness:
         h.update(headers or {})
         f.response = http.Response.make(status, b"", h)
         self.addon.responseheaders(f)
+        self.tap_addon.responseheaders(f)
 
     async def stream(self, f: http.HTTPFlow, chunks: Iterable[bytes], *, end: bool = True) -> bytes:
         """Feed body chunks through the streaming callable, as mitmproxy does; the bytes out."""
@@ -122,17 +129,28 @@ class Harness:
         if end:
             got = f.response.stream(b"")
             out += got if isinstance(got, bytes) else b"".join(got)
-            await self.addon.response(f)
+            await self.finish(f)
         return out
 
-    async def finish(self, f: http.HTTPFlow) -> None:
+    async def finish(self, f: http.HTTPFlow, body: bytes | None = None) -> None:
+        """The end of the response: the `response` hook (a body not streamed is set first)."""
+        if body is not None and f.response is not None:
+            f.response.content = body
         await self.addon.response(f)
+        self.tap_addon.response(f)
 
-    def error(self, f: http.HTTPFlow, msg: str) -> None:
+    def error(self, f: http.HTTPFlow, msg: str | None = None) -> None:
+        """The flow failed (`msg`), or was killed by the addon (`None`: its error is set already)."""
         from mitmproxy import flow as mflow
 
-        f.error = mflow.Error(msg)
+        if msg is not None:
+            f.error = mflow.Error(msg)
         self.addon.error(f)
+        self.tap_addon.error(f)
+
+    def done(self) -> None:
+        self.addon.done()
+        self.tap_addon.done()
 
     # ------------------------------------------------------------------ the tap
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from lab.faults.launch import mitmdump_argv, ready_prefix
+from lab.faults.launch import TAP_ADDON, mitmdump_argv, ready_prefix
 from lab.wire.sse import SseDecoder, SseEvent
 from tests.livesrv import stop, wait_for_line
 
@@ -101,6 +101,17 @@ def fault_proxy(tmp: Path, upstream: str, plan: Path, tap: Path, *extra: str) ->
         ready_prefix(),
         {"LAB_LEDGER_KEY": LEDGER_KEY},
     )
+    try:
+        yield p
+    finally:
+        stop(p.proc)
+
+
+@contextlib.contextmanager
+def tap_proxy(tmp: Path, upstream: str, tap: Path) -> Iterator[Proc]:
+    """mitmdump -s addons/mcp_tap.py alone (no faults) in front of `upstream`."""
+    argv = mitmdump_argv(upstream, script=TAP_ADDON, options={"mcpfaults_tap": str(tap)})
+    p = _start(argv, tmp / "tap-proxy.log", ready_prefix(TAP_ADDON), {"LAB_LEDGER_KEY": LEDGER_KEY})
     try:
         yield p
     finally:

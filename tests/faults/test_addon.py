@@ -1,9 +1,10 @@
-"""The addon under mitmproxy's test context: options, each of the 13 faults, the tap, plan changes."""
+"""The addons under mitmproxy's test context: options, each fault kind, the tap, plan changes."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import mcp_faults_io
 import pytest
@@ -59,6 +60,33 @@ async def test_plan_from_a_file_and_the_plan_record(tmp_path: Path) -> None:
         rec["source"] == str(plan) and rec["seed"] == 3 and rec["run_start"] == 500.0 and rec["error"] is None
     )
     assert rec["rules"] == [{"id": "cut_stream#0", "kind": "cut_stream", "rate": 0.5}]
+
+
+def test_fault_options_parse_on_their_own(tmp_path: Path) -> None:
+    base = {
+        "mcpfaults_plan": "",
+        "mcpfaults_run_start": "",
+        "mcpfaults_poll": "",
+        "mcpfaults_admin_token": "t",
+        "mcpfaults_admin_url": "",
+        "mcpfaults_admin_timeout": "",
+    }
+    opts = mcp_faults_io.parse_fault_options(base)
+    assert opts.plan.rules == () and opts.path is None and opts.poll == 1.0 and opts.run_start == 0.0
+    assert opts.env.admin_token == "t" and opts.env.call_timeout == 2.0
+    with pytest.raises(ValueError, match="mcpfaults_poll must be"):
+        mcp_faults_io.parse_fault_options({**base, "mcpfaults_poll": "-3"})
+    plan = tmp_path / "p.json"
+    plan.write_text('{"seed": 1, "rules": []}')
+    watch = mcp_faults_io.PlanFile(plan, 0.5)
+    assert watch.changed(0.0) is None  # unchanged since it was read
+    plan.write_text('{"seed": 2, "rules": [], "run_start": 5}')
+    assert watch.changed(0.1) is None, "looked at no more than every poll seconds"
+    new = watch.changed(0.6)
+    assert new is not None and new.seed == 2
+    plan.write_text("{")
+    with pytest.raises(ValueError, match="not JSON"):
+        watch.changed(1.2)
 
 
 def test_parse_functions_are_pure() -> None:
@@ -124,7 +152,7 @@ async def test_flow_end_reasons(tmp_path: Path) -> None:
     h.error(server, "server closed connection")
     open_ = h.request(h.flow("GET", conn="c1:3"))
     h.respond(open_)
-    h.addon.done()
+    h.done()
     reasons = {r["flow"]: r["reason"] for r in h.tap(type="flow_end")}
     assert reasons == {gone.id: "client_gone", server.id: "server_gone", open_.id: "proxy_stopped"}
     no_head = [r for r in h.tap(type="flow") if r["flow"] == server.id]
@@ -246,6 +274,7 @@ async def test_5_rewrite_origin(tmp_path: Path) -> None:
     f = h.request(h.flow(body=call("echo"), headers={"origin": "http://127.0.0.1:8000"}))
     assert f.request.headers["origin"] == "http://evil.example"
     h.respond(f, 403, sse=False)
+    await h.finish(f)
     [rec] = h.tap(type="flow")
     assert rec["origin_in"] == "http://127.0.0.1:8000" and rec["origin_out"] == "http://evil.example"
     assert rec["origin_allowed_out"] is False and rec["status"] == 403
@@ -260,6 +289,7 @@ async def test_origin_allowed_out_follows_the_allow_list(tmp_path: Path) -> None
     )
     for f in (ok, bad):
         h.respond(f, sse=False)
+        await h.finish(f)
     assert [r["origin_allowed_out"] for r in h.tap(type="flow")] == [True, False]
 
 
@@ -268,6 +298,7 @@ async def test_9_strip_protocol_version(tmp_path: Path) -> None:
     f = h.request(h.flow(body=call("echo")))
     assert "mcp-protocol-version" not in f.request.headers
     h.respond(f, 400, sse=False)
+    await h.finish(f)
     [rec] = h.tap(type="flow")
     assert rec["protocol_version_in"] == "2025-11-25" and rec["protocol_version_out"] is None
 
@@ -293,6 +324,7 @@ async def test_10_rewrite_last_event_id(tmp_path: Path, to: str) -> None:
     else:
         assert ".pX." in out
     h.respond(r, 400, sse=False)
+    await h.finish(r)
     [rec] = [x for x in h.tap(type="flow") if x["conn"] == "c:3"]
     assert rec["last_event_id_in"] == mine and rec["last_event_id_out"] == out
     assert rec["faults"][0]["detail"] == {"to": to}
@@ -313,6 +345,7 @@ async def test_11_old_token_from_an_earlier_session(tmp_path: Path) -> None:
     )
     assert f.request.headers["authorization"] == "Bearer tok-alice"
     h.respond(f, 403, sse=False)
+    await h.finish(f)
     rec = next(x for x in h.tap(type="flow") if x["conn"] == "b:2")
     assert rec["auth_in"] != rec["auth_out"] and rec["faults"][0]["detail"]["token"] == rec["auth_out"]
     assert "tok-alice" not in h.tap_path.read_text(), "a raw token reached the tap"
@@ -393,11 +426,16 @@ async def test_7_executed_then_lost_drops_the_response_and_cuts(tmp_path: Path) 
 
 async def test_7_executed_then_lost_on_a_json_answer_kills_the_flow(tmp_path: Path) -> None:
     h = Harness(tmp_path, [{"kind": "executed_then_lost", "rate": 1.0}])
-    f = h.request(h.flow(body=call("ledger.append")))
+    f = h.request(h.flow(body=call("ledger.append", 4, key="k-json")))
     h.respond(f, sse=False)
+    assert f.error is None, "the body must be read first: the tap records what the server sent"
+    await h.finish(f, body=json.dumps({"jsonrpc": "2.0", "id": 4, "result": {"receipt": "r1"}}).encode())
     assert f.error is not None and f.error.msg == "Connection killed."
-    h.addon.error(f)
     assert [r["reason"] for r in h.tap(type="flow_end")] == ["cut_by_fault"]
+    [rec] = h.tap(type="flow")
+    assert rec["faults"][0]["fault"] == "executed_then_lost" and rec["faults"][0]["detail"] == {"status": 200}
+    [result] = h.tap(type="result")
+    assert result["idempotency_key"] == "k-json" and result["is_error"] is False
 
 
 async def test_7_not_for_notifications(tmp_path: Path) -> None:
@@ -413,6 +451,7 @@ async def test_7_8_a_refusal_is_not_lost(tmp_path: Path) -> None:
     )
     for f in (h.request(h.flow("DELETE", conn="c:1")), h.request(h.flow(body=call("echo"), conn="c:2"))):
         h.respond(f, 404, sse=False)
+        await h.finish(f, body=b'{"jsonrpc": "2.0", "id": 1, "error": {"code": -32001, "message": "gone"}}')
         assert f.error is None and f.metadata["mcp_lab"]["faults"] == []
 
 
@@ -421,57 +460,156 @@ async def test_8_lose_delete_response(tmp_path: Path) -> None:
     f = h.request(h.flow("DELETE"))
     h.respond(f, 200, sse=False)
     assert f.error is not None
-    h.addon.error(f)
+    h.error(f)
     [rec] = h.tap(type="flow")
     assert rec["status"] == 200 and rec["faults"][0]["fault"] == "lose_delete_response"
     assert [r["reason"] for r in h.tap(type="flow_end")] == ["cut_by_fault"]
 
 
-async def test_12_expiry_race_expires_before_the_response_passes(tmp_path: Path) -> None:
+async def test_12_expiry_race_holds_the_answer_until_the_session_expired(tmp_path: Path) -> None:
     h = Harness(tmp_path, [{"kind": "expiry_race", "rate": 1.0}])
     f = h.request(h.flow(body=call("echo", 3), session="raw-session-id"))
     h.respond(f)
-    assert f.response is not None and callable(f.response.stream)
-    chunks = sse_stream("pZ", 0, rid=3)
-    assert f.response.stream(chunks[0]) == [chunks[0]]
-    assert h.expired == []
-    f.response.stream(chunks[1])
-    assert [c.session_id for c in h.expired] == ["raw-session-id"]
-    assert h.expired[0].url == "http://127.0.0.1:9/lab-admin/expire" and h.expired[0].token == "admin-token"
+    assert f.response is not None and not callable(f.response.stream), "order 'before' holds the answer"
+    assert h.calls == [] and h.tap(type="flow") == []
+    body = b"".join(sse_stream("pZ", 1, rid=3))
+    await h.finish(f, body=body)
+    [c] = h.calls
+    assert (c.method, c.host, c.port, c.path) == ("POST", "127.0.0.1", 9, "/lab-admin/expire")
+    assert dict(c.headers)["mcp-session-id"] == "raw-session-id"
+    assert dict(c.headers)["x-lab-admin-token"] == "admin-token"
+    assert "raw-session-id" not in repr(c), "a side call must not print the raw session ID"
     [fault] = h.tap(type="fault")
     assert fault["fault"] == "expiry_race" and fault["detail"]["admin_status"] == 200
+    assert fault["detail"]["order"] == "before" and fault["detail"]["session"].startswith("s_")
+    assert decode(f.response.content or b"") == decode(body), "the whole answer passes, after the call"
+    assert [x["fault"] for x in h.tap(type="forwarded")] == [None, None, None]
     assert "raw-session-id" not in h.tap_path.read_text()
+
+
+async def test_12_the_held_answer_waits_without_blocking_the_loop(tmp_path: Path) -> None:
+    import asyncio
+
+    h = Harness(tmp_path, [{"kind": "expiry_race", "rate": 1.0}])
+    release = asyncio.Event()
+    progress: list[str] = []
+
+    async def slow(call: Any) -> int:
+        await release.wait()
+        return 200
+
+    h.addon.caller = slow
+    f = h.request(h.flow(body=call("echo", 3)))
+    h.respond(f)
+    f.response.content = b"".join(sse_stream("pW", 0, rid=3))  # type: ignore[union-attr]
+    held = asyncio.ensure_future(h.addon.response(f))
+    for _ in range(5):
+        await asyncio.sleep(0)
+        progress.append("loop ran")
+    assert not held.done() and len(progress) == 5, "the loop must go on while the answer is held"
+    release.set()
+    await held
+    assert h.tap(type="fault")[0]["detail"]["admin_status"] == 200
 
 
 async def test_12_expiry_race_on_a_json_answer(tmp_path: Path) -> None:
     h = Harness(tmp_path, [{"kind": "expiry_race", "rate": 1.0}])
     f = h.request(h.flow(body=call("echo")))
     h.respond(f, sse=False)
-    await h.finish(f)
-    assert len(h.expired) == 1 and h.tap(type="fault")[0]["detail"]["order"] == "before"
+    await h.finish(f, body=b'{"jsonrpc": "2.0", "id": 1, "result": {}}')
+    assert len(h.calls) == 1 and h.tap(type="fault")[0]["detail"]["order"] == "before"
 
 
-async def test_12_concurrent_order_expires_off_the_loop(tmp_path: Path) -> None:
+async def test_12_no_race_when_the_answer_is_not_the_response(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [{"kind": "expiry_race", "rate": 1.0}])
+    f = h.request(h.flow(body=call("echo", 5)))
+    h.respond(f)
+    await h.finish(f, body=encode_event("", id="p0"))  # the stream ended before the response
+    assert h.calls == [] and h.tap(type="fault") == []
+
+
+async def test_12_concurrent_order_streams_and_races(tmp_path: Path) -> None:
+    import asyncio
+
     h = Harness(tmp_path, [{"kind": "expiry_race", "rate": 1.0, "params": {"order": "concurrent"}}])
     f = h.request(h.flow(body=call("echo", 1)))
     h.respond(f)
     out = await h.stream(f, sse_stream("pQ", 0), end=False)
     assert len(decode(out)) == 2
-    import asyncio
-
     for _ in range(200):
         if h.tap(type="fault"):
             break
         await asyncio.sleep(0.01)
-    assert h.tap(type="fault")[0]["detail"]["order"] == "concurrent"
+    assert h.tap(type="fault")[0]["detail"]["order"] == "concurrent" and len(h.calls) == 1
 
 
 async def test_12_without_an_admin_token_nothing_fires(tmp_path: Path) -> None:
     h = Harness(tmp_path, [{"kind": "expiry_race", "rate": 1.0}], mcpfaults_admin_token="")
     f = h.request(h.flow(body=call("echo")))
     h.respond(f)
-    await h.stream(f, sse_stream("pN", 0))
-    assert h.expired == []
+    await h.finish(f, body=b"".join(sse_stream("pN", 0)))
+    assert h.calls == [] and h.tap(type="fault") == []
+
+
+# ---------------------------------------------------------------------- 14: kill_session
+
+
+@pytest.mark.parametrize("order", ["before", "concurrent"])
+async def test_14_kill_session_sends_a_real_delete(tmp_path: Path, order: str) -> None:
+    import asyncio
+
+    h = Harness(tmp_path, [{"kind": "kill_session", "rate": 1.0, "params": {"order": order}}])
+    f = h.request(
+        h.flow(
+            body=call("echo", 2),
+            session="raw-sid",
+            headers={"authorization": "Bearer tok", "origin": "http://o"},
+        )
+    )
+    h.respond(f)
+    body = b"".join(sse_stream("pK", 0, rid=2))
+    if order == "before":
+        await h.finish(f, body=body)
+    else:
+        await h.stream(f, [body])
+        for _ in range(100):
+            if h.calls:
+                break
+            await asyncio.sleep(0.01)
+    [c] = h.calls
+    headers = dict(c.headers)
+    assert (c.method, c.path, c.port) == ("DELETE", "/mcp", 9)
+    assert headers["mcp-session-id"] == "raw-sid" and headers["authorization"] == "Bearer tok"
+    assert headers["mcp-protocol-version"] == "2025-11-25" and headers["origin"] == "http://o"
+    await asyncio.sleep(0.01)
+    [fault] = h.tap(type="fault")
+    assert fault["fault"] == "kill_session" and fault["flow"] == f.id
+    assert fault["detail"] == {"delete_status": 200, "session": fault["detail"]["session"], "order": order}
+    assert fault["detail"]["session"].startswith("s_") and fault["decision"].startswith("d_")
+    text = h.tap_path.read_text()
+    assert "raw-sid" not in text and "Bearer tok" not in text
+
+
+async def test_14_a_405_is_recorded_as_it_came(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [{"kind": "kill_session", "rate": 1.0}])
+    h.call_status = 405
+    f = h.request(h.flow(body=call("echo", 2)))
+    h.respond(f, sse=False)
+    await h.finish(f, body=b'{"jsonrpc": "2.0", "id": 2, "result": {}}')
+    assert h.tap(type="fault")[0]["detail"]["delete_status"] == 405
+
+
+async def test_14_no_answer_is_minus_one(tmp_path: Path) -> None:
+    # A real call to a port nothing listens on: the async client gives -1, it does not raise.
+    import socket
+
+    from lab.faults.kinds.base import HttpCall
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    status = await mcp_faults_io.http_call(HttpCall("DELETE", "127.0.0.1", port, "/mcp", (), 0.5))
+    assert status == -1
 
 
 # ---------------------------------------------------------------------- decisions and changes
@@ -498,6 +636,46 @@ async def test_decisions_do_not_depend_on_arrival_order(tmp_path: Path) -> None:
     forward = await run(conns, tmp_path / "a")
     backward = await run(list(reversed(conns)), tmp_path / "b")
     assert forward == backward and 0 < len(forward) < len(conns)
+
+
+async def test_two_proxies_with_one_seed_make_the_same_decisions(tmp_path: Path) -> None:
+    # Two addon instances fed the same traffic with one seed: the same decisions, same IDs.
+    rules = [
+        {"kind": "rewrite_origin", "rate": 0.4, "match": {"tools": ["echo"]}},
+        {"kind": "strip_protocol_version", "rate": 0.4},
+        {"kind": "drop_priming", "rate": 0.5},
+        {"kind": "kill_session", "rate": 0.3, "params": {"order": "concurrent"}},
+        {"kind": "cut_stream", "rate": 0.05, "params": {"min_index": 2}},
+        {"kind": "replay_after_ack", "rate": 0.2},
+        {"kind": "cross_ids", "rate": 0.2},
+    ]
+
+    async def decisions(seed: int, where: Path) -> list[tuple[str, str, object]]:
+        import asyncio
+
+        where.mkdir()
+        h = Harness(where, rules, seed=seed)
+        for i in range(24):
+            tool = "echo" if i % 2 else "ticker"
+            f = h.request(h.flow(body=call(tool, i), conn=f"c{i % 5}:{i}", session=f"sess-{i % 3}"))
+            h.respond(f)
+            await h.stream(f, sse_stream(f"p{i}", 4, rid=i, tag="T" + "ABCDEFGHIJ"[i % 3] * 10))
+        await asyncio.sleep(0.01)  # let concurrent races write their records
+        conn = {r["flow"]: r["conn"] for r in h.tap(type="flow")}
+        out: list[tuple[str, str, object]] = []
+        for r in h.tap():
+            if r["type"] == "flow":
+                out += [(r["conn"], x["fault"], x["decision"]) for x in r["faults"]]
+            elif r["type"] in ("forwarded", "dropped", "fault") and r.get("decision"):
+                out.append((conn[r["flow"]], r["fault"], (r.get("index"), r["decision"])))
+        return sorted(out, key=repr)
+
+    first = await decisions(21, tmp_path / "a")
+    second = await decisions(21, tmp_path / "b")
+    other = await decisions(22, tmp_path / "c")
+    assert first == second
+    assert {f for _, f, _ in first} >= {"rewrite_origin", "drop_priming", "kill_session", "replay_after_ack"}
+    assert other != first
 
 
 async def test_plan_file_changes_are_picked_up_and_bad_ones_refused(tmp_path: Path) -> None:

@@ -29,6 +29,7 @@ from tests.faults.live import (
     origin_of,
     reference_server,
     server_available,
+    tap_proxy,
     wait_rows,
     write_plan,
 )
@@ -376,3 +377,96 @@ def test_a_bad_plan_file_keeps_the_running_plan(lab: Lab) -> None:
         errors = [p for p in lab.tap.records(type="plan") if p.get("error")]
         assert errors and "rules[0].rate" in errors[-1]["error"]
         assert c.call("clock", {}).status == 503, "the previous plan should still be running"
+
+
+# ---------------------------------------------------------------------- 14: kill_session, any server
+
+
+def test_kill_session_deletes_the_session_as_the_response_passes(lab: Lab) -> None:
+    lab.set_plan([{"kind": "kill_session", "rate": 1.0, "match": {"tools": ["echo"]}}])
+    with lab.client("kill") as c:
+        conn = c.conn()
+        ex = c.call("echo", {"text": "x"}, conn=conn)
+        assert ex.status == 200 and "result" in ex.messages()[-1], "the response itself must pass"
+        flow = last_flow(lab, conn)["flow"]
+        [fault] = lab.tap.records(type="fault", flow=flow)
+        assert fault["fault"] == "kill_session" and fault["detail"]["order"] == "before"
+        assert fault["detail"]["delete_status"] == 200
+        assert fault["detail"]["session"] == last_flow(lab, conn)["session"]
+        lab.set_plan([])
+        later = c.call("clock", {})
+    assert later.status == 404, "the proxy's DELETE did not end the session"
+    ended = ledger_rows(
+        lab.ledger, "SELECT COUNT(*) FROM sessions WHERE session = ?", (fault["detail"]["session"],)
+    )
+    assert ended == [(1,)]
+    reasons = ledger_rows(
+        lab.ledger, "SELECT end_reason FROM sessions WHERE session = ?", (fault["detail"]["session"],)
+    )
+    assert reasons == [("deleted",)]
+    assert c.session_id is not None and c.session_id not in lab.tap.path.read_text()
+
+
+def test_kill_session_against_a_server_that_refuses_delete(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    write_plan(
+        plan, {"seed": 3, "rules": [{"kind": "kill_session", "rate": 1.0, "match": {"tools": ["echo"]}}]}
+    )
+    tap = Tap(tmp_path / "tap.jsonl")
+    with (
+        reference_server(tmp_path, "--tokens", TOKENS, "--delete", "refuse") as srv,
+        fault_proxy(tmp_path, origin_of(srv.url), plan, tap.path) as px,
+        McpClient(px.url + "/mcp", "refused") as c,
+    ):
+        c.initialize()
+        conn = c.conn()
+        ex = c.call("echo", {"text": "x"}, conn=conn)
+        assert ex.status == 200
+        [fault] = tap.wait(type="fault")
+        assert fault["detail"]["delete_status"] == 405  # not applicable: recorded as it came
+        assert c.call("echo", {"text": "still here"}).status == 200
+
+
+# ---------------------------------------------------------------------- write receipts on the wire
+
+
+def test_write_receipts_are_recorded_from_what_the_server_sent(lab: Lab) -> None:
+    from lab.faults.results import result_digest
+
+    lab.set_plan([{"kind": "executed_then_lost", "rate": 1.0, "match": {"tools": ["ledger.append"]}}])
+    with lab.client("receipt") as c:
+        lost = c.call("ledger.append", {"entry": "r"}, key="wire-key-1")
+        assert lost.error is not None
+        lab.set_plan([])
+        retry = c.call("ledger.append", {"entry": "r"}, key="wire-key-1")
+    answer = retry.messages()[-1]
+    results = lab.tap.wait(type="result", idempotency_key="wire-key-1")
+    deadline = time.monotonic() + 5
+    while len(results) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        results = lab.tap.records(type="result", idempotency_key="wire-key-1")
+    # The lost answer (dropped by the proxy, but sent by the server) and the retry's.
+    assert len(results) == 2 and {r["tool"] for r in results} == {"ledger.append"}
+    assert all(r["auth"] and r["auth"].startswith("t_") and r["is_error"] is False for r in results)
+    # One receipt: the retry returned the original answer, so the server sent one result
+    # digest twice (the lost answer and the retry's), and it is the digest of that answer.
+    assert [r["result_digest"] for r in results] == [result_digest(answer["result"])] * 2
+
+
+def test_the_tap_runs_alone(tmp_path: Path) -> None:
+    # -s addons/mcp_tap.py without the fault addon: a proxy that only records.
+    tap = Tap(tmp_path / "tap.jsonl")
+    with (
+        reference_server(tmp_path, "--tokens", TOKENS) as srv,
+        tap_proxy(tmp_path, origin_of(srv.url), tap.path) as px,
+        McpClient(px.url + "/mcp", "alone") as c,
+    ):
+        c.initialize()
+        ex = c.call("ticker", {"count": 3, "interval_ms": 1}, key="alone-1")
+        assert ex.status == 200 and "result" in ex.messages()[-1]
+        [result] = tap.wait(type="result")
+    flow = next(r for r in tap.records(type="flow") if r["flow"] == result["flow"])
+    assert flow["faults"] == [] and flow["tool"] == "ticker"
+    sent, fwd = tap.of_flow(flow["flow"], "sent"), tap.of_flow(flow["flow"], "forwarded")
+    assert len(sent) == len(fwd) == len(ex.events) and all(x["fault"] is None for x in fwd)
+    assert tap.records(type="plan") == [], "no fault addon, no plan"

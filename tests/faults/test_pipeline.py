@@ -1,4 +1,5 @@
-"""The SSE pipe on its own: re-framing is invariant under any chunking, faults included."""
+"""The tap's SSE pipe on its own: re-framing is invariant under any chunking, faults included;
+write receipts are recorded from what the server sent."""
 
 from __future__ import annotations
 
@@ -8,20 +9,15 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from lab.faults.pipeline import (
-    ActivePlan,
-    Memory,
-    PipeContext,
-    PlanHolder,
-    Record,
-    Remembered,
-    SsePipe,
-    as_record,
-    js,
-    reencode,
-)
-from lab.faults.plan import Decider, FaultKind, Target, parse_plan
-from lab.wire.sse import SseDecoder, SseEvent
+from lab.faults.decisions import Decider
+from lab.faults.events import Armed, EventFaults
+from lab.faults.facts import RequestFacts, RpcFacts
+from lab.faults.kinds import Unit
+from lab.faults.memory import Memory, Remembered
+from lab.faults.pipeline import Record, SsePipe, as_record, js, reencode
+from lab.faults.plan import ActivePlan, PlanHolder, parse_plan
+from lab.faults.results import ResultWatch, WriteCall, WriteCalls, result_digest
+from lab.wire.sse import SseDecoder, SseEvent, encode_event
 
 RESPONSE = json.dumps({"jsonrpc": "2.0", "id": 1, "result": {"text": "héllo ✓"}})
 
@@ -37,18 +33,35 @@ RAW = (
 )
 
 
+FACTS = RequestFacts(
+    flow="f1",
+    key="c1:1",
+    conn="c1:1",
+    http_method="POST",
+    path="/mcp",
+    session_id="raw",
+    session="s_x",
+    rpc=RpcFacts(1, "tools/call", "echo"),
+    origin=None,
+    last_event_id=None,
+    protocol_version=None,
+    token=None,
+)
+
+
 def make_pipe(
     rules: list[dict[str, Any]] | None = None, *, memory: Memory | None = None
 ) -> tuple[SsePipe, list[Record]]:
     plan = parse_plan({"seed": 5, "rules": rules or []})
     holder = PlanHolder(ActivePlan(plan, 0.0, 1))
     sink: list[Record] = []
-    ctx = PipeContext("f1", "c1:1", Target("POST", "post", "tools/call", "echo", "s_x"), "s_x", jsonrpc_id=1)
+    armed = []
     for r in plan.rules:
-        d = holder.active.decide(r, ctx.key, 1.0)
-        if d is not None and r.kind in (FaultKind.DROP_PRIMING, FaultKind.EXECUTED_THEN_LOST):
-            ctx.armed[r.kind] = (r, d)
-    return SsePipe(ctx, holder, sink, lambda: 1.0, memory=memory), sink
+        d = holder.active.decide(r, FACTS.key, 1.0)
+        if d is not None and r.unit is Unit.FLOW:
+            armed.append(Armed(r.spec, r, d))
+    faults = EventFaults(FACTS, holder, memory or Memory(), armed)
+    return SsePipe("f1", "s_x", sink, lambda: 1.0, faults=faults), sink
 
 
 def run(
@@ -111,7 +124,7 @@ def test_any_chunking_gives_the_same_output(cuts: list[int]) -> None:
 def test_cut_mid_chunk_drops_the_rest() -> None:
     out, sink, pipe = run(RAW, [], [{"kind": "cut_stream", "rate": 1.0, "params": {"min_index": 2}}])
     assert len(fields(out)) == 2
-    assert pipe.cut is not None and pipe.cut.fault is FaultKind.CUT_STREAM
+    assert pipe.cut is not None and pipe.cut.fault == "cut_stream"
     assert [r["index"] for r in sink if r["type"] == "dropped"] == [2, 3, 4]
 
 
@@ -120,7 +133,7 @@ def test_executed_then_lost_matches_the_request_id_only() -> None:
     raw = b"data: " + other.encode() + b"\n\ndata: " + RESPONSE.encode() + b"\n\n"
     out, _, pipe = run(raw, [], [{"kind": "executed_then_lost", "rate": 1.0}])
     assert [f[1] for f in fields(out)] == [other]
-    assert pipe.cut is not None and pipe.cut.fault is FaultKind.EXECUTED_THEN_LOST
+    assert pipe.cut is not None and pipe.cut.fault == "executed_then_lost"
 
 
 def test_memory_is_bounded() -> None:
@@ -136,8 +149,6 @@ def test_memory_is_bounded() -> None:
 
 
 def test_the_fast_paths_agree_with_the_general_ones() -> None:
-    from lab.wire.sse import SseEvent, encode_event
-
     for ev, eid in (
         (SseEvent(data="x y"), "e1"),
         (SseEvent(data="x"), None),
@@ -169,3 +180,84 @@ def test_other_stream_and_other_session_choices() -> None:
     assert m.other_token("s2", "t2", d) == "t1"
     assert m.other_token("s1", "t1", d) == "t2"
     assert m.other_token("s1", "t2", d) is None  # the only other token is the one it has
+
+
+# ---------------------------------------------------------------------- write receipts (the tap's `result`)
+
+
+def _watch(
+    calls: WriteCalls | None = None, own: WriteCall | None = None, session: str | None = "s_x"
+) -> SsePipe:
+    results = ResultWatch("f9", session, own, calls or WriteCalls())
+    return SsePipe("f9", session, [], lambda: 5.0, results=results)
+
+
+def _response(rid: object, **body: object) -> bytes:
+    return encode_event(json.dumps({"jsonrpc": "2.0", "id": rid, **body}), id=f"e-{rid}")
+
+
+def test_a_write_answer_on_its_own_stream_is_recorded_from_what_the_server_sent() -> None:
+    own = WriteCall(7, "key-7", "ledger.append", "t_abc")
+    pipe = _watch(own=own)
+    result = {"content": [{"type": "text", "text": "receipt r-1 ✓"}], "isError": False}
+    progress = encode_event(json.dumps({"jsonrpc": "2.0", "method": "notifications/progress"}), id="p")
+    pipe.feed(progress + _response(7, result=result) + _response(8, result={"other": 1}))
+    [rec] = [as_record(r) for r in pipe.sink if as_record(r)["type"] == "result"]
+    assert rec == {
+        "type": "result",
+        "flow": "f9",
+        "t": 5.0,
+        "session": "s_x",
+        "auth": "t_abc",
+        "jsonrpc_id": 7,
+        "idempotency_key": "key-7",
+        "tool": "ledger.append",
+        "is_error": False,
+        "result_digest": result_digest(result),
+    }
+    # The digest is of the canonical JSON: key order and spacing do not change it.
+    assert result_digest({"b": 1, "a": "é"}) == result_digest(json.loads('{ "a" : "é", "b" : 1 }'))
+    assert result_digest({"a": 1}) != result_digest({"a": 2})
+
+
+def test_errors_and_is_error_results_are_marked() -> None:
+    own = WriteCall("w", "k", "ledger.append", None)
+    pipe = _watch(own=own)
+    pipe.feed(_response("w", error={"code": -32000, "message": "no"}))
+    pipe.feed(_response("w", result={"isError": True, "content": []}))
+    pipe.feed(_response(1, result={}))  # id 1 is not "w": a string id differs from a number
+    recs = [as_record(r) for r in pipe.sink if as_record(r)["type"] == "result"]
+    assert [(r["jsonrpc_id"], r["is_error"]) for r in recs] == [("w", True), ("w", True)]
+    assert recs[0]["result_digest"] == result_digest({"code": -32000, "message": "no"})
+
+
+def test_a_write_answer_replayed_on_a_get_of_the_session_is_recorded() -> None:
+    calls = WriteCalls()
+    calls.note("s_x", WriteCall(3, "key-3", "ledger.append", "t_1"))
+    pipe = _watch(calls)
+    pipe.feed(_response(3, result={"receipt": "r"}) + _response(4, result={}))
+    recs = [as_record(r) for r in pipe.sink if as_record(r)["type"] == "result"]
+    assert [(r["idempotency_key"], r["auth"]) for r in recs] == [("key-3", "t_1")]
+    other = _watch(calls, session="s_other")  # another session's id 3 is another request
+    other.feed(_response(3, result={}))
+    assert not [r for r in other.sink if as_record(r)["type"] == "result"]
+
+
+def test_a_dropped_response_is_still_a_result_the_server_sent() -> None:
+    out, _, _ = run(RAW, [], [{"kind": "executed_then_lost", "rate": 1.0}])
+    assert b'"result"' not in out
+    own = WriteCall(1, "k", "echo", None)
+    pipe, sink2 = make_pipe([{"kind": "executed_then_lost", "rate": 1.0}])
+    pipe.results = ResultWatch("f1", "s_x", own, WriteCalls())
+    pipe.feed(RAW)
+    types = [as_record(r)["type"] for r in sink2]
+    assert "result" in types and types.index("result") > types.index("sent")
+    assert pipe.cut is not None
+
+
+def test_write_calls_are_bounded() -> None:
+    calls = WriteCalls(limit=3)
+    for i in range(5):
+        calls.note(f"s{i % 2}", WriteCall(i, f"k{i}", "t", None))
+    assert calls.get("s0", 0) is None and calls.get("s0", 4) is not None
+    assert calls.has("s1") and not calls.has("s9") and not calls.has(None)

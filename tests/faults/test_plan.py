@@ -8,21 +8,19 @@ from typing import Any
 import pytest
 
 from lab.faults.checks import parse_duration
-from lab.faults.facts import bearer_token, decision_key, origin_allowed, rpc_facts, stream_kind, tampered_id
-from lab.faults.plan import (
-    PLAN_SCHEMA,
-    UNIT,
-    Decider,
-    FaultKind,
-    Match,
-    PlanError,
-    Rule,
-    StormParams,
+from lab.faults.decisions import Decider, Window
+from lab.faults.facts import (
     Target,
-    Unit,
-    Window,
-    parse_plan,
+    bearer_token,
+    decision_key,
+    origin_allowed,
+    rpc_facts,
+    stream_kind,
+    tampered_id,
 )
+from lab.faults.kinds import NAMES, REGISTRY, Unit
+from lab.faults.kinds.storms import StormParams
+from lab.faults.plan import PLAN_SCHEMA, Match, PlanError, Rule, parse_plan
 
 
 def problems(plan: dict[str, Any]) -> list[str]:
@@ -61,10 +59,11 @@ def test_a_full_plan_round_trips() -> None:
 
 
 def test_every_kind_has_a_unit_and_defaults() -> None:
-    for kind in FaultKind:
-        plan = parse_plan({"seed": 1, "rules": [{"kind": kind.value, "rate": 0.1, "window": {"end": 5}}]})
-        assert plan.rules[0].kind is kind and UNIT[kind] in (Unit.FLOW, Unit.EVENT)
-    assert len(FaultKind) == 13
+    for name in NAMES:
+        plan = parse_plan({"seed": 1, "rules": [{"kind": name, "rate": 0.1, "window": {"end": 5}}]})
+        assert plan.rules[0].kind == name and plan.rules[0].unit in (Unit.FLOW, Unit.EVENT)
+        assert plan.rules[0].params == REGISTRY[name].params_type()
+    assert len(NAMES) == 14
 
 
 @pytest.mark.parametrize(
@@ -191,7 +190,7 @@ def test_not_json_and_bad_schema() -> None:
 
 def test_storm_shapes() -> None:
     def rule(**params: Any) -> Rule:
-        return Rule("s", FaultKind.STORM, 0.8, Window(10, 50), params=StormParams(**params))
+        return Rule("s", "storm", 0.8, Window(10, 50), params=StormParams(**params))
 
     sustained = rule()
     assert [sustained.probability(t) for t in (5, 10, 49.9, 50)] == [0.0, 0.8, 0.8, 0.0]
@@ -225,15 +224,13 @@ def test_decisions_are_derived_from_the_seed() -> None:
 
 
 def test_the_rate_is_the_fraction_that_fires() -> None:
-    rule = Rule("r", FaultKind.CUT_STREAM, 0.1)
     dec = Decider(3)
-    fired = sum(dec.decide(rule, f"c:{i}", 0.0) is not None for i in range(20000))
+    fired = sum(dec.decide("r", 0.1, f"c:{i}") is not None for i in range(20000))
     assert 1800 < fired < 2200
-    assert dec.decide(Rule("z", FaultKind.CUT_STREAM, 0.0), "c:1", 0.0) is None
+    assert dec.decide("z", 0.0, "c:1") is None
     # Lowering a rate only removes firings.
-    low = Rule("r", FaultKind.CUT_STREAM, 0.05)
-    assert {i for i in range(2000) if dec.decide(low, f"c:{i}", 0) is not None} <= {
-        i for i in range(2000) if dec.decide(rule, f"c:{i}", 0) is not None
+    assert {i for i in range(2000) if dec.decide("r", 0.05, f"c:{i}") is not None} <= {
+        i for i in range(2000) if dec.decide("r", 0.1, f"c:{i}") is not None
     }
 
 

@@ -18,7 +18,7 @@ import time  # noqa: E402
 
 import httpx  # noqa: E402
 
-from lab.client import (  # noqa: E402  # noqa: E402  # noqa: E402
+from lab.client import (  # noqa: E402
     BackoffPolicy,
     CallFinished,
     CallHandle,

@@ -1,5 +1,6 @@
 """The plain side of the nemesis (client, schedule, log, parsing, CLI registration) never
-imports trio: the orchestrator uses it from threads, and Locust code must never meet trio."""
+imports trio: the orchestrator uses it from threads, and Locust code must never meet trio.
+Nor does it load toxiproxy-python: the lab's own client is on the standard library."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ def test_the_plain_modules_import_no_trio() -> None:
     loaded = _imported_after(PLAIN)
     assert "lab.nemesis.client" in loaded, "the probe must see what it imported"
     assert not {m for m in loaded if m.split(".")[0] in {"trio", "gevent", "locust", "h11"}}
+    # The lab's own client is the standard library's: toxiproxy-python (and the requests
+    # session it would patch) is for people, never loaded by the lab's plain side.
+    assert not {m for m in loaded if m.split(".")[0] in {"toxiproxy", "requests"}}
 
 
 def test_the_server_side_does_import_trio() -> None:
@@ -49,4 +53,4 @@ def test_a_taken_api_port_is_a_clear_error(tmp_path: Path) -> None:
             text=True,
             timeout=30,
         )
-    assert out.returncode == 2 and "lab nemesis:" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 3 and "lab nemesis:" in out.stderr and "Traceback" not in out.stderr

@@ -4,6 +4,7 @@ serving), one log line per change, and the schedule runner acting on time."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -13,7 +14,7 @@ import pytest
 import requests
 
 from lab.nemesis.client import ConflictError, NotFoundError, ToxiproxyClient
-from lab.nemesis.log import NemesisLog, NemesisRecord, read_nemesis_log
+from lab.nemesis.log import NemesisLog, NemesisRecord, read_nemesis_log, read_toxic_outcomes
 from lab.nemesis.schedule import ScheduledToxic, ToxicScheduleRunner
 from lab.nemesis.toxics import make_toxic
 from tests.nemesis.conftest import NemesisProcess, ProxyFactory, listen_port, running_nemesis
@@ -91,16 +92,14 @@ def test_bad_input_gets_the_right_4xx_and_the_server_keeps_running(
         assert bad_json.status_code == 400 and "bad request body" in bad_json.json()["error"]
         assert _raw(nemesis, "POST", f"/proxies/{name}/toxics", "").status_code == 400
 
-        with client.using_library() as lib:
-            proxy = lib.Proxy(name=name, upstream="", enabled=True, listen="")
-            with pytest.raises(lib.api.InvalidToxic, match="invalid toxic type"):
-                proxy.add_toxic(type="gremlins", attributes={})
-            with pytest.raises(lib.api.InvalidToxic, match="must be >= 0"):
-                proxy.add_toxic(type="latency", attributes={"latency": -5})
-            with pytest.raises(lib.api.InvalidToxic, match="stream was invalid"):
-                proxy.add_toxic(type="latency", stream="sideways", attributes={"latency": 5})
-            with pytest.raises(lib.api.InvalidToxic, match="toxicity"):
-                proxy.add_toxic(type="latency", toxicity=2, attributes={"latency": 5})
+        for body, message in [
+            ({"type": "gremlins", "attributes": {}}, "invalid toxic type"),
+            ({"type": "latency", "attributes": {"latency": -5}}, "must be >= 0"),
+            ({"type": "latency", "stream": "sideways", "attributes": {"latency": 5}}, "stream was invalid"),
+            ({"type": "latency", "toxicity": 2, "attributes": {"latency": 5}}, "toxicity"),
+        ]:
+            refused = _raw(nemesis, "POST", f"/proxies/{name}/toxics", json.dumps(body))
+            assert refused.status_code == 400 and message in refused.json()["error"], (body, refused.text)
 
         again = _raw(nemesis, "POST", "/proxies", f'{{"name": "{name}", "upstream": "127.0.0.1:{up.port}"}}')
         assert again.status_code == 409 and again.json() == {"error": "proxy already exists", "status": 409}
@@ -192,12 +191,14 @@ def test_schedule_runner_adds_then_removes_on_time(
         windowed = make_toxic("latency", latency=50)
         open_ended = make_toxic("limit_data", stream="upstream", bytes=1_000_000)
         start = time.time() + 0.2
-        runner = ToxicScheduleRunner(
-            client,
-            [ScheduledToxic(name, windowed, at=0.5, until=1.5), ScheduledToxic(name, open_ended, at=0.2)],
-            start,
-        )
-        outcomes = runner.run()
+        with NemesisLog(nemesis.log) as shared:  # the nemesis writes to this file too
+            runner = ToxicScheduleRunner(
+                client,
+                [ScheduledToxic(name, windowed, at=0.5, until=1.5), ScheduledToxic(name, open_ended, at=0.2)],
+                start,
+                log=shared,
+            )
+            outcomes = runner.run()
         assert client.toxics(name) == {}, "the end of the run removed what it added"
     assert [(o.step.action, o.step.toxic.name) for o in outcomes] == [
         ("add", "limit_data_upstream"),
@@ -215,6 +216,15 @@ def test_schedule_runner_adds_then_removes_on_time(
         t = logged[(kind, toxic)]
         assert start + offset - 0.02 <= t <= start + offset + 1.0, (kind, toxic, t - start)
     assert logged[("toxic_removed", "limit_data_upstream")] >= logged[("toxic_removed", "latency_downstream")]
+    # one outcome record per call, in the same file as the nemesis's own records
+    mine = [o for o in read_toxic_outcomes(nemesis.log) if o.proxy == name]
+    assert [(o.action, o.toxic, o.kind, o.outcome) for o in mine] == [
+        ("add", "limit_data_upstream", "limit_data", "ok"),
+        ("add", "latency_downstream", "latency", "ok"),
+        ("remove", "latency_downstream", "latency", "ok"),
+        ("remove", "limit_data_upstream", "limit_data", "ok"),
+    ]
+    assert mine[2].t >= logged[("toxic_removed", "latency_downstream")], "the outcome follows the change"
 
 
 def test_schedule_runner_stopped_early_leaves_no_toxic(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import requests
 
 from lab.nemesis.client import ToxiproxyClient
 from lab.nemesis.toxics import make_toxic
@@ -185,10 +186,10 @@ def test_toxicity_zero_never_applies_and_removal_is_the_way(
         name = make_proxy.names[0]
         with pytest.raises(ValueError, match="toxicity 0"):
             client.add_toxic(name, make_toxic("latency", latency=1000, toxicity=0.0))
-        with client.using_library() as lib:  # the library itself does send toxicity 0
-            lib.Proxy(name=name, upstream="", enabled=True, listen="").add_toxic(
-                type="latency", name="slow", toxicity=0.0, attributes={"latency": 1000}
-            )
+        zero = '{"type": "latency", "name": "slow", "toxicity": 0.0, "attributes": {"latency": 1000}}'
+        # toxiproxy-python does send toxicity 0; the nemesis takes it, as Toxiproxy does
+        sent = requests.post(f"{nemesis.url}/proxies/{name}/toxics", data=zero, timeout=5)
+        assert sent.status_code == 200, sent.text
         assert client.toxics(name)["slow"].toxicity == 0.0
         with connect(port) as s:
             unaffected = median_round_trip(s)

@@ -186,7 +186,11 @@ def test_mitmdump_command_uses_the_addon_and_its_options(services: dict[str, dic
     assert args[0] == "mitmdump"
     addon = ROOT / args[args.index("-s") + 1]
     assert addon.is_file()
-    declared = set(re.findall(r'add_option\(\s*"([a-z_]+)"', addon.read_text()))
+    # The fault addon loads the tap (addons/mcp_tap.py); each declares its options in `load`,
+    # from a table of ("mcpfaults_...", default, help).
+    sources = addon.read_text() + (ROOT / "addons" / "mcp_tap.py").read_text()
+    declared = set(re.findall(r'\(\s*"(mcpfaults_[a-z_]+)",', sources))
+    assert {"mcpfaults_plan", "mcpfaults_tap"} <= declared
     help_text = _flags_of("mitmdump")
     for i, a in enumerate(args):
         if a == "--set":

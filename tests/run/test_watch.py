@@ -194,4 +194,6 @@ def test_lab_watch_ends_the_run_incomplete_when_a_removal_fails(
     )
     (window,) = [w for w in doc["fault_windows"] if w["fault"] == "toxic:latency"]
     assert window["ended"] is False
-    assert time.monotonic() - started < 30
+    # The removal waits the runner's API timeout (longer than Toxiproxy's own), and once more
+    # when the runner cleans up: bounded all the same.
+    assert time.monotonic() - started < 60

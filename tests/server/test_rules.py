@@ -251,7 +251,8 @@ def test_standalone_get_carries_notifications_never_responses(mcp: Mcp) -> None:
         assert resp.status_code == 200
         note = next(events)
         msg = json.loads(note.data)
-        assert msg["method"] == "notifications/resources/updated" and "id" not in msg
+        assert msg["method"] == "notifications/message" and "id" not in msg
+        assert msg["params"]["logger"] == "mcp-lab/ledger" and msg["params"]["level"] == "info"
 
 
 def test_server_initiated_close_sends_retry_then_client_resumes(mcp: Mcp) -> None:
@@ -362,7 +363,7 @@ def test_write_once_per_idempotency_key_even_after_a_cut(srv: LiveProcess, mcp: 
     time.sleep(0.2)  # the server performs the write anyway (a disconnect is not a cancel)
     _, retried = mcp.call("ledger.append", {"entry": "pay"}, key="k-cut")  # a retry: new request ID, same key
     result = messages(retried)[-1]["result"]["structuredContent"]
-    assert result["effect"] == "replayed"
+    assert "effect" not in result  # the answer is the original receipt; the ledger says it was replayed
     db = ledger(srv)
     effects = [
         row[0]

@@ -1,0 +1,240 @@
+"""Tool calls: one logical operation per idempotency key, its attempts and its outcome.
+
+- A call is sent at once if the session is active, else queued until it is.
+- A dropped connection is not a cancellation: the call's stream is resumed, and a call
+  that cannot be resumed is re-sent with the same idempotency key (a new JSON-RPC request
+  ID, as JSON-RPC requires), never as a new operation. Cancelling means sending
+  `notifications/cancelled`.
+- Every call ends with one outcome (ok, error, unknown, cancelled), one operations row
+  and one `CallFinished` notice; a call the client leaves or stops still waiting for ends
+  UNKNOWN, so a run's end cannot hide a hang.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from lab.client._commands import CallFinished, CallHandle, CallOutcome, Purpose, SendRequest
+from lab.client._model import Call, Conn
+from lab.client._reconnector import EndPath, Handler, Kind, Loss, Target
+from lab.client._states import State, Trigger
+from lab.wire import jsonrpc
+from lab.wire.client_ledger import OperationRecord
+from lab.wire.errors import LocalProtocolError
+from lab.wire.event_ids import post_stream_id
+from lab.wire.extensions import IDEMPOTENCY_META
+from lab.wire.sse import SseEvent
+
+if TYPE_CHECKING:
+    from lab.client._core import ClientCore
+
+_RETRY_STATUSES = frozenset({429, 503})
+"""Refused before processing: re-send after the advised delay."""
+_UNKNOWN_STATUSES = frozenset({502, 504})
+"""May or may not have been processed: safe to re-send only because the idempotency key
+travels with the new request."""
+
+
+class Calling:
+    def __init__(self, core: ClientCore) -> None:
+        self.core = core
+
+    def handler(self) -> Handler:
+        return Handler(self._ready, self._attempt, self._exhausted)
+
+    # ------------------------------------------------------------------ what the application does
+
+    def start(
+        self, name: str, arguments: jsonrpc.JsonObject, now: float, idempotency_key: str | None, write: bool
+    ) -> CallHandle:
+        c = self.core
+        if c.leave_requested or c.stopped:
+            raise LocalProtocolError("call_tool() after leave() or close_all()")
+        key = idempotency_key or f"{c.config.client_id}/op/{len(c.calls) + 1}"
+        if key in c.calls:
+            raise LocalProtocolError(f"operation {key!r} already exists; use retry_call()")
+        call = Call(CallHandle(key, name), dict(arguments), write, now, progress_at=now)
+        c.calls[key] = call
+        self.send(call, now)
+        return call.handle
+
+    def retry(self, handle: CallHandle, now: float) -> None:
+        """Re-run an operation whose outcome was UNKNOWN (same idempotency key)."""
+        c = self.core
+        call = c.calls[handle.operation_key]
+        if not call.done:
+            raise LocalProtocolError(f"operation {handle.operation_key!r} is still running")
+        if c.leave_requested or c.stopped:
+            raise LocalProtocolError("retry_call() after leave() or close_all()")
+        call.done = False
+        call.progress_at = now
+        self.send(call, now)
+
+    def cancel(self, handle: CallHandle, now: float, reason: str) -> None:
+        c = self.core
+        call = c.calls[handle.operation_key]
+        if call.done:
+            return
+        if call.request_id is not None and not call.queued and c.session_usable():
+            body = jsonrpc.notification(jsonrpc.CANCELLED, {"requestId": call.request_id, "reason": reason})
+            c.http.open(Purpose.CANCEL, "POST", now, body=body)
+        st = c.streams.get(call.stream_key or "")
+        if st is not None and st.machine.can(Trigger.CANCELLED):
+            st.machine.process(Trigger.CANCELLED)
+            c.streaming.close_conn(st, now, "cancelled")
+        self.finish(call, CallOutcome.CANCELLED, now, reason=reason, path=EndPath.CANCELLED)
+
+    # ------------------------------------------------------------------ sending
+
+    def send(self, call: Call, now: float) -> SendRequest | None:
+        """Send an attempt of the call now if the session is active; else it stays queued."""
+        c = self.core
+        if c.session.state is not State.SESSION_ACTIVE or c.leave_requested:
+            call.queued = True
+            return None
+        call.queued = False
+        call.attempts += 1
+        call.progress_at = now
+        rid = c.new_request_id()
+        call.request_id = rid
+        call.stream_key = key = f"post:{rid}"
+        meta: dict[str, Any] = {"progressToken": rid, IDEMPOTENCY_META: call.handle.operation_key}
+        params = {"name": call.handle.tool, "arguments": call.arguments, "_meta": meta}
+        body = jsonrpc.request(rid, "tools/call", params)
+        return c.http.open(Purpose.CALL, "POST", now, body=body, stream_key=key, call=call)
+
+    def head(self, conn: Conn, now: float) -> None:
+        c = self.core
+        call = conn.call
+        assert call is not None
+        status = conn.status or 0
+        if call.done:
+            c.http.abort(conn, now, "call_already_finished")  # cancelled before its answer came
+            return
+        if status == 200:
+            if conn.sse:
+                structured = c.structured_ids and c.tag is not None
+                sid = post_stream_id(c.tag or "", call.request_id or 0) if structured else None
+                st = c.streaming.new_stream(conn, call.request_id, call, sid)
+                c.streaming.watch(st, now + c.config.stream_idle_s, "stream_idle")
+            return
+        c.http.abort(conn, now, f"http_{status}")
+        if status in _RETRY_STATUSES or status in _UNKNOWN_STATUSES:
+            self.lost(call, now, f"http_{status}", conn.retry_after)
+        else:
+            self.finish(call, CallOutcome.ERROR, now, reason=f"http_{status}")
+
+    def json_body(self, conn: Conn, now: float) -> None:
+        """A request answered with `application/json`: one message, no event ID, no cursor."""
+        c = self.core
+        call = conn.call
+        assert call is not None
+        c.streaming.new_stream(conn, call.request_id, call, None)
+        c.streaming.on_event(conn, SseEvent(data=bytes(conn.body).decode("utf-8", errors="replace")), now)
+        if conn.conn_id in c.http.live:
+            c.streaming.connection_over(conn, now, "server_closed")
+
+    def lost(self, call: Call, now: float, cause: str, retry_after: float | None) -> None:
+        """The call must be sent again (nothing of it can be resumed)."""
+        key = call.handle.operation_key
+        self.core.reconnector.lost(
+            Target.CALL,
+            key,
+            now,
+            cause,
+            kind=Kind.RESEND,
+            subject=call.stream_key or "",
+            operation_key=key,
+            retry_after=retry_after,
+        )
+
+    # ------------------------------------------------------------------ the re-send (a reconnect kind)
+
+    def _ready(self, loss: Loss, now: float) -> bool:
+        c = self.core
+        call = c.calls[loss.name]
+        if call.done or c.leave_requested or c.stopped:
+            loss.at = None
+            return False
+        if c.session.state is not State.SESSION_ACTIVE:
+            loss.at = None  # sent by the next handshake, still the same recovery
+            call.queued = True
+            return False
+        return True
+
+    def _attempt(self, loss: Loss, now: float) -> SendRequest:
+        send = self.send(self.core.calls[loss.name], now)
+        assert send is not None  # _ready checked the session
+        return send
+
+    def _exhausted(self, loss: Loss, now: float) -> None:
+        call = self.core.calls[loss.name]
+        self.finish(
+            call, CallOutcome.UNKNOWN, now, reason=f"gave_up_after_{loss.cause}", path=EndPath.ABANDONED
+        )
+
+    # ------------------------------------------------------------------ the outcome
+
+    def finish(
+        self,
+        call: Call,
+        outcome: CallOutcome,
+        now: float,
+        *,
+        result: jsonrpc.JsonObject | None = None,
+        error: Any = None,
+        reason: str = "",
+        path: EndPath = EndPath.ABANDONED,
+    ) -> None:
+        """The call's one outcome. A recovery in progress ends with it: recovered if the
+        call completed (ok or error), else never recovered, by `path`."""
+        c = self.core
+        if call.done:
+            return
+        call.done = True
+        call.queued = False
+        loss = c.reconnector.get(Target.CALL, call.handle.operation_key)
+        if loss is not None:
+            if outcome in (CallOutcome.OK, CallOutcome.ERROR):
+                c.reconnector.recovered(loss, now)
+            else:
+                c.reconnector.end(loss, path)
+        c.streaming.unwatch(call.stream_key)
+        c.fx.records.append(
+            OperationRecord(
+                c.config.client_id,
+                call.handle.operation_key,
+                call.handle.tool,
+                call.write,
+                str(outcome),
+                reason,
+                call.attempts,
+                call.started_at,
+                now,
+                c.generation,
+            )
+        )
+        c.fx.notices.append(
+            CallFinished(call.handle, outcome, now, result=result, error=error, reason=reason)
+        )
+
+    def give_up_waiting(self, now: float, reason: str, path: EndPath) -> None:
+        """The client leaves or stops: every unfinished call ends UNKNOWN, and one still
+        waiting without a recovery in progress is a loss that never recovered, from the
+        last time it moved."""
+        c = self.core
+        for call in c.calls.values():
+            if call.done:
+                continue
+            key = call.handle.operation_key
+            c.reconnector.open(
+                Target.CALL,
+                key,
+                now,
+                reason,
+                kind=Kind.RESEND if call.queued else Kind.RESUME,
+                subject=call.stream_key or "",
+                operation_key=key,
+                lost_at=call.progress_at,
+            )
+            self.finish(call, CallOutcome.UNKNOWN, now, reason=reason, path=path)

@@ -1,0 +1,224 @@
+"""The session: the handshake, a lost session (404) and the new handshake after it.
+
+- The session ID from the response that carries the InitializeResult goes on every later
+  request.
+- A 404 to a request that carried it ends the session: calls in flight are reported
+  outcome-UNKNOWN (never moved into the new session as if nothing happened) and a new
+  initialize *without* a session ID is the very next request.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from lab.client._acceptance import RejectReason
+from lab.client._commands import (
+    CallHandle,
+    CallOutcome,
+    LeaveFinished,
+    LeaveReceipt,
+    Purpose,
+    SendRequest,
+    SessionEstablished,
+    SessionLost,
+)
+from lab.client._model import Conn
+from lab.client._reconnector import EndPath, Handler, Kind, Loss, Target
+from lab.client._states import State, Trigger
+from lab.wire import jsonrpc
+from lab.wire.client_ledger import SessionEvent
+from lab.wire.errors import LocalProtocolError, RemoteProtocolError
+from lab.wire.event_ids import session_tag
+from lab.wire.extensions import EVENT_ID_CAPABILITY
+from lab.wire.revisions import SUPPORTED_REVISIONS
+from lab.wire.sse import SseEvent
+
+if TYPE_CHECKING:
+    from lab.client._core import ClientCore
+
+
+class Handshake:
+    def __init__(self, core: ClientCore) -> None:
+        self.core = core
+        self.pending_session_id: str | None = None
+        """The session ID of the initialize response in progress, until its result is read."""
+
+    def handler(self) -> Handler:
+        return Handler(self._ready, self._attempt, self._never_exhausted)
+
+    # ------------------------------------------------------------------ handshake
+
+    def send_initialize(self, now: float) -> SendRequest:
+        c = self.core
+        c.session.process(Trigger.INITIALIZE_SENT)
+        c.session_id = None
+        self.pending_session_id = None
+        params = {
+            "protocolVersion": c.config.protocol_version,
+            "capabilities": {},
+            "clientInfo": {"name": c.config.client_name, "version": "1"},
+        }
+        body = jsonrpc.request(c.new_request_id(), jsonrpc.INITIALIZE, params)
+        return c.http.open(Purpose.INITIALIZE, "POST", now, body=body)
+
+    def body(self, conn: Conn, now: float) -> None:
+        """An `application/json` answer to initialize."""
+        self.core.http.end(conn, now, "")
+        try:
+            msg = jsonrpc.parse_message(bytes(conn.body))
+        except RemoteProtocolError as e:
+            self.failed(conn, now, f"bad_initialize_result: {e}", ended=True)
+            return
+        self.result(conn, msg, now)
+
+    def event(self, conn: Conn, ev: SseEvent, now: float) -> None:
+        """An event of the initialize stream. The InitializeResult creates the session, so
+        it cannot go through the session's door; anything else is refused (with a row)."""
+        if not ev.is_message:
+            return  # priming: nothing to resume on a handshake
+        try:
+            init = jsonrpc.parse_message(ev.data)
+        except RemoteProtocolError as e:
+            self.core.streaming.reject_event(conn, "", ev, RejectReason.MALFORMED_MESSAGE, str(e), now)
+            return
+        if not init.kind.is_response:
+            self.core.streaming.reject_event(
+                conn,
+                "",
+                ev,
+                RejectReason.NOT_INITIALIZE_RESULT,
+                "no session yet: only the result is taken",
+                now,
+            )
+            return
+        self.core.http.abort(conn, now, "")
+        self.result(conn, init, now)
+
+    def result(self, conn: Conn, msg: jsonrpc.Message, now: float) -> None:
+        c = self.core
+        result = msg.body.get("result")
+        if msg.kind is not jsonrpc.MessageKind.RESPONSE or not isinstance(result, dict):
+            self.failed(conn, now, "initialize_error", ended=True)
+            return
+        version = result.get("protocolVersion")
+        if version not in SUPPORTED_REVISIONS:
+            self.failed(conn, now, f"unsupported_version:{version}", ended=True)
+            return
+        caps = result.get("capabilities")
+        exp = caps.get("experimental") if isinstance(caps, dict) else None
+        ids = exp.get(EVENT_ID_CAPABILITY) if isinstance(exp, dict) else None
+        c.session.process(Trigger.INITIALIZE_OK)
+        c.generation += 1
+        c.session_id = self.pending_session_id
+        c.tag = None if c.session_id is None else session_tag(c.session_id)
+        c.protocol_version = str(version)
+        c.structured_ids = isinstance(ids, dict) and ids.get("scheme") == "e1" and c.tag is not None
+        c.server_generation = None
+        reinit = c.reconnector.get(Target.SESSION)
+        if reinit is not None:
+            c.reconnector.session_reestablished()
+            c.reconnector.recovered(reinit, now)
+        self.session_event("established", now, version=c.protocol_version)
+        c.fx.notices.append(SessionEstablished(c.generation, c.protocol_version, now))
+        c.http.open(Purpose.INITIALIZED, "POST", now, body=jsonrpc.notification(jsonrpc.INITIALIZED))
+        if c.config.open_standalone_stream and not c.leave_requested:
+            c.streaming.open_standalone(now)
+        for call in c.calls.values():
+            loss = c.reconnector.get(Target.CALL, call.handle.operation_key)
+            if call.queued and not call.done and (loss is None or loss.at is None):
+                c.calling.send(call, now)
+
+    def failed(self, conn: Conn, now: float, cause: str, *, ended: bool = False) -> None:
+        c = self.core
+        if not ended:
+            c.http.abort(conn, now, cause)
+        if c.session.state is State.INITIALIZING:
+            c.session.process(Trigger.INITIALIZE_FAILED)
+        c.fx.records.append(
+            SessionEvent(c.config.client_id, None, c.generation, "initialize_failed", None, now)
+        )
+        if c.stopped:
+            return
+        c.reconnector.lost(
+            Target.SESSION, "", now, cause, kind=Kind.REINITIALIZE, retry_after=conn.retry_after
+        )
+
+    # ------------------------------------------------------------------ the new handshake (a reconnect kind)
+
+    def _ready(self, loss: Loss, now: float) -> bool:
+        c = self.core
+        if c.session.state is not State.REINITIALIZE_REQUIRED or c.stopped:
+            loss.at = None
+            return False
+        return True
+
+    def _attempt(self, loss: Loss, now: float) -> SendRequest:
+        return self.send_initialize(now)
+
+    def _never_exhausted(self, loss: Loss, now: float) -> None:
+        raise LocalProtocolError("a new handshake never gives up")  # KINDS sets no limit
+
+    # ------------------------------------------------------------------ a lost session
+
+    def session_not_found(self, conn: Conn, now: float) -> None:
+        """404 to a request that carried the session ID: the session is gone."""
+        c = self.core
+        c.http.abort(conn, now, "session_not_found")
+        if conn.view.session_generation != c.generation:
+            return  # a straggler of an older session: already handled
+        if c.session.state is State.DELETE_REQUESTED:
+            # Leaving, and any 404 (to the DELETE or to a request still in flight) says the
+            # session is gone: that is the end we asked for, not a reason for a new handshake.
+            c.leaving.done(LeaveReceipt.ALREADY_GONE, now, "terminated")
+            return
+        if c.session.state is not State.SESSION_ACTIVE:
+            return
+        c.session.process(Trigger.SESSION_NOT_FOUND)
+        self.session_event("expired", now)
+        self.drop_session(now, "session_not_found")
+        c.session.process(Trigger.REINITIALIZE)
+        if c.leave_requested:
+            c.fx.notices.append(LeaveFinished(LeaveReceipt.ALREADY_GONE, now))
+            return
+        # The new handshake is the very next request: at once, but as a reconnect it still
+        # waits for the budget (nothing else is sent meanwhile: the session is not active).
+        loss = c.reconnector.lost(
+            Target.SESSION, "", now, "session_not_found", kind=Kind.REINITIALIZE, immediate=True
+        )
+        c.reconnector.attempt(loss, now)
+
+    def drop_session(self, now: float, reason: str) -> None:
+        """End every stream of the lost session; calls in flight become outcome-UNKNOWN."""
+        c = self.core
+        for st in list(c.streams.values()):
+            if st.machine.can(Trigger.SESSION_GONE):
+                st.machine.process(Trigger.SESSION_GONE)
+            c.streaming.close_conn(st, now, reason)
+        for conn in list(c.http.live.values()):
+            if conn.view.session_generation == c.generation and conn.purpose is not Purpose.INITIALIZE:
+                c.http.abort(conn, now, reason)
+        unknown: list[CallHandle] = []
+        for call in c.calls.values():
+            if call.done:
+                continue
+            loss = c.reconnector.get(Target.CALL, call.handle.operation_key)
+            if loss is not None and loss.kind is Kind.RESEND and loss.at is not None:
+                # A re-send held back (429/503) was never processed: it waits for the new session.
+                loss.at = None
+                call.queued = True
+            elif not call.queued:
+                unknown.append(call.handle)
+                c.calling.finish(call, CallOutcome.UNKNOWN, now, reason=reason, path=EndPath.SESSION_LOST)
+        c.streaming.standalone = None
+        standalone = c.reconnector.get(Target.STANDALONE)
+        if standalone is not None:
+            # A standalone stream owes nothing a cursor could replay: the one the next
+            # handshake opens brings it back (a call in flight, by contrast, is lost).
+            c.reconnector.park(standalone, Kind.REOPEN, reason)
+        c.fx.notices.append(SessionLost(c.generation, now, reason, tuple(unknown)))
+
+    def session_event(self, what: str, now: float, *, version: str | None = None) -> None:
+        c = self.core
+        c.fx.records.append(
+            SessionEvent(c.config.client_id, c.session_pseudonym, c.generation, what, version, now)
+        )

@@ -1,0 +1,159 @@
+"""report.json — the machine-readable report, schema `mcpLabReport.v1` (docs/report.md).
+
+The document is built from the `RunReport` alone; every float that is not finite is
+written as null (JSON has no infinity), and the meaning of such a null is stated next to
+it where it matters (e.g. resume p99: `p99_s` null with `p99_unbounded` true).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from lab import __version__
+from lab.checker.model import GateResult, JsonValue, Liveness, RunReport
+
+REPORT_SCHEMA = "mcpLabReport.v1"
+
+
+def clean(value: Any) -> JsonValue:
+    """A JSON-ready copy: non-finite floats become None, tuples lists, keys strings."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, str | bool | int):
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): clean(v) for k, v in value.items()}
+    if isinstance(value, Sequence):
+        return [clean(v) for v in value]
+    return str(value)
+
+
+def gate_document(g: GateResult) -> dict[str, JsonValue]:
+    return {
+        "number": g.number,
+        "gate": g.gate,
+        "title": g.title,
+        "verdict": str(g.verdict),
+        "summary": g.summary,
+        "budget": clean(g.budget),
+        "measured": clean(g.measured),
+        "evidence": [
+            {"name": e.name, "required": e.required, "observed": e.observed, "ok": e.ok, "detail": e.detail}
+            for e in g.evidence
+        ],
+        "violations": g.violations,
+        "witnesses": [
+            {
+                "check": w.check,
+                "explanation": w.explanation,
+                "attribution": str(w.attribution),
+                "row": clean(w.row),
+                "refs": list(w.refs),
+            }
+            for w in g.witnesses
+        ],
+        "attribution_counts": clean(g.attribution_counts),
+        "notes": list(g.notes),
+        "error": g.error,
+    }
+
+
+def document(report: RunReport, figures: Sequence[Mapping[str, str]] = ()) -> dict[str, JsonValue]:
+    run = report.run
+    duration = (
+        run.stopped_at - run.started_at if run.started_at is not None and run.stopped_at is not None else None
+    )
+    doc: dict[str, Any] = {
+        "schema": REPORT_SCHEMA,
+        "run": {
+            "run_id": run.run_id,
+            "complete": run.complete,
+            "end_reason": run.end_reason,
+            "started_at": run.started_at,
+            "stopped_at": run.stopped_at,
+            "duration_s": duration,
+            "scenario": run.scenario,
+            "seed": run.seed,
+            "target": run.target,
+            "fault_windows": [{"fault": f, "start": s, "end": e} for f, s, e in run.fault_windows],
+        },
+        "incomplete": report.incomplete,
+        "verdict": str(report.verdict),
+        "exit_code": int(report.verdict.exit_code),
+        "event_count": report.event_count,
+        "event_count_source": report.event_count_source,
+        "budgets": dict(report.budgets),
+        "budgets_defaulted": list(report.budgets_defaulted),
+        "gates": [gate_document(g) for g in report.gates],
+        "faults": {
+            "counts": [
+                {
+                    "fault": f.fault,
+                    "total": f.total,
+                    "by_source": dict(f.by_source),
+                    "configured": f.configured,
+                }
+                for f in report.faults
+            ],
+            "never_fired": list(report.faults_never_fired),
+            "not_applicable": [
+                {"fault": n.fault, "reason": n.reason, "count": n.count} for n in report.faults_not_applicable
+            ],
+        },
+        "liveness": liveness_document(report.liveness, run.started_at),
+        "inputs": [
+            {
+                "path": s.path,
+                "kind": s.kind,
+                "schema": s.schema,
+                "status": s.status,
+                "error": s.error,
+                "rows": dict(s.rows),
+            }
+            for s in report.sources
+        ],
+        "problems": [{"path": p.path, "message": p.message} for p in report.problems],
+        "notes": list(report.notes),
+        "figures": [dict(f) for f in figures],
+        "checker": {
+            "version": __version__,
+            "checked_at": report.checked_at,
+            "check_seconds": report.check_seconds,
+        },
+    }
+    cleaned = clean(doc)
+    assert isinstance(cleaned, dict)
+    return cleaned
+
+
+def liveness_document(live: Liveness | None, origin: float | None) -> dict[str, Any] | None:
+    if live is None:
+        return None
+    zero = origin or 0.0
+    return {
+        "calls_without_outcome": live.calls_without_outcome,
+        "clients_stuck": list(live.clients_stuck),
+        "collapses": [
+            {
+                "start": c.start,
+                "end": c.end,
+                "start_s": c.start - zero,
+                "end_s": c.end - zero,
+                "seconds": c.end - c.start,
+                "throughput": c.throughput,
+                "active_clients": c.active_clients,
+                "typical_per_bin": c.typical_per_bin,
+                "bin_s": c.bin_s,
+            }
+            for c in live.collapses
+        ],
+        "notes": list(live.notes),
+    }
+
+
+def dumps(doc: Mapping[str, JsonValue]) -> str:
+    """report.json's text: strict JSON (no NaN or infinity), indented."""
+    return json.dumps(doc, indent=2, allow_nan=False) + "\n"

@@ -1,0 +1,165 @@
+"""`lab report`'s work: judge a run folder and write every output into it.
+
+`report_run(run_dir)` is the one entry point, for `lab report RUN_DIR` and for `lab run`
+(which calls it when its run ends): the verdict comes from `lab.checker.judge` and
+nothing else. Outputs (in RUN_DIR): report.json (mcpLabReport.v1, docs/report.md),
+report.md, junit.xml, fig-*.png and report.html. Each is written on its own (to a
+temporary file renamed into place, so a half-written report never stands): a figure that
+fails is reported and the others are still written.
+
+Exit codes (lab.exitcodes): the verdict's (0 pass, 1 a gate failed, 2 inconclusive or
+incomplete); 3 when RUN_DIR is not a folder; 4 when the lab itself failed: an output
+could not be written (a read-only folder, a full disk) or the command crashed. A crash
+prints one line naming a log file that holds the traceback, never the traceback itself.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from lab.exitcodes import ExitCode
+
+CRASH_LOG = "report-crash.log"
+
+
+def report_run(
+    run_dir: Path,
+    *,
+    witness_limit: int = 5,
+    figures: bool = True,
+    quiet: bool = False,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
+) -> int:
+    """Judge RUN_DIR, write its outputs, print the verdict; return the exit code."""
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    try:
+        return _report_run(
+            run_dir, witness_limit=witness_limit, figures=figures, quiet=quiet, out=out, err=err
+        )
+    except Exception as e:
+        log = _crash_log(run_dir, traceback.format_exc())
+        print(f"lab report: the lab failed ({type(e).__name__}: {e}); traceback in {log}", file=err)
+        return ExitCode.LAB_FAILED
+
+
+def _crash_log(run_dir: Path, text: str) -> Path:
+    """Where the traceback went: the run folder if it can be written, else a temp file."""
+    try:
+        path = run_dir / CRASH_LOG
+        path.write_text(text, encoding="utf-8")
+        return path
+    except OSError:
+        fd, name = tempfile.mkstemp(prefix="lab-report-", suffix=".log")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        return Path(name)
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _report_run(
+    run_dir: Path, *, witness_limit: int, figures: bool, quiet: bool, out: TextIO, err: TextIO
+) -> int:
+    from lab.checker.verdict import judge_dir
+    from lab.report import document, junit, markdown
+    from lab.report.evidence import raw_rows
+    from lab.report.html import liveness_lines, render
+
+    if not run_dir.is_dir():
+        print(f"lab report: {run_dir} is not a folder (expected a run folder, e.g. results/<run>)", file=err)
+        return ExitCode.CANNOT_RUN
+    data, report = judge_dir(run_dir, witness_limit)
+    unwritten: list[str] = []
+    """Outputs that could not be written: the lab failed (exit 4)."""
+    warnings: list[str] = []
+    """Parts that could not be made (a figure that raised): said, not fatal."""
+    drawn: list[dict[str, str]] = []
+    if figures:
+        from lab.report.figures import draw_all
+
+        drawn, figure_errors, figures_unwritten = draw_all(data, run_dir)
+        warnings += figure_errors
+        unwritten += figures_unwritten
+    doc = document.document(report, drawn)
+    refs = [r for g in report.gates for w in g.witnesses for r in w.refs]
+    try:
+        evidence = raw_rows(run_dir, refs)
+    except Exception as e:  # the appendix is a convenience: the report stands without it
+        evidence = {}
+        warnings.append(f"raw evidence not read: {type(e).__name__}: {e}")
+    problems = doc["problems"]
+    assert isinstance(problems, list)
+    problems += [{"path": "report", "message": w} for w in warnings]
+
+    def html() -> None:
+        images = {
+            f["file"]: (run_dir / f["file"]).read_bytes() for f in drawn if (run_dir / f["file"]).is_file()
+        }
+        _write_text(run_dir / "report.html", render(doc, images, evidence))
+
+    writers: list[tuple[str, Callable[[], Any]]] = [
+        ("report.json", lambda: _write_text(run_dir / "report.json", document.dumps(doc))),
+        ("report.md", lambda: _write_text(run_dir / "report.md", markdown.render(doc))),
+        ("junit.xml", lambda: _write_text(run_dir / "junit.xml", junit.render(doc))),
+        ("report.html", html),
+    ]
+    written = []
+    for name, write in writers:
+        try:
+            write()
+            written.append(name)
+        except OSError as e:
+            unwritten.append(f"{name}: {e.strerror or e}")
+    unreadable = {s.path for s in report.sources if s.status == "error"}
+    for p in report.problems:
+        prefix = "evidence unreadable: " if p.path in unreadable else ""
+        print(f"lab report: {prefix}{p}", file=err)
+    for note in report.notes:
+        print(f"lab report: note: {note}", file=err)
+    for w in warnings:
+        print(f"lab report: {w}", file=err)
+    code: int = report.verdict.exit_code
+    try:
+        if quiet:
+            print(f"{report.verdict.upper()} {run_dir}", file=out)
+        else:
+            text = markdown.incomplete_banner(doc)
+            if text:
+                print(text, file=out)
+            print(markdown.gate_table(doc), file=out)
+            for line in liveness_lines(doc):
+                print(f"liveness: {line}", file=out)
+            print(
+                f"verdict: {report.verdict.upper()} (exit {code}); "
+                f"checked in {report.check_seconds:.2f} s; wrote {', '.join(written) or 'nothing'} in {run_dir}",
+                file=out,
+            )
+        out.flush()
+    except BrokenPipeError:
+        # `lab report RUN | head`: the reader left early. The files are written and the
+        # exit code still tells the verdict; stdout goes nowhere so exiting is quiet.
+        if out is sys.stdout:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    if unwritten:
+        print(
+            f"lab report: the lab failed: outputs not written in {run_dir} ({'; '.join(unwritten)}); "
+            f"the verdict would have been {report.verdict.upper()}",
+            file=err,
+        )
+        return ExitCode.LAB_FAILED
+    return code

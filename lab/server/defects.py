@@ -1,0 +1,104 @@
+"""Deliberate misbehaviours of the reference server (`lab serve --defect NAME`, repeatable).
+
+Each one copies a mistake real MCP servers make, so that the lab can prove that the
+checker catches it: a detector that has never been seen to fire is not a detector. Each
+is small and isolated: one flag, checked at the one place whose behaviour it changes
+(the comment there names it). Without `--defect` the server follows every rule.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from typing import Protocol
+
+
+class Defect(enum.StrEnum):
+    SHARED_EVENT_STORE = "shared-event-store"
+    REPLAY_OTHER_STREAMS = "replay-other-streams"
+    REPLAY_FROM_START = "replay-from-start"
+    UNKNOWN_CURSOR_SILENT = "unknown-cursor-silent"
+    REPLAY_MISORDERED = "replay-misordered"
+    NO_IDEMPOTENCY = "no-idempotency"
+    ANY_ORIGIN = "any-origin"
+    UNKNOWN_SESSION_400 = "unknown-session-400"
+    RESPONSE_ON_GET = "response-on-get"
+    NO_PRIMING = "no-priming"
+    NO_RETRY_FIELD = "no-retry-field"
+    DELETED_SESSION_ALIVE = "deleted-session-alive"
+
+
+DESCRIPTIONS: dict[Defect, str] = {
+    Defect.SHARED_EVENT_STORE: (
+        "one event store for all sessions, streams keyed by the JSON-RPC request id (and one "
+        "constant key for every standalone GET): a resumption replays what other sessions' "
+        "streams with the same key sent after the cursor"
+    ),
+    Defect.REPLAY_OTHER_STREAMS: (
+        "a resumption also replays the events the session's other streams sent after the cursor"
+    ),
+    Defect.REPLAY_FROM_START: "a resumption ignores the cursor and replays the stream from its start",
+    Defect.UNKNOWN_CURSOR_SILENT: (
+        "a Last-Event-ID the server cannot honour gets 200 and a stream that never carries an event"
+    ),
+    Defect.REPLAY_MISORDERED: "a resumption replays the response before the progress that preceded it",
+    Defect.NO_IDEMPOTENCY: "ledger.append performs the write again for a repeated idempotency key",
+    Defect.ANY_ORIGIN: "no Origin check: an illegal Origin is served",
+    Defect.UNKNOWN_SESSION_400: "an unknown, expired or deleted session gets 400 instead of 404",
+    Defect.RESPONSE_ON_GET: ("every JSON-RPC response is also sent on the session's standalone GET stream"),
+    Defect.NO_PRIMING: "streams start without the priming event (an event ID and empty data)",
+    Defect.NO_RETRY_FIELD: "a server-initiated close (ticker close_after) sends no `retry` field first",
+    Defect.DELETED_SESSION_ALIVE: "DELETE answers 200 but the session keeps working",
+}
+
+DEFECT_NAMES: tuple[str, ...] = tuple(d.value for d in Defect)
+
+
+def help_text() -> str:
+    """The defect list as `lab serve --help` shows it."""
+    return "\n".join(f"  {d.value}: {DESCRIPTIONS[d]}" for d in Defect)
+
+
+class Event(Protocol):
+    @property
+    def event_id(self) -> str | None: ...
+
+
+class SharedEventStore[E: Event]:
+    """The defect `shared-event-store`: events of every session under one key space, as
+    SDK examples do that name a stream after its JSON-RPC request id. Bounded like the
+    honest store (`retention` events per key)."""
+
+    STANDALONE = "standalone"
+
+    def __init__(self, retention: int) -> None:
+        self._retention = retention
+        self._streams: dict[str, deque[E]] = {}
+        self._home: dict[str, str] = {}
+
+    @staticmethod
+    def key(request_id: object | None) -> str:
+        return SharedEventStore.STANDALONE if request_id is None else f"request:{request_id!r}"
+
+    def add(self, key: str, ev: E) -> None:
+        if ev.event_id is None:
+            return
+        q = self._streams.setdefault(key, deque())
+        q.append(ev)
+        self._home[ev.event_id] = key
+        if len(q) > self._retention:
+            old = q.popleft()
+            if old.event_id is not None:
+                self._home.pop(old.event_id, None)
+
+    def after(self, cursor: str) -> tuple[str, list[E]] | None:
+        """The key the cursor was filed under and every event stored there after it
+        (whichever session sent them); None if the cursor is unknown."""
+        key = self._home.get(cursor)
+        if key is None:
+            return None
+        q = self._streams[key]
+        for i, ev in enumerate(q):
+            if ev.event_id == cursor:
+                return key, list(q)[i + 1 :]
+        return None

@@ -1,0 +1,132 @@
+"""The reference server's HTTP vocabulary: the request as it parsed it, a refusal, the
+responses it sends (plain ASGI), and the check that JSON text is Unicode."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from lab.server.model import Session
+from lab.wire import jsonrpc
+
+type Scope = MutableMapping[str, Any]
+type Message = MutableMapping[str, Any]
+type Receive = Callable[[], Awaitable[Message]]
+type Send = Callable[[Message], Awaitable[None]]
+type Headers = list[tuple[bytes, bytes]]
+
+
+class Refused(Exception):
+    """A request answered with an error status (reason goes to the ledger)."""
+
+    def __init__(self, status: int, reason: str, message: str = "", headers: Headers | None = None):
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        self.message = message or reason.replace("_", " ")
+        self.headers = headers or []
+
+
+class Request:
+    __slots__ = ("conn", "headers", "method", "origin_allowed", "path", "scope", "session")
+
+    def __init__(self, scope: Scope) -> None:
+        self.scope = scope
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        self.headers: dict[str, str] = {}
+        for k, v in scope["headers"]:
+            name = k.decode("latin-1").lower()
+            if name in self.headers:
+                # A repeated header we care about is ambiguous: make it unusable.
+                self.headers[name] = self.headers[name] + "," + v.decode("latin-1")
+            else:
+                self.headers[name] = v.decode("latin-1")
+        self.conn = self.headers.get("x-lab-conn")
+        self.session: Session | None = None
+        self.origin_allowed: bool | None = None
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name)
+
+
+async def _send_whole(send: Send, status: int, ctype: bytes, body: bytes, headers: Headers | None) -> None:
+    """A complete response with its length (no chunked encoding for a body known whole)."""
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", ctype), (b"content-length", b"%d" % len(body)), *(headers or [])],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def send_plain(send: Send, status: int, text: str, headers: Headers | None = None) -> None:
+    await _send_whole(send, status, b"text/plain; charset=utf-8", text.encode(), headers)
+
+
+async def send_json(send: Send, status: int, obj: object, headers: Headers | None = None) -> None:
+    await send_json_text(send, status, jsonrpc.dumps(obj), headers)
+
+
+async def send_json_text(send: Send, status: int, text: str, headers: Headers | None = None) -> None:
+    """JSON already serialized (the bytes digested are the bytes sent)."""
+    await _send_whole(send, status, b"application/json", text.encode(), headers)
+
+
+async def send_empty(send: Send, status: int, headers: Headers | None = None) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-length", b"0"), *(headers or [])],
+        }
+    )
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def send_refusal(send: Send, r: Refused, mid: jsonrpc.JsonRpcId | None = None) -> None:
+    code = jsonrpc.PARSE_ERROR if r.reason == "parse_error" else jsonrpc.INVALID_REQUEST
+    await send_json(send, r.status, jsonrpc.error(mid, code, r.message), r.headers)
+
+
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
+"""A JSON escape of a UTF-16 surrogate: a pair is fine, a lone one is not Unicode."""
+
+
+def lone_surrogate(raw: bytes, value: object) -> str | None:
+    """Where in the decoded JSON `value` (of the body `raw`) a string holds a lone
+    surrogate (`$.params.arguments.text`), or None. Such text cannot be encoded as UTF-8,
+    so it can be neither answered nor recorded: the request is refused before it is
+    performed. Bodies without a surrogate escape are not walked."""
+    if _MAYBE_SURROGATE.search(raw) is None:
+        return None
+    return _find(value, "$")
+
+
+def _find(value: object, root: str) -> str | None:
+    stack: list[tuple[object, str]] = [(value, root)]  # no recursion: bodies may nest deeply
+    while stack:
+        v, path = stack.pop()
+        if isinstance(v, str):
+            if not _is_unicode(v):
+                return path
+        elif isinstance(v, list):
+            stack.extend((item, f"{path}[{i}]") for i, item in reversed(list(enumerate(v))))
+        elif isinstance(v, dict):
+            for k in reversed(list(v)):
+                name = k.encode("utf-8", "backslashreplace").decode()
+                if name != k:
+                    return f"{path}.{name} (a key)"
+                stack.append((v[k], f"{path}.{k}"))
+    return None
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -1,0 +1,59 @@
+"""The report's time series and figures: the isolation of figure failures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from lab.checker.context import Budgets
+from lab.checker.load import RunData, load_run
+from lab.report.figures import FIGURES, FigureSpec, draw_all
+from lab.report.series import active_clients, events_per_second
+from tests.checker.builders import T0, clean_run
+
+
+def _exchanges(rows: list[tuple[str, float, float]]) -> RunData:
+    frame = pd.DataFrame(rows, columns=["client_id", "started_at", "ended_at"])
+    return RunData(run_dir=Path("."), client={"http_exchanges": frame})
+
+
+def test_active_clients_counts_each_client_once_per_second_it_touches() -> None:
+    data = _exchanges(
+        [
+            ("a", T0 + 0.2, T0 + 2.5),  # a long stream...
+            ("a", T0 + 1.1, T0 + 1.2),  # ...and a call inside it: still one client
+            ("b", T0 + 2.9, T0 + 3.1),
+            ("c", T0 + 5.4, T0 + 5.41),  # a 10 ms request counts for its second
+        ]
+    )
+    counts = active_clients(data)
+    assert counts.to_dict() == {
+        int(T0): 1,
+        int(T0) + 1: 1,
+        int(T0) + 2: 2,
+        int(T0) + 3: 1,
+        int(T0) + 4: 0,
+        int(T0) + 5: 1,
+    }
+
+
+def test_events_per_second_come_from_the_tap(tmp_path: Path) -> None:
+    data = load_run(clean_run().sim.write(tmp_path / "run"))
+    events, what = events_per_second(data)
+    assert what == "events sent (tap)" and int(events.sum()) == 15
+
+
+def test_a_figure_that_fails_does_not_stop_the_others(tmp_path: Path) -> None:
+    data = load_run(clean_run().sim.write(tmp_path / "run"))
+
+    def broken(data: RunData, budgets: Budgets, fig: Figure) -> None:
+        raise ValueError("no axes for you")
+
+    specs = (FigureSpec("broken", "fig-broken.png", "Broken", broken), *FIGURES)
+    written, errors, unwritten = draw_all(data, tmp_path, specs)
+    assert errors == ["figure fig-broken.png: ValueError: no axes for you"] and unwritten == []
+    assert [f["file"] for f in written] == [s.file for s in FIGURES]
+    assert not (tmp_path / "fig-broken.png").exists()
+    assert all((tmp_path / s.file).stat().st_size > 1000 for s in FIGURES)

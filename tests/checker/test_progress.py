@@ -1,0 +1,76 @@
+"""`lab run`'s progress line says what gate 6 will say: the same per-second bins of the
+same ledger rows, against the same budget (run.json `budgets.reconnect_qps`)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from lab.checker.model import Verdict
+from lab.checker.verdict import judge_dir
+from lab.run.progress import SETTLE_S, ProgressLine, TapCounter
+from tests.checker.builders import Sim, clean_run
+
+
+def _burst(sim: Sim, second: float, n: int) -> None:
+    """n reconnects of different clients within one second (a 503 storm)."""
+    for i in range(n):
+        sim.client_row(
+            "reconnects",
+            client_id=f"c{i}",
+            kind="reopen",
+            stream_key="get:1",
+            cause="http_503",
+            advised_delay=None,
+            planned_delay=0.5,
+            lost_at=second - 0.5,
+            sent_at=second + 0.9 * i / n,
+            waited=0.5,
+            attempt=0,
+            conn_id=9,
+            session_generation=1,
+        )
+
+
+def _line(run_dir: Path, now: float, budget_qps: float = 99.0) -> str:
+    # budget_qps: what the orchestrator passes (the scenario's client budget); the line must
+    # use run.json's budgets.reconnect_qps instead, as gate 6 does.
+    line = ProgressLine(budget_qps, 60.0, None)
+    tap = TapCounter(run_dir / "proxy" / "tap.jsonl")
+    tap.update()
+    return line.render(1.0, now, {}, tap, 0)
+
+
+def test_the_progress_line_uses_gate_6s_bins_and_budget(tmp_path: Path) -> None:
+    run = clean_run()
+    sim = run.sim
+    sim.budgets["reconnect_qps"] = 12.0
+    second = float(int(sim.t) + 3)
+    # 13 reconnects spread over two seconds, 0.6 s apart from their first: a rate computed
+    # from counters over a sliding interval can read it as ~20/s; the 1 s bins see 7 and 6.
+    _burst(sim, second + 0.5, 13)
+    run_dir = sim.write(tmp_path / "over")
+    _, report = judge_dir(run_dir)
+    g6 = next(g for g in report.gates if g.gate == "reconnect_qps")
+    text = _line(run_dir, now=second + 10)
+    peak = int(re.search(r"peak (\d+)/s", text).group(1))  # type: ignore[union-attr]
+    assert peak == g6.measured["peak_per_s"]
+    assert "(budget 12/s)" in text
+    assert ("OVER BUDGET" in text) == (g6.verdict is Verdict.FAIL)
+    assert g6.verdict is Verdict.PASS and "OVER BUDGET" not in text
+
+    sim.budgets["reconnect_qps"] = 6.0  # now the busiest second (7) is over: both say so
+    run_dir = sim.write(tmp_path / "under")
+    _, report = judge_dir(run_dir)
+    g6 = next(g for g in report.gates if g.gate == "reconnect_qps")
+    text = _line(run_dir, now=second + 10)
+    assert g6.verdict is Verdict.FAIL and "OVER BUDGET" in text and "(budget 6/s)" in text
+
+
+def test_the_progress_line_waits_for_a_second_to_be_whole(tmp_path: Path) -> None:
+    sim = clean_run().sim
+    second = float(int(sim.t) + 3)
+    _burst(sim, second, 4)
+    run_dir = sim.write(tmp_path / "run")
+    assert "reconnects 0/s, peak 1/s" in _line(run_dir, now=second + SETTLE_S - 0.5)  # clean run's own resume
+    assert "reconnects 4/s, peak 4/s" in _line(run_dir, now=second + SETTLE_S + 0.5)

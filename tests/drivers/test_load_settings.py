@@ -1,0 +1,92 @@
+"""The load settings: every choice comes from the seed, and the locustfile runs without `lab run`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from lab.load.settings import LoadSettings, stable_index, token_for
+
+ROOT = Path(__file__).resolve().parents[2]
+
+ASSIGN = """
+import json, sys
+from lab.load.settings import LoadSettings, token_for
+s = LoadSettings(url="u", run_dir="r", seed=int(sys.argv[1]), tokens=tuple((f"t{i}", f"s{i}") for i in range(5)))
+ids = [f"w0-u{n}" for n in range(1, 41)]
+print(json.dumps({"lab": [token_for(s, c)[0] for c in ids], "hash": [hash(c) % 5 for c in ids]}))
+"""
+
+
+def assign(seed: int, hashseed: str) -> dict[str, list[str]]:
+    env = {**os.environ, "PYTHONHASHSEED": hashseed}
+    out = subprocess.run(
+        [sys.executable, "-c", ASSIGN, str(seed)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    result: dict[str, list[str]] = json.loads(out.stdout)
+    return result
+
+
+def test_token_assignment_is_the_same_in_every_process_for_one_seed() -> None:
+    a, b = assign(1, "1"), assign(1, "2")
+    assert a["lab"] == b["lab"]
+    assert len(set(a["lab"])) > 1  # the clients are spread over the tokens
+    # What the old assignment (hash of the client ID) did: two processes disagree.
+    assert a["hash"] != b["hash"]
+    # Another seed is another (equally reproducible) assignment.
+    assert assign(2, "1")["lab"] != a["lab"]
+
+
+def test_stable_index_is_a_function_of_seed_and_name_only() -> None:
+    assert stable_index(7, "x", 10) == stable_index(7, "x", 10)
+    assert {stable_index(7, f"n{i}", 3) for i in range(50)} == {0, 1, 2}
+    with pytest.raises(ValueError):
+        stable_index(7, "x", 0)
+
+
+def test_no_tokens_means_no_authentication() -> None:
+    assert token_for(LoadSettings(url="u", run_dir="r"), "w0-u1") == (None, None)
+
+
+def test_the_locustfile_imports_without_lab_run(tmp_path: Path) -> None:
+    # Locust patches the process with gevent on import: only ever in a child process.
+    env = {k: v for k, v in os.environ.items() if k not in ("LAB_LOCUST_SETTINGS", "LAB_LEDGER_KEY")}
+    code = (
+        "import lab.load.locustfile as f\n"
+        "print(f.SETTINGS.url, f.SETTINGS.run_dir, f.SETTINGS.by_hand, f.LabUser.__name__)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["http://127.0.0.1:8000/mcp", "results/locust", "True", "LabUser"]
+
+
+def test_a_settings_file_that_cannot_be_read_is_named(tmp_path: Path) -> None:
+    bad = tmp_path / "settings.json"
+    bad.write_text("{not json", encoding="utf-8")
+    code = "from lab.load.settings import LoadSettings\nLoadSettings.from_env()\n"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "LAB_LOCUST_SETTINGS": str(bad)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0 and f"LAB_LOCUST_SETTINGS={bad}" in out.stderr
