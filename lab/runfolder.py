@@ -7,7 +7,7 @@ folder whose owner died marked *abandoned* by whoever looks at it next.
 - `write_run_json(folder, record)` replaces run.json atomically (a temporary file, then
   `os.replace`); when the disk is full or the folder unwritable it removes the temporary
   file and raises `RunFolderError` (one line, no traceback wanted).
-- run.json carries `state` (`running`, `finished`, `abandoned`) and `owner` (the PID and
+- run.json carries `status` (`running`, `finished`, `abandoned`) and `owner` (the PID and
   process start time of the `lab run` that writes it). `mark_abandoned(folder)` turns a
   `running` run.json whose owner is gone into `abandoned` (`complete: false`), so a run
   killed with `kill -9` is never read as still going or as complete;
@@ -32,7 +32,8 @@ from typing import Any, Final
 RUN_FILE: Final = "run.json"
 SECRETS_DIR: Final = ".secrets"
 """Private (0700) folder of files a run's parts read secrets from; never kept after the run."""
-STATES: Final = ("running", "finished", "abandoned")
+STATUSES: Final = ("running", "finished", "abandoned")
+"""run.json `status`: the checker reads `running` and `abandoned` as a run that did not finish."""
 
 
 class RunFolderError(RuntimeError):
@@ -146,15 +147,15 @@ def mark_abandoned(folder: Path) -> bool:
     record = read_run_json(folder)
     if record is None:
         return False
-    # Folders written before `state` existed said `end_reason: running` while running.
-    state = record.get("state") or ("running" if record.get("end_reason") == "running" else None)
-    if state != "running":
+    # Folders written before `status` existed said `end_reason: running` while running.
+    status = record.get("status") or ("running" if record.get("end_reason") == "running" else None)
+    if status != "running":
         return False
     if owner_alive(record):
         return False
     pid = (record.get("owner") or {}).get("pid")
     record.update(
-        state="abandoned",
+        status="abandoned",
         complete=False,
         end_reason=f"abandoned: the lab run that owned this folder (pid {pid}) died without finishing",
         abandoned_at=time.time(),

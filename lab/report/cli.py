@@ -35,10 +35,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from lab.report.outputs import report_run
+    from lab.runfolder import RunFolderError, mark_abandoned
 
     if args.witnesses < 0:
         print("lab report: --witnesses must be >= 0", file=sys.stderr)
         return ExitCode.CANNOT_RUN
+    try:  # a folder whose lab run died (kill -9) says so before it is judged
+        if mark_abandoned(args.run_dir):
+            print(
+                f"lab report: {args.run_dir}: its lab run died without finishing; marked abandoned",
+                file=sys.stderr,
+            )
+    except RunFolderError:
+        pass  # a read-only folder: its run.json still says `running`, which is judged incomplete too
     return report_run(
         args.run_dir,
         witness_limit=args.witnesses,

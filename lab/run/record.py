@@ -1,7 +1,7 @@
 """run.json (`mcpLabRun.v1`) of one run: what it was asked to do, what ran, how it ended.
 
-The record is written when the run starts (`state: running`, with its `owner`), and
-again when it ends (`state: finished`); a run that never gets to the second write is
+The record is written when the run starts (`status: running`, with its `owner`), and
+again when it ends (`status: finished`); a run that never gets to the second write is
 marked `abandoned` by the next `lab run` or `lab report` (`lab.runfolder`). Nothing
 secret is in it: the per-run HMAC key, the admin token and the bearer tokens are
 replaced by placeholders wherever they would appear (the scenario, process argvs).
@@ -51,7 +51,7 @@ class RunRecord:
         self.started_at = time.time()
         self.run_start = self.started_at
         self.stopped_at: float | None = None
-        self.state = "running"
+        self.status = "running"
         self.end_reason = "running"
         self.complete = False
         self.died: str | None = None
@@ -94,7 +94,7 @@ class RunRecord:
 
     def finish(self) -> None:
         self.stopped_at = time.time()
-        self.state = "finished"
+        self.status = "finished"
         if self.end_reason == "running":  # never told why: cannot be complete
             self.end_reason = "lab failed: the run ended without a reason"
 
@@ -140,7 +140,7 @@ class RunRecord:
         return {
             "schema": SCHEMA,
             "run_id": self.dir.name,
-            "state": self.state,
+            "status": self.status,
             "owner": owner(),
             "scenario": self.scenario_json(),
             "scenario_file": str(self.sc.path),

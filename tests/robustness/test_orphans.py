@@ -36,7 +36,7 @@ def test_kill_9_of_lab_run_leaves_no_child_and_the_folder_is_marked_abandoned(tm
     folder = run.folder()
     assert folder is not None
     doc = json.loads((folder / "run.json").read_text())
-    assert doc["state"] == "running" and not (folder / "run.json.tmp").exists()
+    assert doc["status"] == "running" and not (folder / "run.json.tmp").exists()
     # The next lab run (here one that is refused at once) marks it.
     proc = subprocess.run(
         [LAB, "run", str(SCENARIOS / "mini.toml"), "--workers", "11", "--out", str(run.results)],
@@ -49,7 +49,7 @@ def test_kill_9_of_lab_run_leaves_no_child_and_the_folder_is_marked_abandoned(tm
         and f"marked abandoned (its lab run died without finishing): {folder}" in proc.stderr
     )
     doc = json.loads((folder / "run.json").read_text())
-    assert doc["state"] == "abandoned" and doc["complete"] is False
+    assert doc["status"] == "abandoned" and doc["complete"] is False
     assert doc["end_reason"].startswith("abandoned: the lab run that owned this folder")
     assert not (folder / ".secrets").exists()
 
@@ -68,7 +68,7 @@ def test_sighup_stops_the_run_like_sigterm_and_keeps_its_evidence(tmp_path: Path
     finally:
         kill_all(pids)
     doc = run.run_json()
-    assert doc["state"] == "finished" and doc["complete"] is False and doc["end_reason"] == "interrupted"
+    assert doc["status"] == "finished" and doc["complete"] is False and doc["end_reason"] == "interrupted"
     assert sig.name in run.output()
     assert all(p["exit_code"] is not None for p in doc["processes"])
 

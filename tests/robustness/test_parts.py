@@ -48,7 +48,7 @@ def test_kill_9_of_each_part_ends_its_run_incomplete_with_a_report(tmp_path: Pat
         folder = run.folder()
         assert folder is not None
         doc = json.loads((folder / "run.json").read_text())
-        assert doc["state"] == "finished" and doc["complete"] is False, part
+        assert doc["status"] == "finished" and doc["complete"] is False, part
         assert doc["part_died"] == part and doc["end_reason"] == f"part died: {part} exited with -9"
         assert f"{part} died" in out or part == "master"
         assert {p["name"]: p["exit_code"] for p in doc["processes"]}[part] == -9

@@ -238,7 +238,7 @@ def test_prepare_writes_what_the_containers_read(tmp_path: Path, services: dict[
     assert ["lab-compose-token", "lab"] in settings["tokens"]
     assert json.loads((out / "proxy" / "plan.json").read_text())["schema"] == "mcpLabFaultPlan.v1"
     run = json.loads((out / "run.json").read_text())
-    assert run["state"] == "running" and run["nemesis_proxy"] == PROXY_NAME
+    assert run["status"] == "running" and run["nemesis_proxy"] == PROXY_NAME
     assert (out / "nemesis.jsonl").exists()
 
 

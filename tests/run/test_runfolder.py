@@ -60,20 +60,32 @@ def _run(tmp_path: Path, name: str, **record: object) -> Path:
 
 
 def test_only_a_running_folder_whose_owner_is_gone_is_marked_abandoned(tmp_path: Path) -> None:
-    gone = _run(tmp_path, "gone", state="running", owner={**owner(), "pid": _dead_pid()})
-    alive = _run(tmp_path, "alive", state="running", owner=owner())
+    gone = _run(tmp_path, "gone", status="running", owner={**owner(), "pid": _dead_pid()})
+    alive = _run(tmp_path, "alive", status="running", owner=owner())
     reused = _run(
-        tmp_path, "reused", state="running", owner={**owner(), "start_ticks": -1}
+        tmp_path, "reused", status="running", owner={**owner(), "start_ticks": -1}
     )  # our PID, not us
-    finished = _run(tmp_path, "finished", state="finished", owner={**owner(), "pid": _dead_pid()})
+    finished = _run(tmp_path, "finished", status="finished", owner={**owner(), "pid": _dead_pid()})
     legacy = _run(tmp_path, "legacy")  # written before `state`: running, no owner
     assert mark_abandoned_runs(tmp_path) == [gone, legacy, reused]
     doc = json.loads((gone / "run.json").read_text())
-    assert doc["state"] == "abandoned" and doc["complete"] is False
+    assert doc["status"] == "abandoned" and doc["complete"] is False
     assert doc["end_reason"].startswith("abandoned: the lab run that owned this folder (pid ")
     assert not (gone / ".secrets").exists(), "an abandoned run's secrets are dropped"
-    assert json.loads((alive / "run.json").read_text())["state"] == "running"
+    assert json.loads((alive / "run.json").read_text())["status"] == "running"
     assert (alive / ".secrets").exists()
-    assert json.loads((finished / "run.json").read_text())["state"] == "finished"
+    assert json.loads((finished / "run.json").read_text())["status"] == "finished"
     assert not mark_abandoned(gone), "marked once"
     assert os.getpid() == owner()["pid"]
+
+
+def test_lab_report_marks_a_folder_whose_lab_run_died(tmp_path: Path) -> None:
+    from tests.livesrv import LAB
+
+    folder = _run(tmp_path, "gone", status="running", owner={**owner(), "pid": _dead_pid()}, started_at=1.0)
+    proc = subprocess.run(
+        [LAB, "report", str(folder), "--quiet", "--no-figures"], capture_output=True, text=True, timeout=120
+    )
+    assert "marked abandoned" in proc.stderr
+    assert proc.returncode == 2, proc.stdout + proc.stderr  # incomplete, never a pass
+    assert json.loads((folder / "run.json").read_text())["status"] == "abandoned"

@@ -150,7 +150,7 @@ def test_lab_watch_carries_out_the_toxics_and_completes_run_json(
     )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads((run / "run.json").read_text())
-    assert doc["state"] == "finished" and doc["complete"] is True and doc["end_reason"] == "duration"
+    assert doc["status"] == "finished" and doc["complete"] is True and doc["end_reason"] == "duration"
     assert [(o["action"], o["outcome"]) for o in doc["toxic_outcomes"]] == [("add", "ok"), ("remove", "ok")]
     (window,) = [w for w in doc["fault_windows"] if w["fault"] == "toxic:latency"]
     assert window["ended"] is True and window["planned_end"] - window["planned_start"] == pytest.approx(1.0)
