@@ -5,7 +5,10 @@ alike (both go through `lab.report.outputs.report_run`, which calls it), and for
 that build their inputs in memory (`lab.checker.records`).
 
 The run's verdict, in this order:
-- `fail` if any gate failed (a violation is a violation, even in an interrupted run);
+- `fail` if any gate failed (a violation is a violation, even in an interrupted run) —
+  except that a run which did not finish cannot fail on liveness alone: a call that never
+  recovered because the run (or one of the lab's own parts) was cut short is no evidence
+  against the target, so gate 5 failing in an incomplete run leaves it `incomplete`;
 - `incomplete` if the run did not finish: run.json `complete` false, or a run still
   `running` or `abandoned` (its `end_reason` or `status`);
 - `inconclusive` if any gate was, or run.json is missing or refused, or any input file
@@ -93,7 +96,16 @@ def judge(data: RunData, *, witness_limit: int = 5, started: float | None = None
         problems.append(Problem("liveness", f"could not be computed: {type(e).__name__}: {e}"))
     return RunReport(
         run=run,
-        verdict=run_verdict((g.verdict for g in gates), incomplete=unfinished is not None, unusable=unusable),
+        verdict=run_verdict(
+            (
+                g.verdict
+                for g in gates
+                # Liveness is the one thing an interrupted run cannot judge (module docstring).
+                if not (unfinished is not None and g.number == gate_resume.NUMBER)
+            ),
+            incomplete=unfinished is not None,
+            unusable=unusable,
+        ),
         gates=gates,
         budgets=budgets.as_dict(),
         budgets_defaulted=budgets.defaulted,
@@ -113,7 +125,8 @@ def judge(data: RunData, *, witness_limit: int = 5, started: float | None = None
 
 
 def run_verdict(gate_verdicts: Iterable[Verdict], *, incomplete: bool, unusable: bool) -> Verdict:
-    """fail > incomplete > inconclusive > pass (see the module docstring)."""
+    """fail > incomplete > inconclusive > pass (the caller leaves out what an incomplete run
+    cannot judge; see the module docstring)."""
     combined = combine(gate_verdicts)
     if combined is Verdict.FAIL:
         return Verdict.FAIL

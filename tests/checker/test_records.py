@@ -151,3 +151,18 @@ def test_judge_records_gives_the_whole_verdict() -> None:
     rows = _rows(sim)
     rows["client"] = _as_records(rows["client"])
     assert judge_records(**rows).verdict is Verdict.INCOMPLETE
+
+
+@pytest.mark.parametrize("complete", [True, False])
+def test_a_run_cut_short_cannot_fail_on_liveness_alone(complete: bool) -> None:
+    # A recovery that never ended: gate 5 fails. In a finished run that is the target's
+    # failure; in a run cut short it may be the cut itself, so the run is incomplete.
+    run = clean_run()
+    run.sim.recovered(run.post_b, run.sim.t, None, path="abandoned")
+    run.sim.tick(10.0)  # the run went on long after: the loss had its chance (not censored)
+    run.sim.complete = complete
+    rows = _rows(run.sim)
+    rows["client"] = _as_records(rows["client"])
+    report = judge_records(**rows)
+    assert {g.number: g.verdict for g in report.gates}[5] is Verdict.FAIL
+    assert report.verdict is (Verdict.FAIL if complete else Verdict.INCOMPLETE)
