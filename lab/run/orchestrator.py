@@ -38,6 +38,8 @@ from urllib.parse import urlsplit
 from lab import topology
 from lab.exitcodes import ExitCode
 from lab.load.settings import SETTINGS_ENV, LoadSettings
+from lab.run.monitor import FILE as PROCESSES_FILE
+from lab.run.monitor import ProcessMonitor
 from lab.run.processes import Child, ProcessGroup, StartError
 from lab.run.record import RunRecord
 from lab.run.serverconf import UnsafeSetting, serve_accepts_config, serve_options, server_config_file
@@ -136,6 +138,7 @@ class Run:
         self.toxiproxy: Any = None
         self.schedule: RunningSchedule | None = None
         self.outcomes: ToxicOutcomes | None = None
+        self.monitor: ProcessMonitor | None = None
         self._interrupted = threading.Event()
         self._force = threading.Event()
         self._mute_out = self._mute_err = False
@@ -223,6 +226,7 @@ class Run:
             except OSError as e:
                 raise RunFolderError(f"cannot create the folders of {self.dir}: {e.strerror or e}") from None
             self.record.write()
+            self._start_monitor()
             self._start_all()
             self.record.processes = [c.as_json() for c in self.group.children]
             self.record.write()  # what runs, by PID, while it runs
@@ -238,6 +242,8 @@ class Run:
             raise
         finally:
             self._stop_all()
+            if self.monitor is not None:
+                self.monitor.stop()
             drop_secrets(self.dir)
             for s, h in old.items():
                 signal.signal(s, h)
@@ -283,6 +289,15 @@ class Run:
             f"\n{name}: stopping every part, keeping what was written (again to force)",
             err=True,
         )
+
+    def _start_monitor(self) -> None:
+        """Every process of the run sampled once a second into processes.jsonl (lab.run.monitor)."""
+        group = self.group
+        assert group is not None
+        self.monitor = ProcessMonitor(
+            self.dir / PROCESSES_FILE, lambda: [(c.name, c.pid) for c in list(group.children)]
+        )
+        self.monitor.start()
 
     def _start(self, part: topology.Part, name: str = "", **kw: Any) -> Child:
         assert self.group is not None
