@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 SCENARIO_DIR: Final = scenario_dir()
 
 PHASE_KINDS: Final = ("steady", "ramp", "faults", "recovery", "quiet")
+ROLLBACK_MODES: Final = ("keep-index", "drop-index")
+"""`[phases.server] rollback`: the documented rollback keeps the old generation's cursor
+index until its sessions expire; `drop-index` is the unacceptable one (old cursors are
+refused at once), there to prove that the rollout's checks catch it."""
 FAULT_FREE_PHASES: Final = frozenset({"steady", "recovery", "quiet"})
 """Phases during which no fault or toxic may be active (a window overlapping one contradicts it)."""
 
@@ -118,6 +122,9 @@ class Load:
     stall_timeout: float = 20.0
     """`lab run` ends the run as incomplete ("traffic stalled") after this many seconds
     without an event sent or a call completed while clients are active."""
+    until_knee: bool = False
+    """A stepped ramp (`ramp` phases) stops itself at the end of the first step past its
+    knee (`lab.run.phases`), instead of running every step."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +149,20 @@ class Budgets:
     min_recoveries: int = 0
     min_404: int = 0
     min_illegal_origin: int = 0
+    # Tolerances of gate 7 (steady state restored) and of a capacity ramp's steps:
+    recovery_events_ratio: float = 0.9
+    """A recovery phase's events/s must be at least this share of the steady baseline's."""
+    recovery_resume_p99_factor: float = 1.5
+    recovery_resume_p99_slack_s: float = 0.25
+    """A recovery phase's resume p99 must be <= factor x the baseline's + slack."""
+    recovery_error_rate_slack: float = 0.01
+    """A recovery phase's call error rate must be <= the baseline's + this (1 point)."""
+    min_baseline_events: int = 100
+    """Fewer events in the baseline's last half: gate 7 is inconclusive."""
+    call_error_rate_max: float = 0.01
+    """A capacity step whose call error rate is above this is past the knee."""
+    min_rollout_sessions: int = 10
+    """Fewer sessions created in a rollout step: its resumable-share check is inconclusive."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +173,9 @@ class Phase:
     duration: float
     users: int
     spawn_rate: float
+    server: dict[str, Any] = field(default_factory=dict)
+    """Knobs of the reference server this phase sets through its admin control, kept until
+    a later phase changes them: `resumable_fraction`, `rollback`, `max_rps`."""
 
     @property
     def end(self) -> float:
@@ -473,11 +497,37 @@ def _phases(tables: list[Fields], load_f: Fields) -> list[Phase]:
         duration = f.duration("duration", 1.0, positive=True)
         users = f.integer("users", 0 if kind == "quiet" else prev_users, lo=0)
         spawn_rate = f.number("spawn_rate", max(1.0, float(users)), lo=0.0, lo_open=True)
+        server = _phase_knobs(f.table("server")) if f.has("server") else {}
         f.done()
-        phases.append(Phase(name, kind, start, duration, users, spawn_rate))
+        phases.append(Phase(name, kind, start, duration, users, spawn_rate, server))
         start += duration
         prev_users = users
     return phases
+
+
+def _phase_knobs(f: Fields) -> dict[str, Any]:
+    """`[phases.server]`: the reference server's knobs a phase sets (docs/scenarios.md)."""
+    knobs: dict[str, Any] = {}
+    if f.has("resumable_fraction"):
+        knobs["resumable_fraction"] = f.rate("resumable_fraction", 1.0)
+    if f.has("rollback"):
+        value = f.get("rollback")
+        if value is True:
+            value = "keep-index"
+        if value not in ROLLBACK_MODES:
+            f.problem(
+                "rollback",
+                f"expected true or one of {', '.join(ROLLBACK_MODES)}, got {describe(value)} "
+                "(a rollback cannot be undone by a later phase)",
+            )
+        else:
+            knobs["rollback"] = value
+    if f.has("max_rps"):
+        knobs["max_rps"] = f.number("max_rps", 0.0, lo=0.0)
+    f.done()
+    if not f.raw:
+        f.problem("", "an empty table: give resumable_fraction, rollback or max_rps")
+    return knobs
 
 
 def _load(f: Fields, phases: list[Phase]) -> Load:
@@ -541,7 +591,10 @@ def _load(f: Fields, phases: list[Phase]) -> Load:
         mix=mix,
         ticker=ticker,
         stall_timeout=f.duration("stall_timeout", 20.0, positive=True),
+        until_knee=f.boolean("until_knee", False),
     )
+    if load.until_knee and not any(p.kind == "ramp" for p in phases):
+        f.problem("until_knee", "needs a stepped ramp: [[phases]] of kind 'ramp'")
     f.done()
     return load
 
@@ -670,6 +723,13 @@ def _budgets(f: Fields, load: Load, reconnect: Reconnect, faults: list[Rule], to
         min_illegal_origin=f.integer(
             "min_illegal_origin", 1 if any(4 in k.feeds for k in kinds) else 0, lo=0
         ),
+        recovery_events_ratio=f.rate("recovery_events_ratio", 0.9),
+        recovery_resume_p99_factor=f.number("recovery_resume_p99_factor", 1.5, lo=1.0),
+        recovery_resume_p99_slack_s=f.duration("recovery_resume_p99_slack_s", 0.25),
+        recovery_error_rate_slack=f.rate("recovery_error_rate_slack", 0.01),
+        min_baseline_events=f.integer("min_baseline_events", 100, lo=0),
+        call_error_rate_max=f.rate("call_error_rate_max", 0.01),
+        min_rollout_sessions=f.integer("min_rollout_sessions", 10, lo=0),
     )
     f.done()
     return b
@@ -685,6 +745,15 @@ def _cross_checks(
     issues: list[Issue],
 ) -> None:
     """Checks across sections: what the target offers, and faults in fault-free phases."""
+    if target.kind != "reference":
+        for i, p in enumerate(phases):
+            if p.server:
+                issues.append(
+                    Issue(
+                        f"phases[{i}].server",
+                        "phase knobs need the reference server's admin control (target.kind = 'reference')",
+                    )
+                )
     for rule, key in zip(faults, keys, strict=True):
         needs = rule.spec.needs
         if Need.ADMIN_CONTROL in needs and target.kind != "reference":

@@ -30,6 +30,7 @@ from types import ModuleType
 from typing import Any
 
 from lab.checker import (
+    analysis,
     gate_cross_stream,
     gate_duplicates,
     gate_origin,
@@ -69,6 +70,8 @@ def judge(data: RunData, *, witness_limit: int = 5, started: float | None = None
     budgets = parse_budgets(data.run)
     ctx = Context(data, budgets, witness_limit)
     gates = tuple(run_gate(module, ctx) for module in GATES)
+    # Gates 7 and 8 where they apply, and the lab's own limits (lab.checker.analysis).
+    gates = analysis.qualify(ctx, gates + analysis.extra_gates(ctx, run_gate))
     problems = list(data.problems)
     if data.run is not None and budgets.defaulted:
         problems.append(
@@ -89,6 +92,8 @@ def judge(data: RunData, *, witness_limit: int = 5, started: float | None = None
     except Exception as e:
         faults, never, skipped = [], [], []
         problems.append(Problem("proxy/tap.jsonl", f"fault counts failed: {type(e).__name__}: {e}"))
+    sections, section_problems = analysis.sections(ctx, gates)
+    problems += [Problem("report", p) for p in section_problems]
     try:
         live = liveness.summary(ctx)
     except Exception as e:
@@ -121,6 +126,7 @@ def judge(data: RunData, *, witness_limit: int = 5, started: float | None = None
         incomplete=unfinished is not None,
         faults_not_applicable=tuple(skipped),
         liveness=live,
+        sections=sections,
     )
 
 

@@ -40,6 +40,7 @@ from lab.exitcodes import ExitCode
 from lab.load.settings import SETTINGS_ENV, LoadSettings
 from lab.run.monitor import FILE as PROCESSES_FILE
 from lab.run.monitor import ProcessMonitor
+from lab.run.phases import PhaseDriver, initial_knobs, refusal
 from lab.run.processes import Child, ProcessGroup, StartError
 from lab.run.record import RunRecord
 from lab.run.serverconf import UnsafeSetting, serve_accepts_config, serve_options, server_config_file
@@ -139,10 +140,12 @@ class Run:
         self.schedule: RunningSchedule | None = None
         self.outcomes: ToxicOutcomes | None = None
         self.monitor: ProcessMonitor | None = None
+        self.phases: PhaseDriver | None = None
         self._interrupted = threading.Event()
         self._force = threading.Event()
         self._mute_out = self._mute_err = False
         self.server_settings = make_server_settings(self.sc.target, admin_token=self.admin_token)
+        self.server_settings.update(initial_knobs(self.sc))  # the first phase's knobs (lab.run.phases)
 
     # ------------------------------------------------------------------ checks
 
@@ -158,6 +161,8 @@ class Run:
             )
         if compose:
             return
+        if (why := refusal(self.sc, self.target)) is not None:
+            raise RunError(why)
         if self.target != "reference" and not is_loopback(self.target):
             raise RunError(f"target {self.target}: this lab only sends traffic to 127.0.0.1 (loopback)")
         if self.target != "reference" and any(str(r.kind) == "expiry_race" for r in self.sc.faults):
@@ -228,6 +233,7 @@ class Run:
             self.record.write()
             self._start_monitor()
             self._start_all()
+            self._start_phases()
             self.record.processes = [c.as_json() for c in self.group.children]
             self.record.write()  # what runs, by PID, while it runs
             self._monitor()
@@ -241,6 +247,8 @@ class Run:
             self.record.end(f"lab failed: {type(e).__name__}: {e}")
             raise
         finally:
+            if self.phases is not None:
+                self.phases.stop()
             self._stop_all()
             if self.monitor is not None:
                 self.monitor.stop()
@@ -298,6 +306,26 @@ class Run:
             self.dir / PROCESSES_FILE, lambda: [(c.name, c.pid) for c in list(group.children)]
         )
         self.monitor.start()
+
+    def _start_phases(self) -> None:
+        """Phase knobs, the rollout probe, the knee (lab.run.phases): for runs with [[phases]]."""
+        if not self.sc.phases or self.group is None:
+            return
+        server = next((c for c in self.group.children if c.name == "server"), None)
+        admin = (
+            None if server is None else server.ready.replace(urlsplit(server.ready).path, "/lab-admin/knobs")
+        )
+        self.phases = PhaseDriver(
+            self.sc,
+            self.dir,
+            self.record.run_start,
+            admin_url=admin,
+            admin_token=self.admin_token,
+            client_url=self.client_url,
+            origin=client_origin(self.sc.target.allowed_origins),
+            token=self.client_tokens[0][0] if self.client_tokens else None,
+        )
+        self.phases.start()
 
     def _start(self, part: topology.Part, name: str = "", **kw: Any) -> Child:
         assert self.group is not None
@@ -420,6 +448,8 @@ class Run:
                     self.record.end(f"part died: {child.name} exited with {code}", died=child.name)
                     self.say(f"lab run: {child.name} died (exit {code}):\n{child.tail()}", err=True)
                     return
+            if reason is None and self.phases is not None and self.phases.stop_reason is not None:
+                reason, complete = self.phases.stop_reason, True  # a ramp past its knee ends by design
             if reason is not None:
                 self.record.end(reason, complete=complete)
                 if not complete:

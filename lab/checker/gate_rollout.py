@@ -1,0 +1,674 @@
+"""Gate 8 — rollout and rollback (scenarios whose phases set the reference server's
+rollout knobs: `resumable_fraction`, `rollback`).
+
+The rollout of resumable streams goes in steps: a share of sessions (1 %, 10 %, 50 %,
+100 %) gets event IDs while every session writes the server's stream ledger (its
+*shadow* ledger); exposure grows only while no event crosses streams. A rollback stops
+resumption for new streams but keeps the old generation's cursor index until its
+sessions expire. The knobs' times are those `lab run` logged when the admin control
+answered (`phases.jsonl`, `knobs` records); `R` is the rollback's.
+
+Five named checks, each a count of violations with witnesses and its own evidence:
+
+1. `cross_stream` — in every phase from the first knob on, 0 events on a stream they do
+   not belong to: gate 1's offending sends and receipts, by their time, plus the
+   **shadow comparison**: every event the tap saw the server send (with or without an
+   event ID) must be in the server's own stream ledger (`events_sent`) on the stream its
+   connection carried (`crossed`: the ledger has that message on another stream, or in
+   another session, only). Evidence: each rollout step had events compared.
+2. `resumable_share` — per phase that sets `resumable_fraction` (before any rollback):
+   of the sessions the server created once the knob was in force (server ledger
+   `sessions.created_at`, `resumable`), the share resumable is the knob within sampling
+   error: |share - f| <= 3 sqrt(f (1 - f) / n) + 1/n. Evidence: n >= min_rollout_sessions.
+3. `old_cursors_resume` — after R, every resumption (tap flow `stream` resume, answered
+   by the server) whose cursor event the server first sent before R resumed (2xx), or
+   got 404 because its session was gone; a refusal of the cursor (any other 4xx) is a
+   violation, except verdicts that say the stream's own events aged out
+   (`unknown_stream`, `evicted`: noted). Evidence: >= 1 old cursor resumed after R.
+4. `new_streams_not_resumable` — every stream opened after R (a POST or standalone GET
+   whose head passed >= 1 s after R) carries no event ID (tap `sent`, priming included).
+   Evidence: >= 1 such stream with an event.
+5. `expired_cursors_rejected` — a resumption carrying a session the server ledger shows
+   ended (expired, deleted, evicted) before it gets the documented rejection: 404 (the
+   session is gone; the client must initialize anew). A 2xx is a violation. Evidence:
+   >= 1 such resumption of a session created before R.
+
+Needs the proxy tap, the server ledger and phases.jsonl; without them it is
+inconclusive. The report's `rollout` section has the per-phase table (`section`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lab.checker import capacity, gate_cross_stream, phases
+from lab.checker.context import Context, text_key
+from lab.checker.explain import at, row_of, short, tap_ref
+from lab.checker.jsonl import LedgerError, read_jsonl
+from lab.checker.load import MissingInput
+from lab.checker.model import Attribution, Evidence, GateResult, JsonValue, Witness, decide
+from lab.checker.phases import PhaseSpec
+from lab.checker.streams import stream_truth
+from lab.checker.wire import server_sends
+
+GATE = "rollout"
+NUMBER = 8
+TITLE = "Rollout and rollback keep every stream's events apart"
+FILE = "phases.jsonl"
+SCHEMA = "mcpLabPhases.v1"
+RECORDS: dict[str, tuple[str, ...]] = {
+    "timeline": ("t",),
+    "knobs": ("t", "phase", "knobs"),
+    "probe": ("t", "action"),
+    "knee": ("t", "step"),
+}
+ROLLOUT_KNOBS = ("resumable_fraction", "rollback")
+NEW_STREAM_SLACK_S = 1.0
+AGED_OUT = ("unknown_stream", "evicted")
+"""Cursor verdicts that say the stream's own events are gone (retention), not the rollback."""
+CHECK_NAMES = (
+    "cross_stream",
+    "resumable_share",
+    "old_cursors_resume",
+    "new_streams_not_resumable",
+    "expired_cursors_rejected",
+)
+
+
+def applies(ctx: Context) -> bool:
+    return any(any(k in p.knobs for k in ROLLOUT_KNOBS) for p in phases.specs(ctx))
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+@dataclass(frozen=True, slots=True)
+class Knob:
+    phase: str
+    t: float
+    knobs: Mapping[str, Any]
+    ok: bool
+    error: str | None
+
+
+def knob_log(ctx: Context) -> tuple[list[Knob], str | None]:
+    """(the knob changes phases.jsonl records, why it could not be read or None)."""
+
+    def read() -> tuple[list[Knob], str | None]:
+        path = ctx.data.run_dir / FILE
+        if not path.is_file():
+            return [], f"{FILE} is missing"
+        try:
+            frames = read_jsonl(path, FILE, RECORDS, SCHEMA)
+        except LedgerError as e:
+            return [], f"{FILE}: {e.message}"
+        out = []
+        for r in frames.frames["knobs"].to_dict("records"):
+            status = r.get("status")
+            ok = r.get("via") == "settings" or status == 200
+            raw = r.get("knobs")
+            knobs: dict[str, Any] = raw if isinstance(raw, dict) else {}
+            out.append(Knob(str(r["phase"]), float(r["t"]), knobs, ok, r.get("error")))
+        return out, None
+
+    return ctx.cached("rollout_knobs", read)
+
+
+@dataclass(slots=True)
+class Step:
+    """A phase from the first rollout knob on, with the knobs in force in it."""
+
+    spec: PhaseSpec
+    fraction: float | None
+    """The resumable fraction in force (None: not set by any phase so far)."""
+    sets_fraction: bool
+    after_rollback: bool
+    is_rollback: bool
+    knob_t: float | None
+    """When this phase's own knobs took effect (None: it sets none, or it failed)."""
+    data: dict[str, JsonValue] = field(default_factory=dict)
+
+
+def rollout_steps(ctx: Context) -> list[Step]:
+    specs = phases.specs(ctx)
+    knobs, _ = knob_log(ctx)
+    applied = {k.phase: k for k in knobs if k.ok}
+    first = next((i for i, p in enumerate(specs) if any(k in p.knobs for k in ROLLOUT_KNOBS)), None)
+    if first is None:
+        return []
+    out = []
+    fraction: float | None = None
+    rolled = False
+    for p in specs[: first + 1]:
+        if "resumable_fraction" in p.knobs:
+            fraction = float(p.knobs["resumable_fraction"])
+    for i, p in enumerate(specs[first:], start=first):
+        sets = "resumable_fraction" in p.knobs
+        if sets and i > first:
+            fraction = float(p.knobs["resumable_fraction"])
+        is_rb = "rollback" in p.knobs and not rolled
+        knob = applied.get(p.name)
+        out.append(
+            Step(p, fraction, sets, rolled or is_rb, is_rb, knob.t if knob is not None and p.knobs else None)
+        )
+        rolled = rolled or is_rb
+    return out
+
+
+def rollback_time(steps: list[Step]) -> float | None:
+    rb = next((s for s in steps if s.is_rollback), None)
+    return None if rb is None else rb.knob_t
+
+
+def _tap(ctx: Context) -> dict[str, pd.DataFrame]:
+    if ctx.data.tap is None:
+        raise MissingInput(
+            f"the rollout is judged from the wire: no proxy tap ({ctx.data.why_absent('tap')})"
+        )
+    return ctx.data.tap
+
+
+def _server(ctx: Context) -> dict[str, pd.DataFrame]:
+    if ctx.data.server is None:
+        raise MissingInput(
+            f"the rollout needs the reference server's ledger (its shadow ledger and sessions): "
+            f"{ctx.data.why_absent('server')}"
+        )
+    return ctx.data.server
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def shadow_comparison(ctx: Context) -> pd.DataFrame:
+    """Every event with a message the tap saw the server send, with `shadow`: `match`
+    (the server's stream ledger has it on the stream its connection carried), `crossed`
+    (the ledger has that message only on another stream or in another session),
+    `unrecorded` (nowhere in the ledger) or `unmapped` (the connection's stream is not
+    in the ledger)."""
+
+    def make() -> pd.DataFrame:
+        server = _server(ctx)
+        truth = stream_truth(ctx)
+        sent = truth.sent
+        sent = sent[
+            sent["flow"].notna() & sent["has_data"].astype(bool) & ~sent["priming"].astype(bool)
+        ].copy()
+        ev = server["events_sent"]
+        on_stream = set(text_key(ev["session"], ev["stream_id"], ev["digest"]).tolist())
+        anywhere = set(ev["digest"].astype(str).tolist())
+        mapped = sent["on_logical"].astype(str).str.contains("|", regex=False) & ~sent["on_logical"].astype(
+            str
+        ).str.startswith(("flow:", "unknown:"))
+        key = sent["on_logical"].astype(str) + "|" + sent["digest"].astype(str)
+        status = np.where(
+            ~mapped.to_numpy(),
+            "unmapped",
+            np.where(
+                [k in on_stream for k in key.tolist()],
+                "match",
+                np.where(
+                    [d in anywhere for d in sent["digest"].astype(str).tolist()], "crossed", "unrecorded"
+                ),
+            ),
+        )
+        sent["shadow"] = status
+        return sent
+
+    return ctx.cached("rollout_shadow", make)
+
+
+def gate1_times(ctx: Context) -> list[tuple[float, Witness | None]]:
+    """Gate 1's violations with their times: every offending server send (with its
+    witness for the first few), and the clients' offending receipts by their witnesses."""
+
+    def make() -> list[tuple[float, Witness | None]]:
+        first = Context(ctx.data, ctx.budgets, 20, ctx._cache)
+        result = gate_cross_stream.check(first)
+        if not result.violations:
+            return []
+        server = [w for w in result.witnesses if w.attribution is Attribution.SERVER]
+        shown = {(w.row.get("flow"), w.row.get("index")): w for w in server}
+        out: list[tuple[float, Witness | None]] = []
+        sends = server_sends(ctx)
+        for t, flow, index in zip(sends["t"], sends["flow"], sends["index"], strict=True):
+            out.append((float(t), shown.get((flow, index))))
+        if result.attribution_counts.get("client"):
+            full = Context(ctx.data, ctx.budgets, capacity.MAX_WITNESSES, ctx._cache)
+            for w in gate_cross_stream.check(full).witnesses:
+                t = w.row.get("accepted_at")
+                if w.attribution is not Attribution.SERVER and isinstance(t, int | float):
+                    out.append((float(t), w))
+        return out
+
+    return ctx.cached("rollout_gate1", make)
+
+
+def _in(times: pd.Series, start: float, end: float) -> pd.Series:
+    t = pd.to_numeric(times, errors="coerce")
+    return (t >= start) & (t < end)
+
+
+def _resumes(ctx: Context) -> pd.DataFrame:
+    """Resumption flows the server answered, with the time their cursor event was first
+    sent (`cursor_first_t`), the server's `cursor_verdict`, and the session's end."""
+
+    def make() -> pd.DataFrame:
+        tap = _tap(ctx)
+        server = _server(ctx)
+        flows = tap["flow"].drop_duplicates("flow", keep="last")
+        answered = flows["answered_by"].astype(str) == "server" if "answered_by" in flows else True
+        res = flows[
+            (flows["method"] == "GET")
+            & flows["last_event_id_out"].notna()
+            & answered
+            & flows["status"].notna()
+        ].copy()
+        sent = tap["sent"]
+        first = sent[sent["event_id"].notna()].groupby(["session", "event_id"], sort=False)["t"].min()
+        res["cursor_first_t"] = [
+            first.get((s, c), math.nan) for s, c in zip(res["session"], res["last_event_id_out"], strict=True)
+        ]
+        req = server["requests"]
+        verdicts = (
+            req[req["conn"].notna()].drop_duplicates("conn", keep="last").set_index("conn")["cursor_verdict"]
+        )
+        res["cursor_verdict"] = res["conn"].map(verdicts)
+        sess = server["sessions"].drop_duplicates("session", keep="last").set_index("session")
+        res["session_created_at"] = res["session"].map(sess["created_at"])
+        res["session_ended_at"] = res["session"].map(sess["ended_at"])
+        res["session_end_reason"] = res["session"].map(sess["end_reason"])
+        res["status"] = pd.to_numeric(res["status"], errors="coerce")
+        return res
+
+    return ctx.cached("rollout_resumes", make)
+
+
+def _new_streams(ctx: Context, rollback_t: float) -> pd.DataFrame:
+    """Streams opened after the rollback: flows (POST, or GET without a cursor) the
+    server answered 2xx, whose head passed >= 1 s after it, with `with_ids` (how many
+    of their events carried an event ID) and `events`."""
+    tap = _tap(ctx)
+    flows = tap["flow"].drop_duplicates("flow", keep="last")
+    status = pd.to_numeric(flows["status"], errors="coerce")
+    opened = flows[
+        ((flows["method"] == "POST") | ((flows["method"] == "GET") & flows["last_event_id_out"].isna()))
+        & (status >= 200)
+        & (status < 300)
+        & (pd.to_numeric(flows["t"], errors="coerce") >= rollback_t + NEW_STREAM_SLACK_S)
+    ].copy()
+    sent = tap["sent"]
+    on = sent[sent["flow"].isin(set(opened["flow"]))]
+    opened["events"] = opened["flow"].map(on.groupby("flow").size()).fillna(0).astype(int)
+    opened["with_ids"] = (
+        opened["flow"].map(on[on["event_id"].notna()].groupby("flow").size()).fillna(0).astype(int)
+    )
+    first_id = on[on["event_id"].notna()].drop_duplicates("flow").set_index("flow")
+    opened["first_id"] = opened["flow"].map(first_id["event_id"]) if len(first_id) else None
+    return opened
+
+
+def _witness_flow(check: str, text: str, row: pd.Series, names: list[str]) -> Witness:
+    return Witness(check, text, Attribution.SERVER, row_of(row, names), tuple(tap_ref(row)))
+
+
+@dataclass(slots=True)
+class Outcome:
+    name: str
+    violations: int = 0
+    witnesses: list[Witness] = field(default_factory=list)
+    evidence: list[Evidence] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    measured: dict[str, JsonValue] = field(default_factory=dict)
+
+
+def check_cross_stream(ctx: Context, steps: list[Step]) -> Outcome:
+    out = Outcome("cross_stream")
+    shadow = shadow_comparison(ctx)
+    g1 = gate1_times(ctx)
+    origin = ctx.origin
+    for st in steps:
+        a, b = st.spec.start, st.spec.end
+        inside = shadow[_in(shadow["t"], a, b)]
+        crossed = inside[inside["shadow"] == "crossed"]
+        unrecorded = int((inside["shadow"] == "unrecorded").sum())
+        gate1 = [w for t, w in g1 if a <= t < b]
+        st.data.update(
+            shadow_events=len(inside),
+            shadow_matched=int((inside["shadow"] == "match").sum()),
+            shadow_crossed=len(crossed),
+            shadow_unrecorded=unrecorded,
+            gate1_violations=len(gate1),
+        )
+        count = len(crossed) + len(gate1)
+        if count:
+            out.violations += count
+            for _, r in crossed.head(2).iterrows():
+                text = (
+                    f"phase {st.spec.name!r}: the server sent message {short(r['digest'])} on stream "
+                    f"{r['on_logical']} {at(r['t'], origin)}, but its own stream ledger has that message only "
+                    "on another stream (shadow comparison)"
+                )
+                out.witnesses.append(
+                    _witness_flow(
+                        "cross_stream", text, r, ["session", "flow", "event_id", "digest", "on_logical", "t"]
+                    )
+                )
+            for w in [w for w in gate1 if w is not None][:2]:
+                out.witnesses.append(
+                    Witness(
+                        "cross_stream",
+                        f"phase {st.spec.name!r}: {w.explanation}",
+                        w.attribution,
+                        w.row,
+                        w.refs,
+                    )
+                )
+        if unrecorded:
+            out.notes.append(
+                f"phase {st.spec.name!r}: {unrecorded} event(s) the tap saw sent are not in the server's "
+                "stream ledger (a ledger that stopped writing, or events of another server)"
+            )
+        if st.sets_fraction and not st.after_rollback:
+            out.evidence.append(
+                Evidence(
+                    f"events compared in {st.spec.name}",
+                    1,
+                    len(inside),
+                    len(inside) >= 1,
+                    "events the tap saw sent, looked up in the server's shadow (stream) ledger",
+                )
+            )
+    out.measured = {
+        "shadow_events": len(shadow),
+        "shadow_crossed": int((shadow["shadow"] == "crossed").sum()),
+        "shadow_unrecorded": int((shadow["shadow"] == "unrecorded").sum()),
+        "shadow_unmapped": int((shadow["shadow"] == "unmapped").sum()),
+        "gate1_violations": len(g1),
+    }
+    return out
+
+
+def share_band(f: float, n: int) -> float:
+    """The allowed |share - f| for n sessions: 3 binomial standard errors + 1/n."""
+    return 3.0 * math.sqrt(f * (1.0 - f) / n) + 1.0 / n if n else math.inf
+
+
+def check_resumable_share(ctx: Context, steps: list[Step], min_sessions: int) -> Outcome:
+    out = Outcome("resumable_share")
+    sessions = _server(ctx)["sessions"]
+    created = pd.to_numeric(sessions["created_at"], errors="coerce")
+    resumable = pd.to_numeric(sessions["resumable"], errors="coerce").fillna(0).astype(int)
+    need = max(1, min_sessions)
+    origin = ctx.origin
+    for st in steps:
+        if not st.sets_fraction or st.after_rollback or st.fraction is None:
+            continue
+        if st.knob_t is None:
+            out.evidence.append(
+                Evidence(f"knob applied in {st.spec.name}", True, False, False, "phases.jsonl")
+            )
+            continue
+        mask = (created >= st.knob_t) & (created < st.spec.end)
+        n, k = int(mask.sum()), int(resumable[mask].sum())
+        f = st.fraction
+        share = k / n if n else None
+        band = share_band(f, n)
+        st.data.update(sessions_created=n, resumable_sessions=k, share=share, expected=f, band=round(band, 4))
+        out.evidence.append(Evidence(f"sessions created in {st.spec.name}", need, n, n >= need))
+        if share is not None and abs(share - f) > band:
+            out.violations += 1
+            text = (
+                f"phase {st.spec.name!r} (sessions created T+{st.knob_t - (origin or 0):.0f} s..): {k} of {n} "
+                f"sessions resumable ({share:.1%}), the knob says {f:.1%} (allowed ±{band:.1%})"
+            )
+            out.witnesses.append(
+                Witness(
+                    "resumable_share",
+                    text,
+                    Attribution.SERVER,
+                    {"phase": st.spec.name, "sessions": n, "resumable": k, "share": share, "expected": f},
+                )
+            )
+    return out
+
+
+def check_old_cursors(ctx: Context, rollback_t: float) -> Outcome:
+    out = Outcome("old_cursors_resume")
+    res = _resumes(ctx)
+    old = res[(pd.to_numeric(res["t"], errors="coerce") >= rollback_t) & (res["cursor_first_t"] < rollback_t)]
+    ok = old[(old["status"] >= 200) & (old["status"] < 300)]
+    gone = old[old["status"] == 404]
+    refused = old[(old["status"] >= 400) & (old["status"] < 500) & (old["status"] != 404)]
+    aged = refused[refused["cursor_verdict"].isin(AGED_OUT)]
+    bad = refused[~refused["cursor_verdict"].isin(AGED_OUT)]
+    out.violations = len(bad)
+    for _, r in bad.head(5).iterrows():
+        text = (
+            f"{at(r['t'], ctx.origin)}, after the rollback, a resumption of a stream opened before it "
+            f"(cursor {short(r['last_event_id_out'], 40)}, first sent {at(r['cursor_first_t'], ctx.origin)}) "
+            f"was refused with {int(r['status'])} (verdict {r['cursor_verdict']}) although its session "
+            f"{'lived on' if pd.isna(r['session_ended_at']) else 'had not yet ended'}: the old cursor index was not kept"
+        )
+        out.witnesses.append(
+            _witness_flow(
+                "old_cursors_resume",
+                text,
+                r,
+                [
+                    "flow",
+                    "conn",
+                    "session",
+                    "last_event_id_out",
+                    "status",
+                    "cursor_verdict",
+                    "cursor_first_t",
+                    "t",
+                ],
+            )
+        )
+    if len(aged):
+        out.notes.append(
+            f"{len(aged)} old cursor(s) refused because their stream's events had aged out "
+            f"({', '.join(sorted(set(aged['cursor_verdict'].astype(str))))}): not the rollback's doing"
+        )
+    out.evidence.append(Evidence("old cursors resumed after the rollback", 1, len(ok), len(ok) >= 1))
+    out.measured = {
+        "old_cursor_resumptions": len(old),
+        "resumed": len(ok),
+        "session_gone_404": len(gone),
+        "refused": len(bad),
+    }
+    return out
+
+
+def check_new_streams(ctx: Context, rollback_t: float) -> Outcome:
+    out = Outcome("new_streams_not_resumable")
+    new = _new_streams(ctx, rollback_t)
+    with_events = new[new["events"] > 0]
+    bad = with_events[with_events["with_ids"] > 0]
+    out.violations = len(bad)
+    for _, r in bad.head(5).iterrows():
+        text = (
+            f"a {r['method']} stream opened {at(r['t'], ctx.origin)}, after the rollback, carried "
+            f"{int(r['with_ids'])} event(s) with an ID (first {short(r['first_id'], 40)}): new streams must not be resumable"
+        )
+        out.witnesses.append(
+            _witness_flow(
+                "new_streams_not_resumable", text, r, ["flow", "conn", "session", "method", "t", "with_ids"]
+            )
+        )
+    out.evidence.append(
+        Evidence("streams opened after the rollback", 1, len(with_events), len(with_events) >= 1)
+    )
+    out.measured = {"new_streams": len(with_events), "new_streams_with_ids": len(bad)}
+    return out
+
+
+def check_expired(ctx: Context, rollback_t: float) -> Outcome:
+    out = Outcome("expired_cursors_rejected")
+    res = _resumes(ctx)
+    ended = pd.to_numeric(res["session_ended_at"], errors="coerce")
+    late = res[ended.notna() & (pd.to_numeric(res["t"], errors="coerce") > ended + 0.5)]
+    old_sessions = late[pd.to_numeric(late["session_created_at"], errors="coerce") < rollback_t]
+    bad = late[(late["status"] >= 200) & (late["status"] < 300)]
+    odd = late[(late["status"] != 404) & ~((late["status"] >= 200) & (late["status"] < 300))]
+    out.violations = len(bad)
+    for _, r in bad.head(5).iterrows():
+        text = (
+            f"{at(r['t'], ctx.origin)} a cursor of session {short(r['session'], 24)}, which the server ended "
+            f"({r['session_end_reason']}) {at(r['session_ended_at'], ctx.origin)}, was resumed ({int(r['status'])}): "
+            "the documented rejection is 404"
+        )
+        out.witnesses.append(
+            _witness_flow(
+                "expired_cursors_rejected",
+                text,
+                r,
+                ["flow", "conn", "session", "last_event_id_out", "status", "session_ended_at", "t"],
+            )
+        )
+    if len(odd):
+        codes = ", ".join(str(int(c)) for c in sorted(set(odd["status"].dropna())))
+        out.notes.append(f"{len(odd)} resumption(s) of an ended session were refused with {codes}, not 404")
+    sessions = _server(ctx)["sessions"]
+    expired_old = sessions[
+        (pd.to_numeric(sessions["created_at"], errors="coerce") < rollback_t)
+        & sessions["end_reason"].isin(["expired"])
+    ]
+    out.evidence.append(Evidence("old sessions expired", 1, len(expired_old), len(expired_old) >= 1))
+    out.evidence.append(
+        Evidence(
+            "cursors of expired old sessions presented",
+            1,
+            len(old_sessions),
+            len(old_sessions) >= 1,
+            "resumptions carrying a session created before the rollback, after it ended",
+        )
+    )
+    out.measured = {
+        "after_session_end": len(late),
+        "of_old_sessions": len(old_sessions),
+        "rejected_404": int((late["status"] == 404).sum()),
+        "resumed": len(bad),
+        "old_sessions_expired": len(expired_old),
+    }
+    return out
+
+
+# ----------------------------------------------------------------------------- the gate
+
+
+def outcomes(ctx: Context) -> tuple[list[Step], list[Outcome], list[Evidence]]:
+    def make() -> tuple[list[Step], list[Outcome], list[Evidence]]:
+        steps = rollout_steps(ctx)
+        knobs, why = knob_log(ctx)
+        evidence = [Evidence("knob log", FILE, why or "ok", why is None, why or "")]
+        failed = [k for k in knobs if not k.ok]
+        planned = [s for s in steps if any(k in s.spec.knobs for k in ROLLOUT_KNOBS) and s.spec.reached]
+        applied = sum(1 for s in planned if s.knob_t is not None)
+        evidence.append(
+            Evidence(
+                "knobs applied",
+                len(planned),
+                applied,
+                applied == len(planned),
+                "; ".join(f"{k.phase}: {k.error}" for k in failed)
+                or "the admin control took every phase's knobs",
+            )
+        )
+        tol = phases.tolerances(ctx.data.run)
+        results = [
+            check_cross_stream(ctx, steps),
+            check_resumable_share(ctx, steps, int(tol["min_rollout_sessions"])),
+        ]
+        rb_t = rollback_time(steps)
+        if any(s.is_rollback for s in steps):
+            if rb_t is None:
+                evidence.append(
+                    Evidence("rollback applied", True, False, False, "no successful rollback knob")
+                )
+            else:
+                results += [
+                    check_old_cursors(ctx, rb_t),
+                    check_new_streams(ctx, rb_t),
+                    check_expired(ctx, rb_t),
+                ]
+        return steps, results, evidence
+
+    return ctx.cached("rollout_outcomes", make)
+
+
+def check(ctx: Context) -> GateResult:
+    steps, results, evidence = outcomes(ctx)
+    all_evidence = [ctx.events_evidence(), *evidence, *(e for r in results for e in r.evidence)]
+    violations = sum(r.violations for r in results)
+    witnesses = [w for r in results for w in r.witnesses]
+    by_check = {r.name: r.violations for r in results}
+    summary = (
+        "; ".join(f"{name} {n}" for name, n in by_check.items())
+        + f" (violations; {len(steps)} phases judged)"
+    )
+    return GateResult(
+        number=NUMBER,
+        gate=GATE,
+        title=TITLE,
+        verdict=decide(violations > 0, all_evidence),
+        summary=summary,
+        budget={
+            "cross_stream_max": 0,
+            "min_rollout_sessions": int(phases.tolerances(ctx.data.run)["min_rollout_sessions"]),
+        },
+        measured={"checks": {r.name: {"violations": r.violations, **r.measured} for r in results}},
+        evidence=tuple(all_evidence),
+        violations=violations,
+        witnesses=tuple(witnesses[: max(ctx.witness_limit, len(results))]),
+        attribution_counts={"server": violations} if violations else {},
+        notes=tuple(n for r in results for n in r.notes),
+    )
+
+
+def section(ctx: Context) -> dict[str, JsonValue] | None:
+    """report.json `rollout`: per phase, the knobs in force and what each check saw."""
+    if not applies(ctx):
+        return None
+    try:
+        steps, results, _ = outcomes(ctx)
+    except MissingInput as e:
+        return {"phases": [], "checks": [], "error": str(e)}
+    origin = ctx.origin or 0.0
+    rows: list[dict[str, JsonValue]] = []
+    for st in steps:
+        rows.append(
+            {
+                "phase": st.spec.name,
+                "kind": st.spec.kind,
+                "start_s": round(st.spec.start - origin, 3),
+                "end_s": round(st.spec.end - origin, 3),
+                "resumable_fraction": st.fraction,
+                "rollback": st.after_rollback,
+                "knob_applied_s": None if st.knob_t is None else round(st.knob_t - origin, 3),
+                **st.data,
+            }
+        )
+    checks: list[JsonValue] = [
+        {
+            "check": r.name,
+            "violations": r.violations,
+            "evidence": [
+                {"name": e.name, "required": e.required, "observed": e.observed, "ok": e.ok}
+                for e in r.evidence
+            ],
+            "witnesses": [w.explanation for w in r.witnesses[:3]],
+            "notes": list(r.notes),
+            "measured": r.measured,
+        }
+        for r in results
+    ]
+    return {"phases": list(rows), "checks": checks}
