@@ -4,9 +4,14 @@ to some scenarios, the lab's own limits, and the report's sections beside the ga
     extra_gates(ctx, run_gate)  gate 7 (steady state restored: scenarios with `recovery`
                                 phases) and gate 8 (rollout: scenarios whose phases set
                                 the server's rollout knobs), each only where it applies
-    qualify(ctx, gates)         a gate 5 failure caused by a saturated lab process is
-                                inconclusive, naming it (`lab.checker.lab_limits`)
-    sections(ctx)               report.json `phases`, `capacity`, `rollout`, `processes`
+    finish(ctx, gates, run_gate)
+                                the lab's limits on gate 5 (a failure caused by a
+                                saturated lab process is inconclusive, naming it:
+                                `lab.checker.lab_limits`); report.json's sections
+                                (`phases`, `capacity`, `rollout`, `processes`); and, in a
+                                capacity ramp that passed its knee, gates 5 and 6 judged
+                                up to the first step past the knee (the steps beyond are
+                                what found the knee, not a failure of the run)
 
 Called by `lab.checker.verdict.judge`, the single judge; every output (json, md, junit,
 html) shows the extra gates like the six.
@@ -37,6 +42,25 @@ def extra_gates(
         if applies:
             out.append(run_gate(module, ctx))
     return tuple(out)
+
+
+def finish(
+    ctx: Context, gates: tuple[GateResult, ...], run_gate: Callable[[ModuleType, Context], GateResult]
+) -> tuple[tuple[GateResult, ...], dict[str, JsonValue], list[str]]:
+    """(the gates as the verdict takes them, report.json's sections, problems)."""
+    gates = qualify(ctx, gates)
+    found, problems = sections(ctx, gates)
+    cap = found.get("capacity")
+    # (A ramp whose first step already failed has no knee: that failure is the run's.)
+    if isinstance(cap, dict) and isinstance(cap.get("past_knee"), dict) and cap.get("knee_users") is not None:
+        try:
+            gates = capacity.bounded_to_knee(ctx, gates, cap, run_gate)
+            gates = qualify(ctx, gates)
+        except Exception as e:
+            problems.append(
+                f"capacity: gates 5 and 6 could not be judged up to the knee: {type(e).__name__}: {e}"
+            )
+    return gates, found, problems
 
 
 def qualify(ctx: Context, gates: tuple[GateResult, ...]) -> tuple[GateResult, ...]:

@@ -28,15 +28,25 @@ ramp one step past its knee (`load.until_knee`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from types import ModuleType
 
 import pandas as pd
 
-from lab.checker import gate_cross_stream, gate_duplicates, gate_origin, gate_rehandshake, lab_limits, phases
+from lab.checker import (
+    gate_cross_stream,
+    gate_duplicates,
+    gate_origin,
+    gate_reconnect,
+    gate_rehandshake,
+    gate_resume,
+    lab_limits,
+    phases,
+)
 from lab.checker.context import Context
 from lab.checker.model import Attribution, GateResult, JsonValue
 from lab.checker.phases import Metrics, PhaseSpec
@@ -60,15 +70,16 @@ class Step:
 
 
 def steps(specs: Sequence[PhaseSpec]) -> list[Step]:
-    """The ramp's steps (reached ones only), each from its ramp phase to the next ramp."""
+    """The ramp's steps that ran to their end, each from its ramp phase to the next ramp
+    (a step the run stopped in, e.g. once a ramp passed its knee, is left out)."""
     out = []
     ramps = [i for i, p in enumerate(specs) if p.kind == "ramp"]
     for n, i in enumerate(ramps):
         ramp = specs[i]
-        if not ramp.reached:
-            break
         last = ramps[n + 1] if n + 1 < len(ramps) else len(specs)
-        hold = [p for p in specs[i + 1 : last] if p.reached and p.seconds > 0]
+        if not all(p.complete for p in specs[i:last]):
+            break
+        hold = [p for p in specs[i + 1 : last] if p.seconds > 0]
         end = max([ramp.end, *(p.end for p in hold)])
         judged = (hold[0].start, end) if hold else ramp.last_half()
         out.append(Step(ramp.name, ramp.users, ramp.start, end, judged[0], judged[1]))
@@ -272,3 +283,44 @@ def section(ctx: Context, gates: Sequence[GateResult] = ()) -> dict[str, JsonVal
         "budgets": budgets,
         "text": text,
     }
+
+
+def bounded_to_knee(
+    ctx: Context,
+    gates: Sequence[GateResult],
+    section: Mapping[str, object],
+    run_gate: Callable[[ModuleType, Context], GateResult],
+) -> tuple[GateResult, ...]:
+    """Gates 5 and 6 of a ramp that passed its knee, judged on what happened before the
+    first step past it: a capacity ramp goes past its budgets on purpose, and those steps
+    are what found the knee. The rows after it still count for gates 1–4."""
+    past = section.get("past_knee")
+    assert isinstance(past, Mapping)
+    bound = float(past["start"])
+    data = ctx.data
+    client = dict(data.client or {})
+    for table, column in (("recoveries", "lost_at"), ("reconnects", "sent_at")):
+        if table in client:
+            frame = client[table]
+            client[table] = frame[pd.to_numeric(frame[column], errors="coerce") < bound]
+    tap = None
+    if data.tap is not None:
+        tap = dict(data.tap)
+        tap["flow"] = tap["flow"][pd.to_numeric(tap["flow"]["t"], errors="coerce") < bound]
+    run = {**(data.run or {}), "stopped_at": bound}
+    before = dataclasses.replace(data, client=client, tap=tap, run=run)
+    bounded = Context(before, ctx.budgets, ctx.witness_limit)
+    origin = ctx.origin or 0.0
+    out = []
+    for g in gates:
+        module = {gate_resume.NUMBER: gate_resume, gate_reconnect.NUMBER: gate_reconnect}.get(g.number)
+        if module is None:
+            out.append(g)
+            continue
+        r = run_gate(module, bounded)
+        note = (
+            f"judged up to the capacity ramp's first step past its knee (T+0..{bound - origin:.0f} s, step "
+            f"{past['name']!r}): the steps from there are what found the knee ({section.get('text')})"
+        )
+        out.append(dataclasses.replace(r, summary=f"{r.summary}; {note}", notes=(*r.notes, note)))
+    return tuple(out)

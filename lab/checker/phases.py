@@ -77,6 +77,13 @@ class PhaseSpec:
     """False: the run stopped before the phase began."""
     knobs: Mapping[str, Any] = field(default_factory=dict)
     """Server knobs the phase sets (`[phases.server]`, docs/scenarios.md)."""
+    planned_end: float | None = None
+    """Its end as planned (None: as `end`); later than `end` when the run stopped in it."""
+
+    @property
+    def complete(self) -> bool:
+        """It ran to its planned end."""
+        return self.reached and (self.planned_end is None or self.end >= self.planned_end - 1e-6)
 
     @property
     def seconds(self) -> float:
@@ -131,6 +138,7 @@ def phase_specs(run: Mapping[str, Any] | None) -> list[PhaseSpec]:
                 users if isinstance(users, int) and not isinstance(users, bool) else None,
                 reached,
                 dict(knobs) if isinstance(knobs, Mapping) else {},
+                started + offset + duration,
             )
         )
     return out
@@ -427,6 +435,7 @@ def section(ctx: Context) -> list[dict[str, JsonValue]]:
             "start_s": round(spec.start - origin, 3),
             "end_s": round(spec.end - origin, 3),
             "reached": spec.reached,
+            "complete": spec.complete,
             "users": spec.users,
             "knobs": {str(k): v for k, v in spec.knobs.items()},
         }

@@ -33,6 +33,7 @@ SCHEMA = "mcpLabProcesses.v1"
 RECORDS: dict[str, tuple[str, ...]] = {
     "monitor": ("t", "interval_s", "cpus"),
     "sample": ("t", "part", "pid", "cpu", "rss"),
+    "host": ("t", "cpu"),
 }
 SATURATED_CPU = 0.9
 """A process using at least this many cores in a sample is saturated then (Locust warns at 90 %)."""
@@ -41,7 +42,8 @@ SATURATED_SHARE = 0.5
 TARGET_PARTS = ("server",)
 """Parts that are the target, not the lab (the reference server and its descendants)."""
 BOX = "box"
-"""The pseudo-process of the whole machine: every sampled process together."""
+"""The pseudo-process of the whole machine: every program on it (the monitor's `host`
+records), else every process of the run together."""
 LOCUST_WARNINGS = (
     re.compile(r"CPU usage above \d+%"),
     re.compile(r"CPU usage was too high"),
@@ -79,6 +81,8 @@ class ProcessSamples:
     error: str | None = None
     warnings: tuple[LocustWarning, ...] = ()
     notes: tuple[str, ...] = field(default=())
+    host: pd.DataFrame | None = None
+    """t, cpu (cores busy on the whole machine), load1: the monitor's `host` records."""
 
     @property
     def present(self) -> bool:
@@ -111,6 +115,18 @@ def load_samples(run_dir: Path) -> ProcessSamples:
     for name in ("t", "cpu", "rss", "fds", "threads", "pid"):
         frame[name] = pd.to_numeric(frame[name], errors="coerce").astype("float64")
     frame["part"] = frame["part"].astype("object")
+    host = frames.frames["host"]
+    host_frame = None
+    if len(host):
+        host_frame = pd.DataFrame(
+            {
+                "t": pd.to_numeric(host["t"], errors="coerce").astype("float64"),
+                "cpu": pd.to_numeric(host["cpu"], errors="coerce").astype("float64"),
+                "load1": pd.to_numeric(host["load1"], errors="coerce").astype("float64")
+                if "load1" in host.columns
+                else math.nan,
+            }
+        )
     head = frames.frames["monitor"]
     cpus = interval = None
     if len(head):
@@ -118,11 +134,19 @@ def load_samples(run_dir: Path) -> ProcessSamples:
         cpus = int(first["cpus"]) if _number(first["cpus"]) else None
         interval = float(first["interval_s"]) if _number(first["interval_s"]) else None
     return ProcessSamples(
-        "ok", frame.reset_index(drop=True), cpus, interval, warnings=warnings, notes=tuple(frames.notes)
+        "ok",
+        frame.reset_index(drop=True),
+        cpus,
+        interval,
+        warnings=warnings,
+        notes=tuple(frames.notes),
+        host=host_frame,
     )
 
 
 def _number(value: object) -> bool:
+    if isinstance(value, np.generic):
+        value = value.item()
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
@@ -211,12 +235,29 @@ def saturated(
         hit = float((cpu >= threshold).mean()) if len(cpu) else 0.0
         if len(cpu) and hit >= share:
             out.append(Saturation(str(part), hit, float(cpu.mean())))
-    if s.cpus and len(f):
-        per_tick = f.groupby(f["t"].round(0))["cpu"].sum().to_numpy(dtype="float64")
+    per_tick = box_cpu(s, start, end)
+    if s.cpus and len(per_tick):
         hit = float((per_tick >= threshold * s.cpus).mean())
         if hit >= share:
             out.append(Saturation(BOX, hit, float(per_tick.mean())))
     return sorted(out, key=lambda x: (-x.share, x.part))
+
+
+def box_cpu(s: ProcessSamples, start: float | None, end: float | None) -> np.ndarray:
+    """The machine's busy cores per sample in [start, end): the `host` records (every
+    program on it), else the sum of the run's processes per tick."""
+    if s.host is not None and len(s.host):
+        h = s.host
+        mask = np.ones(len(h), dtype=bool)
+        if start is not None:
+            mask &= (h["t"] >= start).to_numpy()
+        if end is not None:
+            mask &= (h["t"] < end).to_numpy()
+        return h.loc[mask, "cpu"].dropna().to_numpy(dtype="float64")
+    f = window(s, start, end)
+    if not len(f):
+        return np.array([], dtype="float64")
+    return f.groupby("t")["cpu"].sum().to_numpy(dtype="float64")  # one tick: one time for all
 
 
 def cpu_peaks(s: ProcessSamples, start: float | None, end: float | None) -> dict[str, float]:
@@ -231,8 +272,8 @@ def cpu_peaks(s: ProcessSamples, start: float | None, end: float | None) -> dict
 def describe(sat: Saturation, cpus: int | None) -> str:
     if sat.part == BOX:
         return (
-            f"the box ({cpus} cores, shared by every process of the run) was at >= {SATURATED_CPU:.0%} "
-            f"in {sat.share:.0%} of the samples (mean {sat.cpu_mean:.2f} cores)"
+            f"the box ({cpus} cores, shared by the run's processes and any other work on it) was busy "
+            f">= {SATURATED_CPU:.0%} in {sat.share:.0%} of the samples (mean {sat.cpu_mean:.2f} cores)"
         )
     return (
         f"{sat.part} used >= {SATURATED_CPU:.0%} of a core in {sat.share:.0%} of its samples "
@@ -243,6 +284,7 @@ def describe(sat: Saturation, cpus: int | None) -> str:
 def section(s: ProcessSamples) -> dict[str, JsonValue]:
     """report.json `processes`."""
     whole = saturated(s, None, None)
+    box = box_cpu(s, None, None)
     return {
         "source": FILE,
         "status": s.status,
@@ -250,6 +292,17 @@ def section(s: ProcessSamples) -> dict[str, JsonValue]:
         "cpus": s.cpus,
         "interval_s": s.interval_s,
         "parts": list(summary(s)),
+        "box": None
+        if not len(box)
+        else {
+            "source": "host" if s.host is not None and len(s.host) else "processes",
+            "cpu_mean": _round(float(box.mean())),
+            "cpu_p95": _round(float(np.quantile(box, 0.95))),
+            "cpu_max": _round(float(box.max())),
+            "load1_max": None
+            if s.host is None or not len(s.host) or s.host["load1"].isna().all()
+            else _round(float(s.host["load1"].max())),
+        },
         "saturated": [
             {"part": x.part, "share": _round(x.share), "cpu_mean": _round(x.cpu_mean)} for x in whole
         ],

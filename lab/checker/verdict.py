@@ -70,8 +70,11 @@ def judge(data: RunData, *, witness_limit: int = 5, started: float | None = None
     budgets = parse_budgets(data.run)
     ctx = Context(data, budgets, witness_limit)
     gates = tuple(run_gate(module, ctx) for module in GATES)
-    # Gates 7 and 8 where they apply, and the lab's own limits (lab.checker.analysis).
-    gates = analysis.qualify(ctx, gates + analysis.extra_gates(ctx, run_gate))
+    # Gates 7 and 8 where they apply, the lab's own limits, the sections beside the gates
+    # (lab.checker.analysis).
+    gates, sections, section_problems = analysis.finish(
+        ctx, gates + analysis.extra_gates(ctx, run_gate), run_gate
+    )
     problems = list(data.problems)
     if data.run is not None and budgets.defaulted:
         problems.append(
@@ -92,7 +95,6 @@ def judge(data: RunData, *, witness_limit: int = 5, started: float | None = None
     except Exception as e:
         faults, never, skipped = [], [], []
         problems.append(Problem("proxy/tap.jsonl", f"fault counts failed: {type(e).__name__}: {e}"))
-    sections, section_problems = analysis.sections(ctx, gates)
     problems += [Problem("report", p) for p in section_problems]
     try:
         live = liveness.summary(ctx)

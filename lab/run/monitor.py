@@ -11,13 +11,16 @@ One JSON object per line (schema `mcpLabProcesses.v1`, docs/ledgers.md):
 
     {"type": "monitor", "t", "schema", "interval_s", "cpus", "clk_tck", "page_size"}   first line
     {"type": "sample", "t", "part", "pid", "cpu", "rss", "fds", "threads"}            one per process per tick
+    {"type": "host", "t", "cpu", "cpus", "load1"}                                     the whole machine, per tick
 
 `cpu` is the cores the process used over the interval since its previous sample (since
 it started, for its first sample): 0.93 = 93 % of one core; `rss` bytes; `fds` open file
 descriptors and `threads` its threads (null when /proc does not say). `part` is the
 name the process has in run.json (`server`, `mitmproxy`, `nemesis`, `master`,
 `worker-<n>`, ...); a descendant of a part is `<part>/<its command name>`; `lab run`
-itself is `lab-run`. Lines are written whole and flushed every tick, so an interrupted
+itself is `lab-run`. The `host` record is the whole machine: the cores busy over the
+interval (every program on it, the run's and anyone else's: a box shared with other work
+slows every part of the run) and the 1-minute load average. Lines are written whole and flushed every tick, so an interrupted
 run keeps every sample taken.
 """
 
@@ -118,6 +121,8 @@ class Sampler:
         self.page_size = os.sysconf("SC_PAGE_SIZE")
         self._last: dict[tuple[int, int], tuple[float, int]] = {}
         """(pid, start ticks) -> (time, cpu ticks) of its previous sample."""
+        self._host: tuple[float, int, int] | None = None
+        """(time, busy ticks, total ticks) of the machine at the previous sample."""
 
     def header(self, now: float, interval: float) -> dict[str, Any]:
         return {
@@ -171,6 +176,34 @@ class Sampler:
         self._last = {k: v for k, v in self._last.items() if k in alive}
         return out
 
+    def host(self, now: float | None = None) -> dict[str, Any] | None:
+        """The machine's busy cores since the previous call (None the first time, or if
+        /proc/stat cannot be read): every program's, not only the run's."""
+        now = time.time() if now is None else now
+        try:
+            fields = (self.proc / "stat").read_text().splitlines()[0].split()
+            ticks = [int(x) for x in fields[1:]]
+        except (OSError, IndexError, ValueError):
+            return None
+        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+        total = sum(ticks[:8])  # guest time is already counted in user
+        previous, self._host = self._host, (now, total - idle, total)
+        if previous is None or total <= previous[2]:
+            return None
+        cpus = os.cpu_count() or 1
+        busy = (total - idle - previous[1]) / (total - previous[2]) * cpus
+        try:
+            load1: float | None = float((self.proc / "loadavg").read_text().split()[0])
+        except (OSError, IndexError, ValueError):
+            load1 = None
+        return {
+            "type": "host",
+            "t": round(now, 3),
+            "cpu": round(max(busy, 0.0), 3),
+            "cpus": cpus,
+            "load1": load1,
+        }
+
     def _scan(self) -> list[ProcStat]:
         out: list[ProcStat] = []
         try:
@@ -206,6 +239,7 @@ class ProcessMonitor:
         try:
             self._out = self.path.open("a", encoding="utf-8")
             self._write([self.sampler.header(time.time(), self.interval)])
+            self.sampler.host()  # the machine's first reading: its busy cores count from here
         except OSError as e:
             self.error = f"cannot write {self.path}: {e.strerror or e}"
             return
@@ -224,7 +258,10 @@ class ProcessMonitor:
         while True:
             stopping = self._stop.wait(self.interval)
             try:
-                self._write(self.sampler.sample([(SELF_PART, os.getpid()), *self.parts()]))
+                now = time.time()
+                records = self.sampler.sample([(SELF_PART, os.getpid()), *self.parts()], now)
+                host = self.sampler.host(now)
+                self._write(records if host is None else [*records, host])
             except OSError as e:
                 self.error = f"cannot write {self.path}: {e.strerror or e}"
                 return

@@ -50,6 +50,16 @@ def test_knee_is_the_last_step_before_the_first_that_breaks_a_budget() -> None:
     assert cap["steps"][1]["judged_start"] - cap["steps"][1]["start"] == 10
 
 
+def test_gate5_of_a_ramp_past_its_knee_is_judged_up_to_the_knee() -> None:
+    gates = {g.gate: g for g in judged(run_data(ramp(), RAMP)).gates}
+    assert gates["resume_p99"].verdict.value == "pass"  # the 9 s step past the knee found the knee
+    assert "judged up to the capacity ramp's first step past its knee" in gates["resume_p99"].summary
+    # A ramp whose first step already breaks the budget has no knee: gate 5 fails.
+    first_fails = [Stretch(0, 40, events_per_s=40, latency_s=9.0), *ramp()[1:]]
+    gates = {g.gate: g for g in judged(run_data(first_fails, RAMP)).gates}
+    assert gates["resume_p99"].verdict.value == "fail"
+
+
 def test_which_metric_bent_first_can_come_before_the_knee() -> None:
     # Events per client fall already at 40 clients (flat 80 events/s), errors break at 80.
     stretches = ramp(last_latency=0.4, last_events=80, last_errors=0.05)
@@ -75,7 +85,7 @@ def test_a_knee_found_while_a_worker_was_saturated_is_the_labs(tmp_path: Path) -
         {
             "worker-0": [(0, 120, 0.2), (120, 160, 0.98)],
             "mitmproxy": [(0, 160, 0.4)],
-            "server": [(0, 160, 0.5)],
+            "server": [(0, 160, 0.3)],
         },
     )
     cap = capacity(run_data(ramp(), RAMP, run_dir=tmp_path))

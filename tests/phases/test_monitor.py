@@ -76,6 +76,9 @@ def test_monitor_writes_the_contract_and_stops(tmp_path: Path, parts: list[subpr
     assert lines[0]["type"] == "monitor" and lines[0]["schema"] == SCHEMA and lines[0]["cpus"] >= 1
     samples = [r for r in lines[1:] if r["type"] == "sample"]
     parts_seen = {r["part"] for r in samples}
+    hosts = [r for r in lines if r["type"] == "host"]
+    assert hosts and all(0 <= r["cpu"] <= r["cpus"] + 0.5 for r in hosts)  # a busy loop runs: some is busy
+    assert max(r["cpu"] for r in hosts) > 0.1
     assert parts_seen == {"worker-0", "lab-run"}
     assert set(samples[0]) == {"type", "t", "part", "pid", "cpu", "rss", "fds", "threads"}
     count = len(lines)
