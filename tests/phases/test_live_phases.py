@@ -54,7 +54,9 @@ def test_a_recovery_phase_that_keeps_the_storm_on_fails_gate_7(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("rollback", ["keep-index", "drop-index"])
-def test_rollout_gate_passes_and_catches_a_rollback_that_drops_the_index(tmp_path: Path, rollback: str) -> None:
+def test_rollout_gate_passes_and_catches_a_rollback_that_drops_the_index(
+    tmp_path: Path, rollback: str
+) -> None:
     scenario = tmp_path / "rollout-mini.toml"
     text = (HERE / "rollout-mini.toml").read_text(encoding="utf-8")
     scenario.write_text(text.replace('rollback = "keep-index"', f'rollback = "{rollback}"'), encoding="utf-8")
