@@ -266,8 +266,20 @@ def section(ctx: Context, gates: Sequence[GateResult] = ()) -> dict[str, JsonVal
                 f"broke {broke} while the lab was saturated — the lab's limit, not the target's capacity"
             )
         else:
-            limited_by = "target"
-            text = f"knee at {where}: step {found[past].name!r} ({found[past].users} clients) broke {broke}"
+            st = found[past]
+            busy = lab_limits.target_cpu_p95(ctx, st.judged_start, st.judged_end)
+            rows[past]["target_cpu_p95"] = None if busy is None else round(busy, 3)
+            text = f"knee at {where}: step {st.name!r} ({st.users} clients) broke {broke}"
+            if busy is not None and busy < lab_limits.TARGET_IDLE_CPU:
+                # Neither the lab nor the target ran out of CPU: something waited in the chain.
+                limited_by = "unclear"
+                text += (
+                    f", but no process was CPU-bound: the reference server used at most {busy:.2f} cores "
+                    "(p95) and no lab process was saturated, so the time went to waiting somewhere in the "
+                    "chain (client, nemesis, proxy, sockets), not to the target's work"
+                )
+            else:
+                limited_by = "target"
     return {
         "steps": list(rows),
         "knee_users": knee_users,

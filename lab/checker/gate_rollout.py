@@ -20,7 +20,8 @@ Five named checks, each a count of violations with witnesses and its own evidenc
    of the sessions the server created once the knob was in force (server ledger
    `sessions.created_at`, `resumable`), the share resumable is the knob within sampling
    error: |share - f| <= 3 sqrt(f (1 - f) / n) + 1/n. Evidence: n >= min_rollout_sessions.
-3. `old_cursors_resume` — after R, every resumption (tap flow `stream` resume, answered
+3. `old_cursors_resume` — after R (from 1 s after it: a request answered sooner may have
+   been served before the knob), every resumption (tap flow `stream` resume, answered
    by the server) whose cursor event the server first sent before R resumed (2xx), or
    got 404 because its session was gone; a refusal of the cursor (any other 4xx) is a
    violation, except verdicts that say the stream's own events aged out
@@ -70,6 +71,7 @@ RECORDS: dict[str, tuple[str, ...]] = {
 }
 ROLLOUT_KNOBS = ("resumable_fraction", "rollback")
 NEW_STREAM_SLACK_S = 1.0
+"""Requests answered within this long after the rollback knob may have been served before it."""
 AGED_OUT = ("unknown_stream", "evicted")
 """Cursor verdicts that say the stream's own events are gone (retention), not the rollback."""
 CHECK_NAMES = (
@@ -442,7 +444,9 @@ def check_resumable_share(ctx: Context, steps: list[Step], min_sessions: int) ->
 def check_old_cursors(ctx: Context, rollback_t: float) -> Outcome:
     out = Outcome("old_cursors_resume")
     res = _resumes(ctx)
-    old = res[(pd.to_numeric(res["t"], errors="coerce") >= rollback_t) & (res["cursor_first_t"] < rollback_t)]
+    # A resumption answered within a second of the knob may have been served before it.
+    after = pd.to_numeric(res["t"], errors="coerce") >= rollback_t + NEW_STREAM_SLACK_S
+    old = res[after & (res["cursor_first_t"] < rollback_t)]
     ok = old[(old["status"] >= 200) & (old["status"] < 300)]
     gone = old[old["status"] == 404]
     refused = old[(old["status"] >= 400) & (old["status"] < 500) & (old["status"] != 404)]

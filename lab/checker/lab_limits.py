@@ -124,6 +124,24 @@ def limit(
     return LabLimit(sat, s.cpus, need, basis)
 
 
+TARGET_IDLE_CPU = 0.5
+"""A monitored target whose CPU p95 stays under this (cores) was not CPU-bound."""
+
+
+def target_cpu_p95(ctx: Context, start: float, end: float) -> float | None:
+    """The reference server's CPU p95 (cores) in [start, end); None when it was not
+    sampled (a URL target runs elsewhere)."""
+    s = processes.samples(ctx)
+    if not s.present:
+        return None
+    f = processes.window(s, start, end)
+    server = f[[not processes.is_lab(str(p)) for p in f["part"]]]
+    if not len(server):
+        return None
+    per_tick = server.groupby("t")["cpu"].sum().to_numpy(dtype="float64")
+    return float(np.quantile(per_tick, 0.95))
+
+
 def limit_json(lim: LabLimit | None) -> dict[str, object] | None:
     if lim is None:
         return None

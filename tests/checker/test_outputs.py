@@ -234,7 +234,7 @@ def test_report_html_renders_in_headless_chromium_with_its_figures(tmp_path: Pat
     ]
     # The page's own script counts the figures the browser decoded (naturalWidth > 0).
     dom = subprocess.run([*base, "--dump-dom", page], capture_output=True, text=True, timeout=120)
-    assert 'data-figures-loaded="4"' in dom.stdout, dom.stderr[-2000:]
+    assert 'data-figures-loaded="5"' in dom.stdout, dom.stderr[-2000:]
     assert 'id="incomplete"' in dom.stdout
 
     shot = tmp_path / "shot.png"

@@ -95,3 +95,14 @@ def test_a_miss_while_the_lab_was_saturated_is_the_labs_not_the_targets(tmp_path
     assert gate_check(
         run_data([STEADY, STORM, kept_on], PHASES, run_dir=tmp_path), gate_steady_state
     ).verdict is (Verdict.FAIL)
+
+
+def test_gate5_failing_while_a_worker_was_saturated_names_the_lab(tmp_path: Path) -> None:
+    slow = [Stretch(0, 30, latency_s=0.3), Stretch(30, 60, latency_s=8.0)]  # p99 8 s > 5 s budget
+    write_samples(tmp_path / "hot", {"worker-0": [(0, 30, 0.3), (30, 60, 0.99)]})
+    write_samples(tmp_path / "cool", {"worker-0": [(0, 60, 0.3)]})
+    hot = {g.gate: g for g in judged(run_data(slow, [], run_dir=tmp_path / "hot")).gates}["resume_p99"]
+    cool = {g.gate: g for g in judged(run_data(slow, [], run_dir=tmp_path / "cool")).gates}["resume_p99"]
+    assert cool.verdict is Verdict.FAIL
+    assert hot.verdict is Verdict.INCONCLUSIVE and "limited by the lab (worker-0" in hot.summary
+    assert not next(e for e in hot.evidence if e.name == "lab not saturated").ok
