@@ -134,7 +134,18 @@ def capacity_drawer(section: Mapping[str, Any]) -> Callable[[RunData, Budgets, F
         for ax in axes:
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(loc="upper left", fontsize=8)
+        for ax, y, bound in ((axes[0], p99, budget), (axes[2], rows[2][1], qps)):
+            finite = y[np.isfinite(y)]
+            top = max([*finite.tolist(), *([bound] if bound is not None else []), 0.1])
+            ax.set_ylim(0, top * 1.15)
         axes[2].set_xlabel("clients (step)")
-        axes[0].set_title(str(section.get("text", "")), fontsize=9, wrap=True)
+        lab = section.get("limited_by_lab")
+        who = {
+            "lab": f"limited by the lab ({', '.join(lab.get('processes', []))})" if isinstance(lab, Mapping) else "lab",
+            "target": "limited by the target",
+            "unclear": "no process was CPU-bound",
+        }.get(str(section.get("limited_by")), "no knee passed")
+        where = f"knee at {knee} clients" if knee is not None else "no step held"
+        axes[0].set_title(f"Capacity: {where} — {who}")
 
     return draw

@@ -249,8 +249,9 @@ def processes_block(doc: Mapping[str, Any]) -> Block | None:
             f"max {box['cpu_max']:.2f} of {pr.get('cpus')}{load}."
         )
     for s in pr.get("saturated") or []:
+        what = "of every core" if s["part"] == "box" else "of a core"
         lines.append(
-            f"Saturated over the run: {s['part']} (>= 90 % of a core in {s['share']:.0%} of its samples)."
+            f"Saturated over the run: {s['part']} (>= 90 % {what} in {s['share']:.0%} of its samples)."
         )
     for w in pr.get("locust_cpu_warnings") or []:
         lines.append(f"Locust warned about CPU in {w['part']} ({w['count']}×): {w['first']}")
