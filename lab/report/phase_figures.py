@@ -141,7 +141,9 @@ def capacity_drawer(section: Mapping[str, Any]) -> Callable[[RunData, Budgets, F
         axes[2].set_xlabel("clients (step)")
         lab = section.get("limited_by_lab")
         who = {
-            "lab": f"limited by the lab ({', '.join(lab.get('processes', []))})" if isinstance(lab, Mapping) else "lab",
+            "lab": f"limited by the lab ({', '.join(lab.get('processes', []))})"
+            if isinstance(lab, Mapping)
+            else "lab",
             "target": "limited by the target",
             "unclear": "no process was CPU-bound",
         }.get(str(section.get("limited_by")), "no knee passed")
