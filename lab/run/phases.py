@@ -44,9 +44,11 @@ SCHEMA = "mcpLabPhases.v1"
 FILE = "phases.jsonl"
 PROBE_SESSIONS = 3
 PROBE_LEAD_S = 8.0
-"""The probe opens its sessions this long before the rollback phase begins."""
+"""The probe opens its sessions this long before the rollback phase begins (at most 40 %
+of the session TTL: it must come back before its sessions expire)."""
 PROBE_BACK_S = 3.0
-"""... and comes back this long after it began (well within the session TTL)."""
+"""... and comes back this long after it began (at most 30 % of the TTL, at least 1.5 s:
+a request answered within a second of the rollback may have been served before it)."""
 PROBE_LATE_MARGIN_S = 4.0
 """... and again this long after their sessions' TTL has passed (the sweeper runs every second)."""
 LIVE_TABLES = ("operations", "recoveries", "reconnects")
@@ -127,8 +129,15 @@ class PhaseDriver:
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._out: IO[str] | None = None
-        self._thread = threading.Thread(target=self._run, name="lab-phases", daemon=True)
         self.actions = self.plan()
+        # The probe's moves wait on the network: they run apart, so they never delay a knob.
+        probe = [a for a in self.actions if a.name.startswith("probe:")]
+        rest = [a for a in self.actions if not a.name.startswith("probe:")]
+        self._threads = [
+            threading.Thread(target=self._run, args=(acts,), name=f"lab-phases-{i}", daemon=True)
+            for i, acts in enumerate((rest, probe))
+            if acts
+        ]
 
     # ------------------------------------------------------------------ the plan
 
@@ -139,10 +148,10 @@ class PhaseDriver:
                 out.append(Action(p.start, f"knobs:{p.name}", partial(self.set_knobs, p.name, p.server)))
         rollback = next((i for i, p in enumerate(sc.phases) if "rollback" in p.server), None)
         if rollback is not None and rollback > 0 and self.admin_url is not None:
-            r = sc.phases[rollback]
-            opened = max(sc.phases[rollback - 1].start + 1.0, r.start - PROBE_LEAD_S)
-            back = r.start + PROBE_BACK_S
-            late = back + sc.target.session_ttl + PROBE_LATE_MARGIN_S
+            r, ttl = sc.phases[rollback], sc.target.session_ttl
+            opened = max(sc.phases[rollback - 1].start + 1.0, r.start - min(PROBE_LEAD_S, 0.4 * ttl))
+            back = r.start + max(1.5, min(PROBE_BACK_S, 0.3 * ttl))
+            late = back + ttl + PROBE_LATE_MARGIN_S
             out.append(Action(opened, "probe:open", lambda: self.probe.open(PROBE_SESSIONS)))
             out.append(Action(back, "probe:come_back", self.probe.come_back))
             if late < sc.horizon - 1.0:
@@ -188,12 +197,14 @@ class PhaseDriver:
                     "error": None,
                 }
             )
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=15)
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(timeout=15)
         self.probe.close()
         with self._lock:
             if self._out is not None:
@@ -209,8 +220,8 @@ class PhaseDriver:
                 self._out.write(json.dumps(record, separators=(",", ":")) + "\n")
                 self._out.flush()
 
-    def _run(self) -> None:
-        for action in self.actions:
+    def _run(self, actions: list[Action]) -> None:
+        for action in actions:
             wait = self.run_start + action.at - time.time()
             if wait > 0 and self._stop.wait(wait):
                 return

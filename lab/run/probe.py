@@ -144,10 +144,12 @@ class Probe:
         )
         return s
 
-    def open(self, count: int, tries: int = 20) -> None:
-        """`count` sessions whose ticker stream carries event IDs, each left mid-stream."""
+    def open(self, count: int, tries: int = 20, within: float = 10.0) -> None:
+        """`count` sessions whose ticker stream carries event IDs, each left mid-stream
+        (at most `tries` sessions, for at most `within` seconds)."""
+        deadline = time.monotonic() + within
         for n in range(tries):
-            if len(self.sessions) >= count:
+            if len(self.sessions) >= count or time.monotonic() > deadline:
                 return
             try:
                 s = self._initialize(f"probe-{n}")

@@ -109,7 +109,7 @@ def test_markdown_junit_and_html_say_the_same_thing(tmp_path: Path) -> None:
     page = (run_dir / "report.html").read_text(encoding="utf-8")
     assert 'id="incomplete"' in page
     assert "op-&lt;b&gt;&amp;7" in page and "op-<b>&7" not in page
-    assert page.count('src="data:image/png;base64,') == 4
+    assert page.count('src="data:image/png;base64,') == 5  # the four of the gates, and the lab's processes
     external = re.findall(r'(?:src|href)="(?!data:|#)[^"]*"', page)
     assert external == [], "report.html must not load anything"
     for name in ("fig-resume-latency.png", "fig-reconnects.png", "fig-events-clients.png", "fig-faults.png"):
