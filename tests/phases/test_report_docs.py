@@ -36,7 +36,7 @@ def test_timeline_fields_are_documented(tmp_path: Path) -> None:
         judged(run_data([STEADY, STORM, AFTERMATH, Stretch(130, 160)], PHASES, run_dir=tmp_path / "a"))
     )
     write_samples(tmp_path / "b", {"worker-0": [(0, 120, 0.2), (120, 160, 0.99)]})
-    cap = document(judged(run_data(ramp(), RAMP, run_dir=tmp_path / "b")))
+    cap: Any = document(judged(run_data(ramp(), RAMP, run_dir=tmp_path / "b")))
     names = keys(steady["phases"]) | keys(steady["processes"]) | keys(cap["capacity"])
     names |= {k for g in steady["gates"] if g["number"] == 7 for k in keys(g["measured"])}
     documented = (ROOT / "docs" / "report.md").read_text(encoding="utf-8")
