@@ -32,7 +32,7 @@ def keys(value: Any) -> set[str]:
 
 def test_timeline_fields_are_documented(tmp_path: Path) -> None:
     write_samples(tmp_path / "a", {"worker-0": [(0, 160, 0.3)], "server": [(0, 160, 0.2)]})
-    steady = document(
+    steady: Any = document(
         judged(run_data([STEADY, STORM, AFTERMATH, Stretch(130, 160)], PHASES, run_dir=tmp_path / "a"))
     )
     write_samples(tmp_path / "b", {"worker-0": [(0, 120, 0.2), (120, 160, 0.99)]})
