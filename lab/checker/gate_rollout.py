@@ -23,9 +23,9 @@ Five named checks, each a count of violations with witnesses and its own evidenc
 3. `old_cursors_resume` — after R (from 1 s after it: a request answered sooner may have
    been served before the knob), every resumption (tap flow `stream` resume, answered
    by the server) whose cursor event the server first sent before R resumed (2xx), or
-   got 404 because its session was gone; a refusal of the cursor (any other 4xx) is a
-   violation, except verdicts that say the stream's own events aged out
-   (`unknown_stream`, `evicted`: noted). Evidence: >= 1 old cursor resumed after R.
+   got 404 because its session was gone; a refusal of the cursor (400, 409, 410 or 422)
+   is a violation, except verdicts that say the stream's own events aged out
+   (`unknown_stream`, `evicted`: noted); load shedding (429, 503) is noted, not judged. Evidence: >= 1 old cursor resumed after R.
 4. `new_streams_not_resumable` — every stream opened after R (a POST or standalone GET
    whose head passed >= 1 s after R) carries no event ID (tap `sent`, priming included).
    Evidence: >= 1 such stream with an event.
@@ -72,6 +72,8 @@ RECORDS: dict[str, tuple[str, ...]] = {
 ROLLOUT_KNOBS = ("resumable_fraction", "rollback")
 NEW_STREAM_SLACK_S = 1.0
 """Requests answered within this long after the rollback knob may have been served before it."""
+CURSOR_REFUSALS = (400, 409, 410, 422)
+"""The statuses a server refuses a cursor with (the reference server's `--cursor-reject-status`)."""
 AGED_OUT = ("unknown_stream", "evicted")
 """Cursor verdicts that say the stream's own events are gone (retention), not the rollback."""
 CHECK_NAMES = (
@@ -449,7 +451,13 @@ def check_old_cursors(ctx: Context, rollback_t: float) -> Outcome:
     old = res[after & (res["cursor_first_t"] < rollback_t)]
     ok = old[(old["status"] >= 200) & (old["status"] < 300)]
     gone = old[old["status"] == 404]
-    refused = old[(old["status"] >= 400) & (old["status"] < 500) & (old["status"] != 404)]
+    refused = old[old["status"].isin(CURSOR_REFUSALS)]
+    other = old[~old["status"].isin(CURSOR_REFUSALS) & (old["status"] >= 400) & (old["status"] != 404)]
+    if len(other):
+        codes = ", ".join(str(int(c)) for c in sorted(set(other["status"].dropna())))
+        out.notes.append(
+            f"{len(other)} old-cursor resumption(s) answered {codes} (not a cursor refusal): not judged"
+        )
     aged = refused[refused["cursor_verdict"].isin(AGED_OUT)]
     bad = refused[~refused["cursor_verdict"].isin(AGED_OUT)]
     out.violations = len(bad)
