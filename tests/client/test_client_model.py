@@ -1,47 +1,75 @@
 """Model-based test: two ClientCores against the model server, with every fault at random.
 
-Invariants (the lab's gates, on the ground truth of the model server):
-- no cross-stream acceptance: every accepted message was sent by the server on the
-  stream (of the session) the client filed it under;
-- no duplicate dispatch: no idempotency key caused two side effects on the server, and no
-  message was dispatched twice by a client;
-- every 404 to a request carrying a session ID is followed by a new initialize without one;
-- reconnect attempts of the process never exceed the shared budget in any 1-second bin;
-- liveness (at the end): with the faults over, every call ends, even one whose resumed
-  stream stayed silent or whose stream stalled after its priming event.
+The lab's gates judge every example, by the checker's own code (`lab.checker`), never by
+rules re-written here: at the end of each example the clients' ledgers (what the cores
+returned, what their inboxes hold), the Link's tap of what passed (`ModelTap`, records of
+`mcpLabTap.v1`) and the model server's dispatches go to `run_data_from_records`, and
+- gate 1: no event accepted on a stream it does not belong to;
+- gate 2: no duplicate business dispatch (server, wire, outbox, inbox);
+- gate 3: every 404 to a request carrying a session ID is followed by a new handshake;
+- gate 6: reconnects within the shared budget in every 1-second bin, no wait shorter
+  than the server advised;
+must not FAIL (a short example may well be INCONCLUSIVE: too little evidence to pass).
+A FAIL raises AssertionError with the gate's witnesses; so does a gate whose code raised.
 
-And `test_the_invariants_catch_a_client_without_checks` shows the invariants are not
-hollow: the same machine, with the acceptance checks switched off, is caught.
+Two checks stay model-side, as they are no gate's: liveness (at the end, with the faults
+over, every call ends, even one whose resumed stream stayed silent or whose stream
+stalled after its priming event), and no reconnect sent earlier than the client itself
+planned (its `planned_delay`; gate 6 judges the server's advice, not the client's plan).
+
+`test_the_invariants_catch_a_client_without_checks` shows the gates are not hollow here:
+the same machine, with the acceptance checks switched off, is caught; and
+`test_a_real_gate_fails_a_defective_client_and_not_the_pristine_one` shows each gate
+failing a client with one defect, and not the pristine client, on the same steps.
 """
 
 from __future__ import annotations
 
-import math
 import random
-from collections import Counter
 from dataclasses import asdict
+from types import ModuleType
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, initialize, rule, run_state_machine_as_test
 
+from lab.checker import (
+    gate_check,
+    gate_cross_stream,
+    gate_duplicates,
+    gate_reconnect,
+    gate_rehandshake,
+    run_data_from_records,
+)
+from lab.checker.context import Context, parse_budgets
+from lab.checker.load import RunData
+from lab.checker.model import GateResult, Verdict
+from lab.checker.verdict import run_gate
 from lab.client._acceptance import ALL_CHECKS, Check, MemoryInbox
 from lab.client._commands import CallFinished, CallOutcome, Purpose
 from lab.client._config import ClientConfig
 from lab.client._core import ClientCore
+from lab.client._handshake import Handshake
+from lab.client._model import Conn
 from lab.client._reconnect import BackoffPolicy, ReconnectBudget
 from lab.wire.client_ledger import ReconnectAttempt
-from lab.wire.event_ids import post_stream_id, session_tag
 from lab.wire.redact import Redactor
-from tests.client.model_server import Link, ModelServer
+from tests.client.model_ledgers import ModelTap, server_ledger
+from tests.client.model_server import Link, ModelServer, settle_together
 
 BUDGET = 4.0
 PATIENCE = 600.0
 """Liveness: with the faults over, nothing a client waits for may be more than this many
 seconds (of model time) away."""
 T0 = 1_800_000_000.0
+REDACTOR = Redactor(b"k" * 32)
+"""The run key: the clients' pseudonyms and the tap's are the same, as in a run."""
+RUN = {"budgets": {"reconnect_qps": BUDGET, "min_events": 1, "min_404": 1, "min_recoveries": 1}}
+"""run.json as the gates read it: the clients' shared budget, and evidence minima a
+40-step example can meet (the gate table's 100,000 events are a load run's)."""
+GATES = (gate_cross_stream, gate_duplicates, gate_rehandshake, gate_reconnect)
 
 clients = st.integers(0, 1)
 conn_pick = st.integers(0, 7)
@@ -52,11 +80,13 @@ class ClientAgainstModel(RuleBasedStateMachine):
     store_guards = True
     silence_bound = 2.0
     """`resume_silence_s`; `stream_idle_s` is twice as long."""
+    client_budget = (BUDGET, 2.0)
+    """The reconnect budget the clients share (per second, burst); run.json says BUDGET."""
 
     def __init__(self) -> None:
         super().__init__()
         self.server = ModelServer(progress_events=2, seed=1)
-        self.budget = ReconnectBudget(BUDGET, burst=2.0, now=T0)
+        self.budget = ReconnectBudget(self.client_budget[0], burst=self.client_budget[1], now=T0)
         self.inboxes = [MemoryInbox(enforce_unique=self.store_guards) for _ in range(2)]
         self.cores = [
             ClientCore(
@@ -72,21 +102,17 @@ class ClientAgainstModel(RuleBasedStateMachine):
                 ),
                 inbox=self.inboxes[i],
                 budget=self.budget,  # one budget for every client of the process
-                redactor=Redactor(b"k" * 32),
+                redactor=REDACTOR,
                 rng=random.Random(i),
             )
             for i in range(2)
         ]
-        self.links = [Link(c, self.server) for c in self.cores]
-        self.gen_sid: dict[tuple[int, int], str] = {}
+        self.tap = ModelTap(REDACTOR)  # one proxy between every client and the server
+        self.links = [Link(c, self.server, self.tap) for c in self.cores]
         self.calls = 0
+        self.finished = False
 
     # -- helpers -----------------------------------------------------------------------
-
-    def _note_sessions(self) -> None:
-        for i, core in enumerate(self.cores):
-            if core.session_id is not None:
-                self.gen_sid.setdefault((i, core.generation), core.session_id)
 
     def _conn(self, c: int, pick: int) -> int | None:
         conns = self.links[c].conns()
@@ -99,8 +125,7 @@ class ClientAgainstModel(RuleBasedStateMachine):
         for core, link in zip(self.cores, self.links, strict=True):
             link.now = T0
             link.run(core.connect(link.now))
-            link.settle()
-        self._note_sessions()
+        settle_together(self.links)
 
     @rule(c=clients, write=st.booleans())
     def call(self, c: int, write: bool) -> None:
@@ -109,28 +134,30 @@ class ClientAgainstModel(RuleBasedStateMachine):
             "ledger.append" if write else "echo", {"n": self.calls}, self.links[c].now, write=write
         )
         self.links[c].run(cmds)
-        self._note_sessions()
 
     @rule(c=clients, pick=conn_pick, n=st.integers(1, 4))
     def deliver(self, c: int, pick: int, n: int) -> None:
         conn = self._conn(c, pick)
         if conn is not None:
             self.links[c].deliver(conn, n)
-        self._note_sessions()
+
+    @rule()
+    def deliver_everything(self) -> None:
+        """Every open connection delivers what it holds (no time passes): the events that
+        pass are the ones a proxy can later replay or inject elsewhere."""
+        settle_together(self.links, patience=0.0)
 
     @rule(c=clients, pick=conn_pick)
     def cut(self, c: int, pick: int) -> None:
         conn = self._conn(c, pick)
         if conn is not None:
             self.links[c].cut(conn)
-        self._note_sessions()
 
     @rule(c=clients, pick=conn_pick, retry_ms=st.sampled_from([0, 200, 1500]))
     def polling_close(self, c: int, pick: int, retry_ms: int) -> None:
         conn = self._conn(c, pick)
         if conn is not None:
             self.links[c].polling_close(conn, retry_ms)
-        self._note_sessions()
 
     @rule(c=clients, pick=conn_pick)
     def replay_after_ack(self, c: int, pick: int) -> None:
@@ -185,7 +212,6 @@ class ClientAgainstModel(RuleBasedStateMachine):
         t = self.links[0].now + dt
         for link in self.links:
             link.advance_to(t)
-        self._note_sessions()
 
     @rule(c=clients)
     def retry_unknown(self, c: int) -> None:
@@ -202,8 +228,7 @@ class ClientAgainstModel(RuleBasedStateMachine):
     def client_ledger(self) -> dict[str, list[dict[str, Any]]]:
         """Both clients' ledgers as rows of the tables of `mcpClientLedger.v1` (the names
         and columns of the SQLite files: the record types' tables, plus `inbox` and
-        `outbox`), built from what the cores returned and what their inboxes hold. The
-        invariants below read it, and so can any function that checks ledgers."""
+        `outbox`), built from what the cores returned and what their inboxes hold."""
         tables: dict[str, list[dict[str, Any]]] = {"inbox": [], "outbox": []}
         for link in self.links:
             for r in link.records:
@@ -217,72 +242,91 @@ class ClientAgainstModel(RuleBasedStateMachine):
                 tables["outbox"].append({**row, **asdict(d.key)})
         return tables
 
-    # -- invariants --------------------------------------------------------------------
+    def finish(self) -> None:
+        """End the run as a worker does when it quits: every client closes what is still
+        open (each connection gets its exchange record, each call its outcome)."""
+        if not self.finished:
+            self.finished = True
+            for core, link in zip(self.cores, self.links, strict=True):
+                link.run(core.close_all(link.now))
 
-    def _server_stream(self, c: int, generation: int, stream_key: str) -> tuple[str, str]:
-        sid = self.gen_sid[(c, generation)]
-        if stream_key.startswith("post:"):
-            return sid, post_stream_id(session_tag(sid), int(stream_key.split(":")[1]))
-        return self.links[c].standalone[stream_key]
+    def run_data(self) -> RunData:
+        """What the run folder of this example holds, as the checker reads it (the run
+        is finished first: a folder is judged once its run has ended)."""
+        self.finish()
+        return run_data_from_records(
+            run=RUN,
+            client=[r for link in self.links for r in link.records],
+            inbox=[r for inbox in self.inboxes for r in inbox.receipts],
+            outbox=[d for inbox in self.inboxes for d in inbox.dispatches],
+            server=server_ledger(self.server, REDACTOR),
+            tap=self.tap.records,
+        )
 
-    @invariant()
+    # -- the gates ---------------------------------------------------------------------
+
+    def gate(self, module: ModuleType, ctx: Context | None = None) -> GateResult:
+        """One gate's result on this example, as `lab report` would decide it (`gate_check`;
+        several gates share one `Context`, as in `judge`, so its joins are built once)."""
+        result = gate_check(self.run_data(), module) if ctx is None else run_gate(module, ctx)
+        assert result.error is None, f"gate {result.number} could not judge the model run: {result.error}"
+        if module is gate_cross_stream:
+            # The tap saw everything the server sent: every receipt can be judged.
+            assert result.measured["unverifiable"] == 0, result.notes
+        return result
+
+    def check_gates(self, *modules: ModuleType) -> None:
+        """The gates (default: 1, 2, 3 and 6) must not FAIL on this example."""
+        data = self.run_data()
+        ctx = Context(data, parse_budgets(data.run))
+        for module in modules or GATES:
+            passed_or_unsure(self.gate(module, ctx))
+
     def no_cross_stream_acceptance(self) -> None:
-        for c, inbox in enumerate(self.inboxes):
-            for r in inbox.receipts:
-                if r.kind == "priming":
-                    continue
-                sid, stream = self._server_stream(c, r.key.session_generation, r.key.stream_key)
-                assert (sid, stream, r.key.message_digest) in self.server.sent, (
-                    f"client c{c} accepted on {r.key.stream_key} a message the server never sent there: {r.data}"
-                )
+        self.check_gates(gate_cross_stream)
 
-    @invariant()
     def no_duplicate_dispatch(self) -> None:
-        assert all(n <= 1 for n in self.server.effects.values()), self.server.effects
-        for c, inbox in enumerate(self.inboxes):
-            seen: Counter[tuple[str, str, str]] = Counter()
-            for d in inbox.dispatches:
-                seen[
-                    (
-                        *self._server_stream(c, d.key.session_generation, d.key.stream_key),
-                        d.key.message_digest,
-                    )
-                ] += 1
-            assert all(n == 1 for n in seen.values()), f"client c{c} dispatched a message twice"
-            keys = [d.dispatch_key for d in inbox.dispatches]
-            assert len(keys) == len(set(keys))
-            # The business layer reads the inbox: a message in it twice is delivered twice.
-            received = [r.key for r in inbox.receipts]
-            assert len(received) == len(set(received)), f"client c{c} accepted an event twice"
+        self.check_gates(gate_duplicates)
 
-    @invariant()
     def every_404_is_followed_by_a_new_handshake(self) -> None:
-        for link in self.links:
-            for req, after in zip(link.requests, link.after_404, strict=True):
-                if after:
-                    assert req.purpose is Purpose.INITIALIZE and req.header("mcp-session-id") is None
+        self.check_gates(gate_rehandshake)
 
-    @invariant()
     def reconnects_within_the_budget(self) -> None:
-        bins: Counter[int] = Counter()
+        self.check_gates(gate_reconnect)
+
+    def reconnects_never_earlier_than_planned(self) -> None:
+        """The client's own plan (not a gate: gate 6 judges the server's advice)."""
         for r in self.client_ledger().get(ReconnectAttempt.table, []):
-            bins[math.floor(r["sent_at"])] += 1
-            assert r["sent_at"] - r["lost_at"] >= r["planned_delay"] - 1e-9  # never earlier than planned
-        assert max(bins.values(), default=0) <= math.floor(BUDGET)
+            # Epoch seconds near 1.8e9 are floats with a resolution of 2.4e-7 s.
+            assert r["sent_at"] - r["lost_at"] >= r["planned_delay"] - 1e-6, r
 
     def teardown(self) -> None:
-        # Liveness: with the faults over, every call ends, and writes happened at most once.
+        # With the faults over, everything is delivered; then the gates judge the whole
+        # example (once: they build pandas frames), and every call must have ended.
         self.server.refuse_next.clear()
-        for link in self.links:
-            link.settle(patience=PATIENCE)
-        for core in self.cores:
-            assert all(call.done or call.queued for call in core.calls.values())
+        settle_together(self.links, patience=PATIENCE)
+        waiting = {
+            core.config.client_id: [k for k, call in core.calls.items() if not (call.done or call.queued)]
+            for core in self.cores
+        }
+        self.check_gates()
+        self.reconnects_never_earlier_than_planned()
+        assert not any(waiting.values()), f"liveness: calls that never ended: {waiting}"
 
 
+def passed_or_unsure(result: GateResult) -> None:
+    """A gate's FAIL as an AssertionError naming the gate, with its witnesses."""
+    if result.verdict is Verdict.FAIL:
+        lines = "\n".join(f"  - [{w.check}] {w.explanation}" for w in result.witnesses)
+        raise AssertionError(f"gate {result.number} ({result.gate}) FAIL: {result.summary}\n{lines}")
+
+
+# Each example ends with the gates (~0.15 s of pandas): fewer, longer examples than a
+# machine with cheap invariants would run, for about as many steps in all.
 TestClientAgainstModel = ClientAgainstModel.TestCase
 TestClientAgainstModel.settings = settings(
-    max_examples=max(150, settings().max_examples),
-    stateful_step_count=40,
+    max_examples=max(100, settings().max_examples),
+    stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
@@ -290,15 +334,16 @@ TestClientAgainstModel.settings = settings(
 
 class ClientWithoutChecks(ClientAgainstModel):
     """The same client with the stream, cursor, duplicate and correlation checks off,
-    and no uniqueness guard in its store: the invariants must catch it."""
+    and no uniqueness guard in its store: the gates must catch it."""
 
     checks = frozenset({Check.SESSION, Check.VERSION, Check.SUBJECT})
     store_guards = False
 
 
 def test_the_invariants_catch_a_client_without_checks() -> None:
-    # Derandomized, so this shows the same thing on every run rather than usually.
-    with pytest.raises(AssertionError):
+    # Derandomized, so this shows the same thing on every run rather than usually; not
+    # shrunk (the smallest failing example is not the point, and each try runs the gates).
+    with pytest.raises(AssertionError, match=r"^gate [12] \(\w+\) FAIL"):
         run_state_machine_as_test(
             ClientWithoutChecks,
             settings=settings(
@@ -310,48 +355,152 @@ def test_the_invariants_catch_a_client_without_checks() -> None:
                 derandomize=True,
                 print_blob=False,
                 report_multiple_bugs=False,
+                phases=(Phase.explicit, Phase.generate),
             ),
         )
 
 
-@pytest.mark.parametrize("fault", ["foreign_event", "replay_after_ack"])
-def test_each_fault_breaks_an_invariant_of_a_client_without_checks(fault: str) -> None:
-    m = ClientWithoutChecks()
+def faulty_stream(m: ClientAgainstModel, fault: str) -> None:
+    """Client c0 gets a notification on its standalone stream, starts a write, and its
+    POST stream then delivers, after two events, an event the Link put there: a copy of
+    that notification (`foreign_event`) or of its own last event (`replay_after_ack`)."""
     m.connect()
     m.push_notification(c=0)
     m.deliver(c=0, pick=0, n=2)  # the standalone stream delivers the notification
     m.call(c=0, write=True)
-    post = m.links[0].conns(Purpose.CALL)[0]
-    m.links[0].deliver(post, 2)
+    link = m.links[0]
+    post = link.conns(Purpose.CALL)[0]
+    link.deliver(post, 2)
     if fault == "foreign_event":
-        chunk = m.links[0].foreign_chunk(
-            m.cores[0].session_id or "", same_session=True, not_stream=m.links[0].stream_of(post)
+        chunk = link.foreign_chunk(
+            m.cores[0].session_id or "", same_session=True, not_stream=link.stream_of(post)
         )
         assert chunk is not None
-        m.links[0].inject(post, chunk)
+        link.inject(post, chunk)
     else:
-        m.links[0].replay_delivered(post)
-        m.links[0].open[post].chunks.insert(0, m.links[0].open[post].delivered[-1])
-    m.links[0].deliver(post, 1)
-    with pytest.raises(AssertionError):
-        m.no_cross_stream_acceptance()
-        m.no_duplicate_dispatch()
+        link.replay_delivered(post, which=-1)
+    link.deliver(post, 1)
+
+
+FAULT_GATES = {"foreign_event": gate_cross_stream, "replay_after_ack": gate_duplicates}
+
+
+@pytest.mark.parametrize("fault", list(FAULT_GATES))
+def test_each_fault_breaks_an_invariant_of_a_client_without_checks(fault: str) -> None:
+    m = ClientWithoutChecks()
+    faulty_stream(m, fault)
+    gate = FAULT_GATES[fault]
+    with pytest.raises(AssertionError, match=rf"^gate {gate.NUMBER} "):
+        m.check_gates(gate)
+
+
+class IgnoresSessionLoss(Handshake):
+    """A 404 to a request with the session ID ends that request, and nothing more: the
+    client keeps using the expired session (no new handshake)."""
+
+    def session_not_found(self, conn: Conn, now: float) -> None:
+        self.core.http.abort(conn, now, "session_not_found")
+
+
+class ClientIgnoring404(ClientAgainstModel):
+    def __init__(self) -> None:
+        super().__init__()
+        for core in self.cores:
+            core.handshake = IgnoresSessionLoss(core)
+
+
+class ClientOverItsBudget(ClientAgainstModel):
+    """Reconnects under ten times the budget that run.json gives the clients."""
+
+    client_budget = (10 * BUDGET, 20.0)
+
+
+def expired_then_two_calls(m: ClientAgainstModel) -> None:
+    m.connect()
+    m.expire_session(c=0)
+    m.call(c=0, write=True)  # 404
+    m.advance(dt=1.0)
+    m.call(c=0, write=True)
+    m.advance(dt=1.0)
+    settle_together(m.links)
+
+
+def all_streams_cut_at_once(m: ClientAgainstModel) -> None:
+    m.connect()
+    for c in (0, 1):
+        for _ in range(3):
+            m.call(c=c, write=False)
+        for post in m.links[c].conns(Purpose.CALL):
+            m.links[c].deliver(post, 1)  # the priming event: a cursor to resume from
+    for c in (0, 1):
+        for conn in m.links[c].conns():
+            m.links[c].cut(conn)
+    settle_together(m.links)
+
+
+DEFECTS: dict[str, tuple[type[ClientAgainstModel], Any, ModuleType, str]] = {
+    # defect: (machine, the steps, the gate that must catch it, the check that does)
+    "checks_off_foreign_event": (
+        ClientWithoutChecks,
+        lambda m: faulty_stream(m, "foreign_event"),
+        gate_cross_stream,
+        "not_sent_on_stream",
+    ),
+    "checks_off_replay": (
+        ClientWithoutChecks,
+        lambda m: faulty_stream(m, "replay_after_ack"),
+        gate_duplicates,
+        "inbox_duplicate",
+    ),
+    "ignores_404": (ClientIgnoring404, expired_then_two_calls, gate_rehandshake, "no_rehandshake"),
+    "over_budget": (ClientOverItsBudget, all_streams_cut_at_once, gate_reconnect, "over_budget"),
+}
+
+
+@pytest.mark.parametrize("defect", list(DEFECTS))
+def test_a_real_gate_fails_a_defective_client_and_not_the_pristine_one(defect: str) -> None:
+    machine, steps, gate, check = DEFECTS[defect]
+    bad = machine()
+    steps(bad)
+    result = bad.gate(gate)
+    assert result.verdict is Verdict.FAIL, result.summary
+    assert check in {w.check for w in result.witnesses}, result.witnesses
+    good = ClientAgainstModel()
+    steps(good)
+    result = good.gate(gate)
+    assert result.verdict is not Verdict.FAIL, result.summary
+    assert result.violations == 0, result.summary
 
 
 def test_the_model_ledger_has_the_columns_the_checker_reads() -> None:
-    from lab.checker.schemas import CLIENT_TABLES
+    from lab.checker.schemas import CLIENT_TABLES, SERVER_TABLES, TAP_RECORDS
 
     m = ClientAgainstModel()
     m.connect()
     m.call(c=0, write=True)
     m.cut(c=0, pick=1)
     m.advance(dt=2.5)
-    m.links[0].settle()
+    settle_together(m.links)
     tables = m.client_ledger()
     assert {"inbox", "outbox", "http_exchanges", "reconnects", "recoveries", "operations"} <= set(tables)
     for name, rows in tables.items():
         assert rows, name
         assert set(CLIENT_TABLES[name]) <= set(rows[0]), name
+    tap = m.tap.records
+    for kind in ("flow", "sent", "forwarded", "dropped", "flow_end", "result"):
+        rows = [r for r in tap if r["type"] == kind]
+        assert rows, kind
+        assert all(set(TAP_RECORDS[kind]) <= set(r) for r in rows), kind
+    (dispatches,) = server_ledger(m.server, REDACTOR).values()
+    assert [d["effect"] for d in dispatches] == ["performed", "replayed"]  # the write, re-sent
+    assert all(set(SERVER_TABLES["dispatches"]) <= set(d) for d in dispatches)
+    # The tap tells the model server's truth: every message it says was sent, was sent
+    # there, and no raw session ID or token is in it.
+    truth = {(REDACTOR.session(sid), stream, digest) for sid, stream, digest in m.server.sent}
+    messages = [r for r in tap if r["type"] == "sent" and r["has_data"] and not r["priming"]]
+    assert messages and all((r["session"], r["stream_id"], r["digest"]) in truth for r in messages)
+    assert not any(sid in repr(tap) for sid in m.server.sessions) and "user0" not in repr(tap)
+    assert m.gate(gate_cross_stream).measured["verified"] >= 1
 
 
 class ClientWithoutSilenceBounds(ClientAgainstModel):
@@ -369,5 +518,5 @@ def test_liveness_catches_a_client_that_waits_for_a_silent_stream() -> None:
         if machine is ClientAgainstModel:
             m.teardown()  # the stalled stream is given up on, resumed, and the call ends
         else:
-            with pytest.raises(AssertionError):
+            with pytest.raises(AssertionError, match=r"^liveness: "):
                 m.teardown()
