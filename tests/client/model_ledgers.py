@@ -45,6 +45,9 @@ if TYPE_CHECKING:
     from tests.client.model_server import ModelServer
 
 MCP_PATH = "/mcp"
+TICK = 1e-6
+"""Seconds between tap records written at one model instant (epoch floats near 1.8e9
+resolve 2.4e-7 s)."""
 RULE = "model"
 """The `rule` of every fault the Link injects (a model run has no fault plan)."""
 # The fault kinds (docs/faults.md) whose effect each Link fault has.
@@ -105,6 +108,15 @@ class ModelTap:
         """Every event that was sent, by its bytes: where it was first sent."""
         self._flow_ids = itertools.count(1)
         self._decisions = itertools.count(1)
+        self._last_t = 0.0
+
+    def _clock(self, now: float) -> float:
+        """The time of a tap record: the Link's model time, but never the same instant as
+        the record before. The checker orders what the server sent by time (then by the
+        index within a flow), as a real tap's records are never simultaneous; in the model,
+        a whole exchange happens at one instant."""
+        self._last_t = max(now, self._last_t + TICK)
+        return self._last_t
 
     # -- flows -------------------------------------------------------------------------
 
@@ -130,6 +142,7 @@ class ModelTap:
         faults: Sequence[str] = (),
     ) -> None:
         """The response head reaches the client (status None: the flow ended without one)."""
+        t = self._clock(t)
         h = {k.lower(): v for k, v in headers}
         flow.sse = status == 200 and h.get("content-type", "").startswith("text/event-stream")
         meta = {"answered_by": "server", "faults": [self._fired(f) for f in faults]}
@@ -142,6 +155,7 @@ class ModelTap:
         """complete | client_gone | cut_by_fault (docs/ledgers.md)."""
         if not flow.ended:
             flow.ended = True
+            t = self._clock(t)
             self.records.append({"type": "flow_end", "flow": flow.flow, "t": t, "reason": reason})
 
     # -- events ------------------------------------------------------------------------
@@ -159,6 +173,7 @@ class ModelTap:
         """The Link hands `chunk` to the client on this flow."""
         if not flow.sse:
             return  # a JSON body: no events
+        t = self._clock(t)
         fault = next((f for c, f in flow.faulted if c == chunk), None)
         if fault is None and chunk in flow.pending:  # the server's own event
             flow.pending.remove(chunk)
@@ -176,6 +191,7 @@ class ModelTap:
     def cut(self, flow: TapFlow, t: float, fault: str = CUT) -> None:
         """The Link cut the connection: the server's events it held are sent and dropped."""
         fired = self._fired(fault)
+        t = self._clock(t)
         for chunk in flow.pending:
             index, _ = self._sent(flow, chunk, t)
             self.records.append({"type": "dropped", "flow": flow.flow, "t": t, "index": index, **fired})
