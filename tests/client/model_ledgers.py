@@ -17,13 +17,17 @@ writes the records the proxy's tap writes (`mcpLabTap.v1`, docs/ledgers.md):
 An event "passes" when the Link delivers it, or when a cut drops it: the events the model
 server produced for a connection wait in the Link until then (`TapFlow.pending`), and a
 stream the server closes the polling way never sends the ones still waiting (they are
-replayed to the resumption). Which chunk is the server's own is known from the flow's
-pending events, never guessed: every encoded event is unique (its `e1` ID names the
-session, stream and sequence), so a chunk the flow does not owe is a fault's.
+replayed to the resumption). The Link names the chunks it puts in a flow's way (`faulted`,
+with the fault kind whose effect it has); the server's own are the flow's pending events
+(every encoded event is unique: its `e1` ID names session, stream and sequence); a chunk
+that is neither, put there by hand in a test, is a replay if it was sent before, else an
+injection. Records are timed by the Link's model time, but two are never simultaneous
+(`TICK`): in the model a whole exchange happens at one instant, and the checker orders
+what the server sent by time.
 
 `server_ledger` gives the server ledger's `dispatches` (the model server knows whether
-each write was performed or replayed). The model server keeps no other server table:
-what it sent is the tap's, which is the truth the checker prefers anyway.
+each write was performed or replayed). No other server table is written: what the server
+sent is the tap's, which is the truth the checker prefers anyway.
 """
 
 from __future__ import annotations
@@ -113,8 +117,8 @@ class ModelTap:
     def _clock(self, now: float) -> float:
         """The time of a tap record: the Link's model time, but never the same instant as
         the record before. The checker orders what the server sent by time (then by the
-        index within a flow), as a real tap's records are never simultaneous; in the model,
-        a whole exchange happens at one instant."""
+        index within a flow); a real tap practically never writes two records at one
+        instant, but in the model a whole exchange happens at one."""
         self._last_t = max(now, self._last_t + TICK)
         return self._last_t
 

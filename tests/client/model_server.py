@@ -2,9 +2,9 @@
 
 Deliberately small and independent of the reference server: it answers the core's
 requests by the protocol's rules (sessions, 400/404, streams, event IDs from the codec,
-replay of one stream only, idempotent writes) and records the ground truth the
-invariants are checked against: which message digest was sent on which stream of which
-session, and how many business side effects each idempotency key caused.
+replay of one stream only, idempotent writes) and records its ground truth: which message
+digest was produced on which stream of which session, how many business side effects each
+idempotency key caused, and every write it handled (`dispatches`, the server ledger's rows).
 
 The `Link` plays the network: it carries out the core's commands, holds each response's
 remaining chunks, and can deliver them one by one, cut a connection, close it the polling
@@ -277,8 +277,6 @@ class Link:
         self.now = 1_800_000_000.0
         self.open: dict[int, OpenConn] = {}
         self.requests: list[SendRequest] = []
-        self.standalone: dict[str, tuple[str, str]] = {}
-        """Client stream key of each standalone GET stream -> (session ID, server stream ID)."""
         self.lose_next_response: set[Purpose] = set()
         """Purposes whose next response is lost after the server handled the request."""
         self.defer_head: set[Purpose] = set()
@@ -334,9 +332,6 @@ class Link:
         self.tap.head(flow, self.now, status, reply.headers)
         for chunk in conn.chunks:
             self.tap.produced(flow, chunk)
-        key = self.core.stream_key_of(cmd.conn_id)
-        if cmd.purpose is Purpose.STANDALONE and reply.stream is not None and key is not None:
-            self.standalone[key] = reply.stream
         caused = self.take(self.core.response_head(cmd.conn_id, status, list(reply.headers), self.now))
         if cmd.conn_id in self.open and status != 200:
             self.open.pop(cmd.conn_id, None)
