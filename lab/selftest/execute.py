@@ -41,6 +41,10 @@ RUN_SLACK_S = 120.0
 """How long past the scenario's hard timeout a `lab run` may take (start, stop, report)
 before it is stopped as hung."""
 PR_SET_PDEATHSIG = 1
+HEARTBEAT_MS = 500
+"""The server's heartbeat on standalone streams (a declared `notifications/message`): the
+session's other streams then always have something sent after a resumption's cursor,
+which a defect that replays other streams, or another session's standalone stream, shows."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,7 +155,7 @@ def server_argv(case: Case, ledger: Path, event_ids: str) -> list[str]:
     """The reference server of a case: opaque IDs, no admin control, its ledger where the
     checker will not look."""
     argv = [topology.LOCAL.program("lab"), "serve", "--host", "127.0.0.1", "--port", "0"]
-    argv += ["--event-ids", event_ids, "--ledger", str(ledger)]
+    argv += ["--event-ids", event_ids, "--ledger", str(ledger), "--heartbeat-ms", str(HEARTBEAT_MS)]
     if case.defect is not None:
         argv += ["--defect", case.defect]
     return argv
