@@ -122,6 +122,8 @@ def judge_case(run: CaseRun) -> Row:
         return Row(run, cells, Outcome.LAB_FAILED, run.error or f"lab run exited {run.exit_code}")
     if run.exit_code == ExitCode.CANNOT_RUN:
         return Row(run, cells, Outcome.NOT_MADE, run.error or "lab run exited 3: the run could not be made")
+    if run.error is not None:  # e.g. the reference server itself failed during the run
+        return Row(run, cells, Outcome.LAB_FAILED, run.error)
     verdict = str((run.report or {}).get("verdict", ""))
     if case.gate is None:
         failed = [GATES[i][1] for i, c in enumerate(cells) if c.verdict == "fail"]

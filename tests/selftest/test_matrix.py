@@ -85,6 +85,9 @@ def test_runs_that_were_not_made_or_whose_lab_failed() -> None:
     assert judge_case(run(PRISTINE, 4, None)).outcome is Outcome.LAB_FAILED
     assert judge_case(run(PRISTINE, 1, None, "no report")).outcome is Outcome.LAB_FAILED
     assert judge_case(run(PRISTINE, None, None)).outcome is Outcome.NOT_RUN
+    # The reference server died during the run: whatever the report says, the lab failed.
+    crashed = run(PRISTINE, 0, report("pass", {}), "lab serve exited with 4 (see serve.log)")
+    assert judge_case(crashed).outcome is Outcome.LAB_FAILED
 
 
 def test_the_exit_code_is_the_worst_outcome_in_the_documented_order() -> None:
