@@ -22,6 +22,11 @@ Evidence: 404s to session-carrying requests >= max(1, min_404) (zero 404s is nev
 pass, whatever the scenario); client ledgers readable; and when the scenario's
 `kill_session` fault was refused by the target (every DELETE it sent answered 405), the
 gate is inconclusive for that reason, said plainly. Attribution: client.
+
+The server's side of the same rule, from the wire (`lab.checker.wire_sessions`): a
+request carrying a session whose DELETE the server answered 2xx, started after that
+answer, must get 404; any other answer about the session (400, 2xx, 5xx) is a server
+violation (`terminated_session_not_404`), counted even when no 404 ever happened.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from typing import Any
 
 import pandas as pd
 
+from lab.checker import wire_sessions
 from lab.checker.context import Context, split_conn
 from lab.checker.explain import at, client_ref, present, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
@@ -81,7 +87,9 @@ def check(ctx: Context) -> GateResult:
     )
     joined["outcome"] = outcome
     bad = joined[joined["outcome"].astype(str).str.startswith("violation")]
-    count = len(bad)
+    judged_after_delete = wire_sessions.after_termination(ctx)
+    server_bad = wire_sessions.violations(ctx)
+    count = len(bad) + len(server_bad)
     no_next = int((joined["outcome"] == "no_next_request").sum()) if len(joined) else 0
     budget = ctx.budgets.missing_rehandshake_max
     need = max(1, ctx.budgets.min_404)  # zero 404s is no evidence, whatever the scenario
@@ -108,7 +116,11 @@ def check(ctx: Context) -> GateResult:
         gate=GATE,
         title=TITLE,
         verdict=decide(count > budget, evidence),
-        summary=f"{count} of {len(lost)} session 404s not followed by a new initialize (budget {budget})",
+        summary=(
+            f"{len(bad)} of {len(lost)} session 404s not followed by a new initialize; {len(server_bad)} of "
+            f"{len(judged_after_delete)} requests carrying a terminated session answered otherwise than 404 "
+            f"(budget {budget})"
+        ),
         budget={"missing_rehandshake_max": budget, "min_404": need},
         measured={
             "session_404s": len(lost),
@@ -117,11 +129,16 @@ def check(ctx: Context) -> GateResult:
             "no_next_request": no_next,
             "violations": count,
             "tap_cross_checked": tap_session is not None,
+            "after_termination": len(judged_after_delete),
+            "terminated_session_not_404": len(server_bad),
         },
         evidence=tuple(evidence),
         violations=count,
-        witnesses=tuple(_witness(r, ctx) for _, r in bad.head(ctx.witness_limit).iterrows()),
-        attribution_counts={"client": count},
+        witnesses=tuple(
+            wire_sessions.witness(r, ctx) for _, r in server_bad.head(ctx.witness_limit).iterrows()
+        )
+        + tuple(_witness(r, ctx) for _, r in bad.head(ctx.witness_limit).iterrows()),
+        attribution_counts={"client": len(bad), "server": len(server_bad)},
         notes=tuple(notes),
     )
 
