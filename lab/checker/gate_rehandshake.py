@@ -4,11 +4,12 @@ handshake (budget: 0).
 From the client ledger's `http_exchanges` (every request, `started_at`/`ended_at`):
 for each exchange with carried_session = 1 and status = 404 (DELETEs excluded: a 404
 to the DELETE of a leaving client only says the session is already gone), the client's
-*next* request is its first one with started_at > that 404's ended_at. Requests that
-were already under way when the 404 arrived are not "next" (a client has several
-connections open at once). The 404 is handled when that next request is an `initialize`
-without a session ID, or belongs to a newer session generation (another 404 already
-led to the new handshake). It is a violation when the next request carried the expired
+*next* request is its first one with started_at > that 404's ended_at, or started at that
+very instant on a later connection (a client opens its reaction to a 404 in the same step,
+with the same clock reading). Requests that were already under way when the 404 arrived
+are not "next" (a client has several connections open at once). The 404 is handled when
+that next request is an `initialize` without a session ID, or belongs to a newer session
+generation (another 404 already led to the new handshake). It is a violation when the next request carried the expired
 session generation (or an older one), was an initialize that carried a session ID, or
 was any other request without a session.
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from lab.checker import wire_sessions
@@ -64,23 +66,10 @@ def check(ctx: Context) -> GateResult:
     ex["session_generation"] = ex["session_generation"].astype("int64")
     status = pd.to_numeric(ex["status"], errors="coerce")
     is_404 = (status == 404) & ex["carried_session"] & (ex["purpose"] != "delete")
-    # merge_asof refuses null keys; an exchange without times cannot be placed anyway.
+    # An exchange without times cannot be placed; it is neither a 404 judged nor a "next".
     lost = ex[is_404].dropna(subset=["ended_at"]).sort_values("ended_at", kind="stable")
-    following = (
-        ex[["client_id", *(c for c in NEXT_COLUMNS if c in ex.columns)]]
-        .dropna(subset=["started_at"])
-        .sort_values("started_at", kind="stable")
-    )
-    following = following.rename(columns={c: f"next_{c}" for c in NEXT_COLUMNS})
-    joined = pd.merge_asof(
-        lost,
-        following,
-        left_on="ended_at",
-        right_on="next_started_at",
-        by="client_id",
-        direction="forward",
-        allow_exact_matches=False,
-    )
+    following = ex[["client_id", *(c for c in NEXT_COLUMNS if c in ex.columns)]].dropna(subset=["started_at"])
+    joined = _with_next_request(lost, following)
     tap_session = _tap_sessions(ctx)
     outcome = (
         joined.apply(lambda r: _outcome(r, tap_session), axis=1) if len(joined) else pd.Series(dtype=object)
@@ -155,6 +144,36 @@ def _tap_sessions(ctx: Context) -> dict[str, Any] | None:
     flows = ctx.data.tap["flow"]
     known = flows[flows["conn"].notna()]
     return dict(zip(known["conn"].astype(str), known["session"], strict=True))
+
+
+def _with_next_request(lost: pd.DataFrame, following: pd.DataFrame) -> pd.DataFrame:
+    """`lost` with, per 404, the client's next request as `next_*` columns (NaN if none).
+
+    The next request is the first, in (started_at, conn_id) order, that started after the
+    404 arrived — or at that very instant on a later connection: a client reacting to a
+    404 opens its next request in the same step, with the same clock reading, and that
+    request is the one that must be the new initialize.
+    """
+    ordered = following.sort_values(["client_id", "started_at", "conn_id"], kind="stable").reset_index(
+        drop=True
+    )
+    by_client = {str(c): g for c, g in ordered.groupby("client_id", sort=False)}
+    picks: list[int | None] = []
+    for client, ended, conn in zip(lost["client_id"], lost["ended_at"], lost["conn_id"], strict=True):
+        group = by_client.get(str(client))
+        pick = None
+        if group is not None:
+            starts = group["started_at"].to_numpy(dtype="float64")
+            conns = group["conn_id"].to_numpy()
+            i = int(np.searchsorted(starts, float(ended), side="left"))
+            while i < len(starts) and starts[i] == float(ended) and int(conns[i]) <= int(conn):
+                i += 1
+            if i < len(starts):
+                pick = int(group.index[i])
+        picks.append(pick)
+    nxt = ordered.reindex([p if p is not None else -1 for p in picks])
+    nxt = nxt.rename(columns={c: f"next_{c}" for c in NEXT_COLUMNS}).drop(columns=["client_id"])
+    return pd.concat([lost.reset_index(drop=True), nxt.reset_index(drop=True)], axis=1)
 
 
 def _outcome(r: pd.Series, tap_session: dict[str, Any] | None) -> str:
