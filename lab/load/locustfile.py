@@ -44,6 +44,7 @@ from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
 from lab.client import ReconnectBudget
 from lab.inbox import InboxDatabase
+from lab.load import sut_user
 from lab.load.settings import LoadSettings, ledger_key, split_budget
 from lab.load.user import WORKER, McpUser, WorkerContext
 
@@ -58,26 +59,35 @@ log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one log line per request is noise at load
 
 
-class LabUser(McpUser):
-    """Reads, streams and writes in the scenario's proportions."""
+if SETTINGS.client == "lab":
 
-    wait_time = between(SETTINGS.wait_min, SETTINGS.wait_max)
+    class LabUser(McpUser):
+        """Reads, streams and writes in the scenario's proportions."""
 
-    @task(SETTINGS.mix.read)
-    def read(self) -> None:
-        self.client.call("echo", {"text": f"hello from {self.client.client_id}"})
+        wait_time = between(SETTINGS.wait_min, SETTINGS.wait_max)
 
-    @task(SETTINGS.mix.stream)
-    def stream(self) -> None:
-        self.client.call("ticker", dict(SETTINGS.ticker))
+        @task(SETTINGS.mix.read)
+        def read(self) -> None:
+            self.client.call("echo", {"text": f"hello from {self.client.client_id}"})
 
-    @task(SETTINGS.mix.churn)
-    def churn(self) -> None:
-        self.rejoin()
+        @task(SETTINGS.mix.stream)
+        def stream(self) -> None:
+            self.client.call("ticker", dict(SETTINGS.ticker))
 
-    @task(SETTINGS.mix.write)
-    def write(self) -> None:
-        self.client.call("ledger.append", {"entry": f"{self.client.client_id}@{time.time():.3f}"}, write=True)
+        @task(SETTINGS.mix.churn)
+        def churn(self) -> None:
+            self.rejoin()
+
+        @task(SETTINGS.mix.write)
+        def write(self) -> None:
+            self.client.call(
+                "ledger.append", {"entry": f"{self.client.client_id}@{time.time():.3f}"}, write=True
+            )
+
+else:
+    # A client under test (`lab run --client ...`): each user is one client inside the
+    # worker's adapter process (lab/load/sut_user.py).
+    SdkUser = sut_user.sut_user_class(SETTINGS)
 
 
 if SETTINGS.stages:
@@ -213,6 +223,9 @@ def _init_worker(
     environment: Environment, runner: WorkerRunner | LocalRunner, run_dir: Path, settings: LoadSettings
 ) -> None:
     name = _worker_name()
+    if settings.client != "lab":
+        _init_sut_worker(environment, runner, run_dir, settings, name)
+        return
     db = InboxDatabase(run_dir / "clients" / f"worker-{name}.sqlite")
     # Until the master's split arrives, a worker takes an even whole share (never more);
     # a process run alone takes the whole budget.
@@ -258,6 +271,40 @@ def _init_worker(
                 db.close()
             except Exception:
                 log.exception("closing %s failed", db.path)
+
+
+def _init_sut_worker(
+    environment: Environment,
+    runner: WorkerRunner | LocalRunner,
+    run_dir: Path,
+    settings: LoadSettings,
+    name: str,
+) -> None:
+    """A worker whose users are clients under test: its adapter, progress, quit, and the
+    adapter stopped (by PID) when the worker quits. Its clients keep no reconnect budget of
+    the lab's: how the implementation reconnects is what is judged."""
+    hub = sut_user.init_worker(settings, run_dir, name)
+
+    if isinstance(runner, WorkerRunner):
+
+        def on_quit(environment: Environment, msg: Any, **_: Any) -> None:
+            gevent.spawn(runner.quit)
+
+        runner.register_message(QUIT_MESSAGE, on_quit)
+        runner.register_message("lab_budget", lambda environment, msg, **_: None)
+
+        def loop() -> None:
+            while True:
+                gevent.sleep(1.0)
+                runner.send_message("lab_progress", dict(hub.counters))
+
+        gevent.spawn(loop)
+
+    @events.quitting.add_listener  # type: ignore[untyped-decorator]
+    def stop_adapter(environment: Environment, **_: Any) -> None:
+        code = hub.stop()
+        if code != 0:
+            log.warning("adapter %s exited with %s (see %s)", settings.client, code, hub.adapter.stderr)
 
 
 def _worker_name() -> str:
