@@ -107,9 +107,9 @@ def _over_witness(second: int, n: int, budget: float, att: pd.DataFrame, ctx: Co
 def _early_witness(r: pd.Series, ctx: Context) -> Witness:
     text = (
         f"client {r['client_id']} sent a {r['kind']} {at(r['t_req'], ctx.origin)}, {float(r['waited_s']):.3f} s "
-        f"after the loss it answers, though it was advised to wait {float(r['advised_s']):.3f} s "
-        "(Retry-After of the refused attempt, else the stream's SSE retry)"
+        f"after the loss it answers ({at(r['lost_at'], ctx.origin)}), though it was advised to wait "
+        f"{float(r['advised_s']):.3f} s ({r['advice']})"
     )
-    fields = row_of(r, ["client_id", "kind", "flow", "previous", "lost_at", "t_req", "waited_s", "advised_s"])
+    fields = row_of(r, ["client_id", "kind", "flow", "previous", "lost_at", "t_req", "waited_s", "advised_s", "advice"])
     refs = client_wire.ref(r) + client_wire.ref(r, "previous_line")
     return Witness("waited_less_than_advised", text, Attribution.CLIENT, fields, tuple(refs))

@@ -19,7 +19,8 @@ Frames (cached per run, all built from files only):
               passed on it and nothing it carried was dropped), stream_flow, tap_line (its line)
     attempts  one row per reconnect attempt: flow, client_id, kind (resume, reopen,
               reinitialize, resend), t_req, previous (the flow whose loss it answers),
-              previous_line, lost_at, advised_s, waited_s, tap_line
+              previous_line, lost_at, advised_s, advice (where the advice came
+              from), waited_s, tap_line
 
 The **intended stream** of a flow is the stream the client means by it: a POST's or a
 standalone GET's own flow; for a resumption, the intended stream of the flow on which
@@ -218,6 +219,7 @@ def _attempts(f: pd.DataFrame) -> pd.DataFrame:
         "previous_line",
         "lost_at",
         "advised_s",
+        "advice",
         "waited_s",
         "tap_line",
     ]
@@ -251,9 +253,11 @@ def _client_attempts(mine: pd.DataFrame) -> list[dict[str, Any]]:
             kind = "resend" if previous is not None else None
             keys.setdefault(row["key"], row)
         if kind is not None:
-            advised = None
-            if previous is not None:
-                advised = previous["advised_s"] if present(previous["advised_s"]) else previous["retry_s"]
+            advised, advice = None, None
+            if previous is not None and present(previous["advised_s"]):
+                advised, advice = previous["advised_s"], f"Retry-After of its {int(previous['status'])} answer"
+            elif previous is not None and present(previous["retry_s"]):
+                advised, advice = previous["retry_s"], "the SSE retry of the stream"
             lost = lost_at(previous) if previous is not None else math.nan
             out.append(
                 {
@@ -265,6 +269,7 @@ def _client_attempts(mine: pd.DataFrame) -> list[dict[str, Any]]:
                     "previous_line": None if previous is None else previous["tap_line"],
                     "lost_at": lost,
                     "advised_s": advised if present(advised) else math.nan,
+                    "advice": advice,
                     "waited_s": row["t_req"] - lost,
                     "tap_line": row["tap_line"],
                 }

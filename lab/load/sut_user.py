@@ -32,6 +32,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,8 @@ REQUEST_TYPE = "MCP"
 TAIL_INTERVAL_S = 0.02
 """How often the tailing greenlet looks for new application-log lines."""
 LEAVE_TIMEOUT_S = 5.0
+ADAPTER_CWD_ENV = "LAB_ADAPTER_CWD"
+"""Set by `lab run` (lab.run.sut.worker_env): the folder to start the adapter in."""
 READY_TIMEOUT_S = 60.0
 """How long an adapter may take to say `ready` (Node and the Python SDK import for a second or two)."""
 log = logging.getLogger(__name__)
@@ -68,8 +71,13 @@ class AdapterHub:
         self.settings = settings
         self.worker = worker
         self.log_path = run_dir / "clients" / app_log_name(worker)
+        cwd = os.environ.get(ADAPTER_CWD_ENV)  # where `lab run` was started (see lab.run.sut)
         self.adapter = AdapterProcess(
-            adapter_command(settings.client), self.log_path, key=ledger_key(), die_with_parent=True
+            adapter_command(settings.client),
+            self.log_path,
+            key=ledger_key(),
+            cwd=Path(cwd) if cwd else None,
+            die_with_parent=True,
         )
         self.ready: dict[str, Any] | None = None
         """The adapter's `ready` record, once it said it (`wait_ready`)."""

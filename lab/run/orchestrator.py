@@ -366,7 +366,7 @@ class Run:
         ui_port = _free_port() if self.opts.ui else None
         if ui_port is not None:
             self.say(f"Locust web UI: http://127.0.0.1:{ui_port}")
-        env = {SETTINGS_ENV: str(settings)}
+        env = {SETTINGS_ENV: str(settings), **sut.worker_env(self.client)}
         # Orphaned Locust processes are killed outright (see lab.run.processes).
         self.master = self._start(
             topology.master(

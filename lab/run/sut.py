@@ -29,11 +29,13 @@ from typing import Any
 from lab import __version__
 from lab.scenario import Scenario, ScenarioError, load_baseline
 from lab.sut.host import (
+    NODE_DIR_ENV,
     AdapterCommand,
     AdapterFailed,
     AdapterProcess,
     AdapterUnavailable,
     adapter_command,
+    node_dir,
     read_app_log,
 )
 
@@ -110,6 +112,19 @@ def resolve(spec: str | None, scenario: Scenario, baseline: Path | None) -> Clie
             f"(known: {', '.join(KNOWN_IDS)})"
         )
     return ClientUnderTest(chosen, command, expected, source if kind in table else None)
+
+
+ADAPTER_CWD_ENV = "LAB_ADAPTER_CWD"
+"""Where a worker starts its adapter: the folder `lab run` was started in (the parts run in
+the run folder), so a `cmd:` adapter's relative paths mean what they meant to the user."""
+
+
+def worker_env(client: ClientUnderTest) -> dict[str, str]:
+    """What a Locust worker needs to start the same adapter `lab run` checked: the folder
+    it was started in, and where the TypeScript SDK is installed (absolute)."""
+    if client.command is None:
+        return {}
+    return {ADAPTER_CWD_ENV: os.getcwd(), NODE_DIR_ENV: str(node_dir())}
 
 
 def probe(client: ClientUnderTest) -> ClientUnderTest:
