@@ -39,8 +39,7 @@ def findings(ctx: Context) -> pd.DataFrame:
     pool: dict[object, list[float]] = {
         c: g["t"].astype(float).tolist() for c, g in asked.groupby("client", sort=False)
     }
-    calls = flows[(flows["rpc_method"] == "tools/call") & flows["key"].notna()]
-    ended = outcomes.drop_duplicates("call").set_index("call")
+    ended_by_client = {c: g for c, g in outcomes.groupby("client", sort=False)}
     rows: list[dict[str, Any]] = []
     for c in client_wire.records(sent):
         times = pool.get(c["client_id"], [])
@@ -48,16 +47,20 @@ def findings(ctx: Context) -> pd.DataFrame:
         if near:
             times.remove(near[0])
             continue
-        mine = calls[(calls["client_id"] == c["client_id"]) & (calls["t_req"] < c["t_req"])]
-        call = mine["key"].iloc[-1] if len(mine) else None
-        out = ended.loc[call] if call is not None and call in ended.index else None
+        # The call it cancelled: the one whose outcome came nearest to it (an implementation
+        # cancels as it gives a call up: its own timeout), as far as the wire and log say.
+        mine = ended_by_client.get(c["client_id"])
+        out = None
+        if mine is not None and len(mine):
+            distance = (mine["t"].astype(float) - float(c["t_req"])).abs().to_numpy()
+            out = mine.iloc[int(distance.argmin())]
         rows.append(
             {
                 "client_id": c["client_id"],
                 "flow": c["flow"],
                 "t_req": c["t_req"],
                 "session": c["session"],
-                "call": call,
+                "call": None if out is None else out["call"],
                 "call_status": None if out is None else out["status"],
                 "call_error": None if out is None else out["error"],
                 "call_elapsed_s": None if out is None else out["elapsed_s"],

@@ -110,6 +110,8 @@ def _early_witness(r: pd.Series, ctx: Context) -> Witness:
         f"after the loss it answers ({at(r['lost_at'], ctx.origin)}), though it was advised to wait "
         f"{float(r['advised_s']):.3f} s ({r['advice']})"
     )
-    fields = row_of(r, ["client_id", "kind", "flow", "previous", "lost_at", "t_req", "waited_s", "advised_s", "advice"])
+    fields = row_of(
+        r, ["client_id", "kind", "flow", "previous", "lost_at", "t_req", "waited_s", "advised_s", "advice"]
+    )
     refs = client_wire.ref(r) + client_wire.ref(r, "previous_line")
     return Witness("waited_less_than_advised", text, Attribution.CLIENT, fields, tuple(refs))

@@ -255,7 +255,10 @@ def _client_attempts(mine: pd.DataFrame) -> list[dict[str, Any]]:
         if kind is not None:
             advised, advice = None, None
             if previous is not None and present(previous["advised_s"]):
-                advised, advice = previous["advised_s"], f"Retry-After of its {int(previous['status'])} answer"
+                advised, advice = (
+                    previous["advised_s"],
+                    f"Retry-After of its {int(previous['status'])} answer",
+                )
             elif previous is not None and present(previous["retry_s"]):
                 advised, advice = previous["retry_s"], "the SSE retry of the stream"
             lost = lost_at(previous) if previous is not None else math.nan
