@@ -82,7 +82,7 @@ def test_a_baseline_file_and_ids_that_name_no_gate(tmp_path: Path) -> None:
     assert from_scenario.expected_failures == ("resume_p99",) and from_scenario.baseline == "scenario"
     assert resolve("lab", sc, None).expected_failures == ()  # the scenario lists none for `lab`
     base.write_text('[expected_failures]\npython-sdk = ["no_such_gate"]\n')
-    with pytest.raises(ClientRefused, match="no_such_gate.*name no gate or check"):
+    with pytest.raises(ClientRefused, match=r"no_such_gate.*name no gate or check"):
         resolve("python-sdk", sc, base)
     (tmp_path / "empty.toml").write_text("")
     with pytest.raises(ScenarioError, match="expected_failures"):
