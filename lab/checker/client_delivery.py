@@ -207,42 +207,52 @@ def _recoveries(ctx: Context) -> pd.DataFrame:
         call: group["t"].to_numpy(dtype="float64") for call, group in of_call.groupby("owner", sort=False)
     }
     stopped = ctx.stopped_at
+    never = stopped if stopped is not None else math.inf
+    # The candidate losses of every call at once (vectorized), then one pass over them.
+    answered_on = chained["call"].map(response_flow["flow"]).astype("object")
+    ended = chained["call"].map({c: float(r["t"]) for c, r in outcome_of.items()}).fillna(never)
+    lost = chained[
+        (chained["status"] == 200)
+        & (chained["flow"] != answered_on)
+        & ~chained["answered"].astype(bool)
+        & chained["end_t"].notna()
+        & (chained["end_t"] < ended)
+    ].sort_values(["call", "end_t"], kind="stable")
     rows: list[dict[str, Any]] = []
-    for call, group in chained.groupby("call", sort=False):
-        answered_on = response_flow["flow"].get(call) if call in response_flow.index else None
-        done: dict[str, Any] | None = outcome_of.get(call)
-        ended = float(done["t"]) if done is not None else (stopped if stopped is not None else math.inf)
+    recovered_until: dict[object, float] = {}
+    for call, client, flow, end_t, reason, line in zip(
+        lost["call"].tolist(),
+        lost["client_id"].tolist(),
+        lost["flow"].tolist(),
+        lost["end_t"].astype(float).tolist(),
+        lost["end_reason"].tolist(),
+        lost["tap_line"].tolist(),
+        strict=True,
+    ):
+        if end_t <= recovered_until.get(call, -math.inf):
+            continue  # lost again before it recovered: one episode
+        done = outcome_of.get(call)
+        until = float(done["t"]) if done is not None else never
         got = times.get(call, np.array([], dtype="float64"))
-        losses = group[
-            (group["status"] == 200)
-            & (group["flow"] != answered_on)
-            & ~group["answered"].astype(bool)
-            & group["end_t"].notna()
-            & (group["end_t"] < ended)
-        ].sort_values("end_t", kind="stable")
-        recovered_until = -math.inf
-        for loss in client_wire.records(losses):
-            if loss["end_t"] <= recovered_until:
-                continue  # lost again before it recovered: one episode
-            later = got[got > loss["end_t"]]
-            recovered = float(later[0]) if len(later) and later[0] <= ended else math.nan
-            rows.append(
-                {
-                    "client_id": loss["client_id"],
-                    "call": call,
-                    "flow": loss["flow"],
-                    "end_reason": loss["end_reason"],
-                    "lost_at": float(loss["end_t"]),
-                    "recovered_at": recovered,
-                    "latency_s": recovered - float(loss["end_t"]) if not math.isnan(recovered) else math.inf,
-                    "outcome": None if done is None else done["status"],
-                    "outcome_at": None if done is None else float(done["t"]),
-                    "tap_line": loss["tap_line"],
-                    "_src": None if done is None else done["_src"],
-                    "_app_line": None if done is None else done[LINE],
-                }
-            )
-            recovered_until = recovered if not math.isnan(recovered) else math.inf
+        later = got[got > end_t]
+        recovered = float(later[0]) if len(later) and later[0] <= until else math.nan
+        rows.append(
+            {
+                "client_id": client,
+                "call": call,
+                "flow": flow,
+                "end_reason": reason,
+                "lost_at": end_t,
+                "recovered_at": recovered,
+                "latency_s": recovered - end_t if not math.isnan(recovered) else math.inf,
+                "outcome": None if done is None else done["status"],
+                "outcome_at": None if done is None else float(done["t"]),
+                "tap_line": line,
+                "_src": None if done is None else done["_src"],
+                "_app_line": None if done is None else done[LINE],
+            }
+        )
+        recovered_until[call] = recovered if not math.isnan(recovered) else math.inf
     columns = [
         "client_id",
         "call",
