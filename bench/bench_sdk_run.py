@@ -1,13 +1,15 @@
 """How many concurrent SDK clients `lab run --client` holds on this box, end to end.
 
     python bench/bench_sdk_run.py [--client python-sdk] [--steps 100,250,500] [--workers 1]
-                                  [--duration 40] [--period 5]
+                                  [--duration 60] [--period 5]
 
 For each step, one `lab run` of a generated scenario (no faults): N users spawned over
-the first quarter of the run, each calling `echo` or `ticker` about once per `--period`
+the first quarter of the run (figures are taken from 15 s after that: starting clients is
+the busy part), each calling `echo` or `ticker` about once per `--period`
 seconds, through the nemesis and mitmdump to the reference server, with `--workers`
 Locust workers (one adapter process each). While it runs, the adapter, Locust worker,
-mitmdump and server processes are sampled from /proc (RSS, CPU); afterwards the
+mitmdump, nemesis and server processes are sampled from /proc every second (RSS; CPU,
+mean and peak over the steady window, 100 % = one core); afterwards the
 application logs say how many clients were up at once, how long they took to start, and
 how the calls went. Reports figures only (no assertion); every run is bounded by its
 scenario's hard timeout. The report step is skipped (`--no-report`): this measures load.
@@ -30,7 +32,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 LAB = str(Path(sys.executable).with_name("lab"))
 TICK = os.sysconf("SC_CLK_TCK")
-PARTS = ("adapter", "worker", "mitmproxy", "server")
+SETTLE_S = 15.0
+"""Seconds after the ramp before the steady window opens."""
+PARTS = ("adapter", "worker", "mitmproxy", "nemesis", "server")
 
 SCENARIO = """
 description = "bench: {users} SDK clients"
@@ -86,6 +90,8 @@ def part_of(pid: int) -> str | None:
         return "mitmproxy"
     if " serve " in cmd:
         return "server"
+    if " nemesis " in cmd:
+        return "nemesis"
     return None
 
 
@@ -109,19 +115,23 @@ def descendants(root: int) -> list[int]:
 
 
 class Sampler(threading.Thread):
-    """Samples the run's parts every second: peak RSS and CPU seconds per part."""
+    """Samples the run's parts every second: peak RSS per part, and each part's CPU (100 % =
+    one core) in every second of the steady window (from `steady_from`, epoch s)."""
 
-    def __init__(self, root: int) -> None:
+    def __init__(self, root: int, steady_from: float, steady_to: float) -> None:
         super().__init__(daemon=True)
         self.root = root
+        self.window = (steady_from, steady_to)
         self.stop = threading.Event()
         self.rss: dict[str, float] = {}
-        self.cpu: dict[int, tuple[str, float, float]] = {}  # pid -> (part, first, last) CPU s
-        self.window: dict[str, float] = {}
+        self.last: dict[int, float] = {}
+        self.cpu: dict[str, list[float]] = {}
 
     def run(self) -> None:
         while not self.stop.wait(1.0):
+            now = time.time()
             total: dict[str, float] = {}
+            busy: dict[str, float] = {}
             for pid in descendants(self.root):
                 part = part_of(pid)
                 stat = proc_stat(pid) if part else None
@@ -129,16 +139,18 @@ class Sampler(threading.Thread):
                     continue
                 cpu, rss = stat
                 total[part] = total.get(part, 0.0) + rss
-                first = self.cpu.get(pid, (part, cpu, cpu))[1]
-                self.cpu[pid] = (part, first, cpu)
+                if pid in self.last:
+                    busy[part] = busy.get(part, 0.0) + cpu - self.last[pid]
+                self.last[pid] = cpu
             for part, rss in total.items():
                 self.rss[part] = max(self.rss.get(part, 0.0), rss)
+            if self.window[0] <= now <= self.window[1]:
+                for part, seconds in busy.items():
+                    self.cpu.setdefault(part, []).append(100 * seconds)
 
-    def cpu_by_part(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for part, first, last in self.cpu.values():
-            out[part] = out.get(part, 0.0) + last - first
-        return out
+    def cpu_by_part(self) -> dict[str, tuple[float, float]]:
+        """part -> (mean, peak) CPU % over the steady window's seconds."""
+        return {p: (statistics.fmean(v), max(v)) for p, v in self.cpu.items() if v}
 
 
 def app_figures(run: Path, steady_from: float) -> dict[str, Any]:
@@ -186,13 +198,16 @@ def one(client: str, users: int, workers: int, duration: float, period: float, t
             duration=duration,
             hard=duration * 2 + 120,
             workers=workers,
-            wait_min=period * 0.8,
-            wait_max=period * 1.2,
+            wait_min=period * 0.5,  # wide, so the users' calls do not fall into step
+            wait_max=period * 1.5,
             budget=max(workers, 100),
         )
     )
     out = tmp / f"results-{users}"
     started = time.time()
+    # The steady window: from SETTLE_S after the ramp (starting clients is the busy part)
+    # to the end of the load; the run's clock starts a few seconds after this process's.
+    steady = (started + ramp + SETTLE_S, started + duration)
     proc = subprocess.Popen(
         [LAB, "run", str(path), "--no-report", "--quiet", "--out", str(out)],
         cwd=ROOT,
@@ -200,16 +215,15 @@ def one(client: str, users: int, workers: int, duration: float, period: float, t
         stderr=subprocess.PIPE,
         text=True,
     )
-    sampler = Sampler(proc.pid)
+    sampler = Sampler(proc.pid, *steady)
     sampler.start()
     _, err = proc.communicate(timeout=duration * 2 + 240)
     sampler.stop.set()
     sampler.join()
     (run,) = [p for p in out.iterdir() if p.is_dir()]
     record = json.loads((run / "run.json").read_text())
-    steady_from = record["started_at"] + ramp + 5
+    steady_from = record["started_at"] + ramp + SETTLE_S
     figures = app_figures(run, steady_from)
-    elapsed = max(1.0, time.time() - started)
     cpu = sampler.cpu_by_part()
     return {
         "users": users,
@@ -218,7 +232,9 @@ def one(client: str, users: int, workers: int, duration: float, period: float, t
         "end_reason": record["end_reason"],
         **figures,
         **{f"rss_{p}_mib": round(sampler.rss.get(p, 0.0), 1) for p in PARTS},
-        **{f"cpu_{p}_pct": round(100 * cpu.get(p, 0.0) / elapsed, 1) for p in PARTS},
+        **{f"cpu_{p}_pct": round(cpu.get(p, (0.0, 0.0))[0], 1) for p in PARTS},
+        **{f"cpu_{p}_peak_pct": round(cpu.get(p, (0.0, 0.0))[1], 1) for p in PARTS},
+        "load_avg": os.getloadavg()[0],
         "stderr": err.strip()[-300:],
     }
 
@@ -228,7 +244,7 @@ def main() -> int:
     p.add_argument("--client", default="python-sdk")
     p.add_argument("--steps", default="100,250,500")
     p.add_argument("--workers", type=int, default=1)
-    p.add_argument("--duration", type=float, default=40.0)
+    p.add_argument("--duration", type=float, default=60.0)
     p.add_argument("--period", type=float, default=5.0, help="seconds between a client's calls (about)")
     args = p.parse_args()
     rows = []
@@ -249,7 +265,9 @@ def main() -> int:
         ("cpu_adapter_pct", "adapter CPU %"),
         ("cpu_worker_pct", "worker CPU %"),
         ("cpu_mitmproxy_pct", "mitmdump CPU %"),
+        ("cpu_nemesis_pct", "nemesis CPU %"),
         ("cpu_server_pct", "server CPU %"),
+        ("load_avg", "load avg"),
         ("end_reason", "end"),
     ]
     print("| " + " | ".join(c[1] for c in cols) + " |")

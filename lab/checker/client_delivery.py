@@ -93,7 +93,7 @@ def _deliveries(ctx: Context) -> pd.DataFrame:
     out = dl.merge(fwd, on=["client", "digest", "k"], how="left")
     late = out["fwd_t"] > out["t"] + MATCH_SLACK_S
     out.loc[late, [c for c in fwd.columns if c not in ("client", "digest", "k")]] = None
-    truth = stream_truth(ctx)
+    truth = stream_truth(client_wire.truth_context(ctx))
     sent = truth.sent
     home_of = dict(
         zip(

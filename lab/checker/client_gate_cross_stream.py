@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from lab.checker import client_wire
 from lab.checker.applog import app_logs, app_ref
 from lab.checker.client_delivery import deliveries
 from lab.checker.context import Context
@@ -64,11 +65,12 @@ def crossings_injected(ctx: Context, client_flows: set[object]) -> int:
 def check(ctx: Context) -> GateResult:
     dl = deliveries(ctx)
     bad = dl[dl["match"].isin(tuple(CLIENT_CHECKS))].sort_values("t", kind="stable")
-    server_bad = server_sends(ctx)
+    truth_ctx = client_wire.truth_context(ctx)
+    server_bad = server_sends(truth_ctx)
     count = len(bad) + len(server_bad)
     budget = ctx.budgets.cross_stream_max
     matched = int((dl["match"] == "ok").sum())
-    injected = crossings_injected(ctx, set(dl["flow"].dropna().tolist()) | set(_client_flows(ctx)))
+    injected = crossings_injected(ctx, set(client_wire.flows(ctx)["flow"].tolist()))
     evidence = [
         ctx.events_evidence(),
         Evidence(
@@ -77,7 +79,7 @@ def check(ctx: Context) -> GateResult:
         Evidence("deliveries matched to the wire", 1, matched, matched >= 1, "application log x proxy tap"),
     ]
     witnesses = [_witness(r, ctx) for _, r in bad.head(ctx.witness_limit).iterrows()]
-    witnesses += [server_witness(r, ctx) for _, r in server_bad.head(ctx.witness_limit).iterrows()]
+    witnesses += [server_witness(r, truth_ctx) for _, r in server_bad.head(ctx.witness_limit).iterrows()]
     by_check = {name: int((bad["match"] == m).sum()) for m, name in CLIENT_CHECKS.items()}
     return GateResult(
         number=NUMBER,
@@ -104,12 +106,6 @@ def check(ctx: Context) -> GateResult:
         attribution_counts={"client": len(bad), "server": len(server_bad)},
         truth_from=TRUTH_FROM,
     )
-
-
-def _client_flows(ctx: Context) -> list[object]:
-    from lab.checker import client_wire
-
-    return client_wire.flows(ctx)["flow"].tolist()
 
 
 def _witness(r: pd.Series, ctx: Context) -> Witness:

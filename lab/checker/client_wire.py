@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,21 @@ RETRY_STATUSES = (429, 503)
 
 def flows(ctx: Context) -> pd.DataFrame:
     return ctx.cached("client_wire_flows", lambda: _flows(ctx))
+
+
+def truth_context(ctx: Context) -> Context:
+    """The context to find where events belong in (lab.checker.streams): the run's own,
+    unless an adapter sent one `x-lab-conn` value on several requests (it could not number
+    them, docs/clients.md); the server ledger's streams, joined to the tap by that value,
+    would then all name a client's first stream, so the truth comes from the tap alone."""
+
+    def make() -> Context:
+        conns = ctx.data.tap_records("flow").drop_duplicates("flow")["conn"].dropna()
+        if ctx.data.server is None or not conns.duplicated().any():
+            return ctx
+        return Context(replace(ctx.data, server=None), ctx.budgets, ctx.witness_limit)
+
+    return ctx.cached("client_wire_truth_context", make)
 
 
 def attempts(ctx: Context) -> pd.DataFrame:

@@ -24,6 +24,11 @@ Locust's `--host` (e.g. `lab serve` on its default address):
   timeout.
 - A worker's `quitting` handler stops every client (each writes its last records) and
   then, whatever happened, commits the last batch and closes the file.
+- With a client under test (`lab run --client python-sdk|typescript-sdk|cmd:...`, the
+  settings' `client`), the users are `lab.load.sut_user`'s instead: each worker starts one
+  adapter process, each user is one client inside it, and the worker's `quitting` handler
+  stops the adapter by its PID; no client ledger is written (the adapter's application
+  log, `<run>/clients/app-<name>.jsonl`, is the client's record).
 """
 
 from __future__ import annotations

@@ -136,8 +136,8 @@ def test_gate6_counts_every_client_against_the_budget(tmp_path: Path) -> None:
 # -- gate 1 -----------------------------------------------------------------------------------
 
 
-def _foreign(delivered: bool) -> Wire:
-    w = Wire()
+def _foreign(delivered: bool, numbered: bool = True) -> Wire:
+    w = Wire(numbered=numbered)
     a, b = w.init("a", T0), w.init("b", T0)
     flow_b, ids_b = w.call(b, T0 + 1, "b/1")
     flow_a, _ids = w.call(a, T0 + 2, "a/1", progress=1)
@@ -151,8 +151,10 @@ def _foreign(delivered: bool) -> Wire:
     return w
 
 
-def test_gate1_catches_a_message_of_another_session_delivered(tmp_path: Path) -> None:
-    g = gate(judged(tmp_path, _foreign(delivered=True)), "cross_stream")
+@pytest.mark.parametrize("numbered", [True, False])
+def test_gate1_catches_a_message_of_another_session_delivered(tmp_path: Path, numbered: bool) -> None:
+    # Also when the adapter could not number its requests (one x-lab-conn per client).
+    g = gate(judged(tmp_path, _foreign(delivered=True, numbered=numbered)), "cross_stream")
     assert g.verdict is Verdict.FAIL
     assert client_witnesses(g) == ["delivered_foreign"]
     text = g.witnesses[0].explanation

@@ -51,6 +51,9 @@ class Wire:
     flows: int = 0
     streams: int = 0
     expected_failures: list[str] = field(default_factory=list)
+    numbered: bool = True
+    """False: every request of a client carries `x-lab-conn: <client>:0` (an adapter that
+    cannot number its requests, docs/clients.md)."""
 
     def __post_init__(self) -> None:
         self.app.append(
@@ -93,7 +96,7 @@ class Wire:
                 "flow": flow,
                 "t": t + answer_after,
                 "t_request": t,
-                "conn": f"{c.name}:{c.requests}",
+                "conn": f"{c.name}:{c.requests if self.numbered else 0}",
                 "method": method,
                 "path": "/mcp",
                 "stream": stream,
