@@ -64,32 +64,31 @@ log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one log line per request is noise at load
 
 
-if SETTINGS.client == "lab":
+class LabUser(McpUser):
+    """Reads, streams and writes in the scenario's proportions."""
 
-    class LabUser(McpUser):
-        """Reads, streams and writes in the scenario's proportions."""
+    # With a client under test the users are SdkUser's (below): Locust skips abstract ones.
+    abstract = SETTINGS.client != "lab"
+    wait_time = between(SETTINGS.wait_min, SETTINGS.wait_max)
 
-        wait_time = between(SETTINGS.wait_min, SETTINGS.wait_max)
+    @task(SETTINGS.mix.read)
+    def read(self) -> None:
+        self.client.call("echo", {"text": f"hello from {self.client.client_id}"})
 
-        @task(SETTINGS.mix.read)
-        def read(self) -> None:
-            self.client.call("echo", {"text": f"hello from {self.client.client_id}"})
+    @task(SETTINGS.mix.stream)
+    def stream(self) -> None:
+        self.client.call("ticker", dict(SETTINGS.ticker))
 
-        @task(SETTINGS.mix.stream)
-        def stream(self) -> None:
-            self.client.call("ticker", dict(SETTINGS.ticker))
+    @task(SETTINGS.mix.churn)
+    def churn(self) -> None:
+        self.rejoin()
 
-        @task(SETTINGS.mix.churn)
-        def churn(self) -> None:
-            self.rejoin()
+    @task(SETTINGS.mix.write)
+    def write(self) -> None:
+        self.client.call("ledger.append", {"entry": f"{self.client.client_id}@{time.time():.3f}"}, write=True)
 
-        @task(SETTINGS.mix.write)
-        def write(self) -> None:
-            self.client.call(
-                "ledger.append", {"entry": f"{self.client.client_id}@{time.time():.3f}"}, write=True
-            )
 
-else:
+if SETTINGS.client != "lab":
     # A client under test (`lab run --client ...`): each user is one client inside the
     # worker's adapter process (lab/load/sut_user.py).
     SdkUser = sut_user.sut_user_class(SETTINGS)
