@@ -266,6 +266,10 @@ class OpenConn:
     delivered: list[bytes] = field(default_factory=list)
 
 
+ANSWER_DELAY = 1e-6
+"""Seconds from a request leaving to its answer arriving (a few ulps at epoch ~1.8e9)."""
+
+
 class Link:
     """Carries a ClientCore's commands to a ModelServer, and faults in between."""
 
@@ -312,6 +316,10 @@ class Link:
             flow = self.tap.request(cmd.method, cmd.headers, cmd.body)
             self.server.now = self.now
             reply = self.server.handle(cmd)
+            # An answer is never back at the very instant its request left (as on any real
+            # network): without this, a request the core issued in the same step as the one
+            # that gets a 404 would look as if it had been sent in reaction to that 404.
+            self.now += ANSWER_DELAY
             if cmd.purpose in self.defer_head:
                 self.deferred[cmd.conn_id] = (cmd, reply, flow)
                 continue

@@ -288,3 +288,22 @@ def test_liveness_catches_a_client_that_waits_for_a_silent_stream() -> None:
         else:
             with pytest.raises(AssertionError, match=r"^liveness: "):
                 m.teardown()
+
+
+def test_a_resend_under_way_when_the_404_arrives_is_not_the_reaction_to_it() -> None:
+    """Two calls refused with 429 are resent in one step; the first resend gets 404 and
+    the client drops the second, unanswered, at that same instant. That second resend was
+    under way, not the client's next request: the new initialize that follows is."""
+    m = ClientAgainstModel()
+    m.connect()
+    m.storm(n=2, retry_after=None, status=429)
+    m.call(c=0, write=False)
+    m.call(c=0, write=False)
+    m.expire_session(c=0)
+    m.advance(dt=1.0)
+    m.advance(dt=2.5)
+    settle_together(m.links)
+    result = m.gate(gate_rehandshake)
+    assert result.verdict is not Verdict.FAIL, result.summary
+    assert result.violations == 0, result.summary
+    assert result.measured["rehandshaken"] == 1, result.measured  # judged, and handled
