@@ -229,6 +229,7 @@ class McpTap:
             record = flow_record(
                 st.facts, self.clock(), flow.request.headers, status, sid_out, meta, origins, self.redactor
             )
+            record["t_request"] = flow.request.timestamp_start  # when the request reached the proxy
             self.records.append(record)
 
     def _end(self, flow_id: str, reason: str) -> None:

@@ -91,6 +91,7 @@ SUBCOMMAND_MODULES: list[str] = [
     "lab.nemesis.cli",
     "lab.run.cli",
     "lab.report.cli",
+    "lab.selftest.cli",
 ]
 """Modules with a `register(subparsers)` function adding their subcommand. They must not
 import anything heavy at module level (the work happens in the function they register)."""

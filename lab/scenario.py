@@ -125,6 +125,9 @@ class Load:
     until_knee: bool = False
     """A stepped ramp (`ramp` phases) stops itself at the end of the first step past its
     knee (`lab.run.phases`), instead of running every step."""
+    client: str = "lab"
+    """Who the users are: `lab` (the lab's client core), `python-sdk`, `typescript-sdk` or
+    `cmd:<command>` (a client under test behind an adapter, docs/clients.md)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +220,8 @@ class Scenario:
     faults: tuple[Rule, ...]
     toxics: tuple[Toxic, ...]
     phases: tuple[Phase, ...]
+    expected_failures: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """`[expected_failures]`: per client (`python-sdk`, ...), gate/check IDs known to fail."""
 
     @property
     def duration(self) -> float | None:
@@ -305,6 +310,7 @@ class Scenario:
             open_standalone_stream=lo.open_standalone,
             seed=self.seed,
             workers=lo.workers,
+            client=lo.client,
             stages=tuple((float(s["until"]), int(s["users"]), float(s["spawn_rate"])) for s in self.stages()),
         )
 
@@ -334,6 +340,7 @@ class Scenario:
             "faults": [r.to_dict() for r in self.faults],
             "toxics": [t.to_dict() for t in self.toxics],
             "phases": [asdict(p) for p in self.phases],
+            "expected_failures": {k: list(v) for k, v in self.expected_failures.items()},
         }
 
 
@@ -392,6 +399,7 @@ def _read(doc: Mapping[str, Any], path: Path, issues: list[Issue]) -> Scenario |
     faults, fault_keys = _faults(top.tables("faults"), by_name, horizon, issues)
     toxics, toxic_keys = _toxics(top.tables("toxics"), by_name, horizon, issues)
     budgets = _budgets(top.table("budgets"), load, reconnect, faults, toxics)
+    expected = read_expected_failures(top.table("expected_failures"))
     top.done()
     _cross_checks(target, faults, fault_keys, toxics, toxic_keys, phases, issues)
     if issues:
@@ -408,6 +416,7 @@ def _read(doc: Mapping[str, Any], path: Path, issues: list[Issue]) -> Scenario |
         tuple(faults),
         tuple(toxics),
         tuple(phases),
+        expected,
     )
 
 
@@ -592,11 +601,53 @@ def _load(f: Fields, phases: list[Phase]) -> Load:
         ticker=ticker,
         stall_timeout=f.duration("stall_timeout", 20.0, positive=True),
         until_knee=f.boolean("until_knee", False),
+        client=f.string("client", "lab", pattern=CLIENT_SPEC, what=CLIENT_WHAT),
     )
     if load.until_knee and not any(p.kind == "ramp" for p in phases):
         f.problem("until_knee", "needs a stepped ramp: [[phases]] of kind 'ramp'")
     f.done()
     return load
+
+
+CLIENT_SPEC: Final = re.compile(r"lab|python-sdk|typescript-sdk|cmd:\S.*")
+CLIENT_WHAT: Final = "'lab', 'python-sdk', 'typescript-sdk' or 'cmd:<command>'"
+_CHECK_ID: Final = re.compile(r"[a-z][a-z0-9_]{0,63}")
+BASELINE_CLIENTS: Final = ("lab", "python-sdk", "typescript-sdk", "cmd")
+"""Keys of `[expected_failures]`: the client kinds (`cmd` for any `cmd:<command>` adapter)."""
+
+
+def read_expected_failures(f: Fields) -> dict[str, tuple[str, ...]]:
+    """`[expected_failures]`: client kind -> gate/check IDs (docs/clients.md, "Known failures").
+    Whether each ID names a gate or check is the checker's to say (`lab run` asks it first)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for name in f.raw:
+        if name not in BASELINE_CLIENTS:
+            f.problem(name, f"expected a client kind, one of {', '.join(map(repr, BASELINE_CLIENTS))}")
+            continue
+        ids = f.string_list(name, pattern=_CHECK_ID, what="a gate or check ID like 'missing_rehandshake'")
+        out[name] = ids or ()
+    f.done()
+    return out
+
+
+def load_baseline(path: Path) -> dict[str, tuple[str, ...]]:
+    """A baseline file (`lab run --baseline FILE`): TOML with an `[expected_failures]`
+    table, as in a scenario. ScenarioError names the file, key and what was expected."""
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ScenarioError(path, [Issue("", f"cannot read: {e.strerror or e}")]) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ScenarioError(path, [Issue("", f"not valid TOML: {e}")]) from None
+    issues: list[Issue] = []
+    top = Fields(doc, "", issues)
+    if not top.has("expected_failures"):
+        top.problem("expected_failures", "required: a table of client kind -> list of gate/check IDs")
+    expected = read_expected_failures(top.table("expected_failures"))
+    top.done()
+    if issues:
+        raise ScenarioError(path, issues)
+    return expected
 
 
 def _faults(

@@ -9,6 +9,10 @@
 
 Both are attributed to the client (it is the client's budget and its waits). Evidence:
 at least one reconnect, and a reconnect budget in run.json.
+
+- `close_without_retry` (server, from the tap: `lab.checker.wire_streams`): the server
+  ended a connection while its stream went on (a polling close) without an SSE `retry`
+  field on it; the clients could not honour advice they were never given.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import pandas as pd
 from lab.checker.context import Context
 from lab.checker.explain import at, client_ref, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
+from lab.checker.wire_streams import close_witness, closes_without_retry
 
 GATE = "reconnect_qps"
 NUMBER = 6
@@ -65,6 +70,8 @@ def check(ctx: Context) -> GateResult:
         )
     ]
     witnesses += [_early_witness(r, ctx) for _, r in early.head(ctx.witness_limit).iterrows()]
+    unadvised, closes = closes_without_retry(ctx) if ctx.data.tap is not None else (pd.DataFrame(), 0)
+    witnesses = [close_witness(r, ctx) for _, r in unadvised.head(ctx.witness_limit).iterrows()] + witnesses
     evidence = [
         ctx.events_evidence(),
         Evidence("reconnects", 1, len(rc), len(rc) >= 1, "attempts in the client ledgers"),
@@ -77,7 +84,7 @@ def check(ctx: Context) -> GateResult:
         ),
         *ctx.client_evidence(),
     ]
-    violations = len(over) + len(early)
+    violations = len(over) + len(early) + len(unadvised)
     shown_budget = "none" if budget is None else f"{budget:g}/s"
     return GateResult(
         number=NUMBER,
@@ -87,6 +94,7 @@ def check(ctx: Context) -> GateResult:
         summary=(
             f"peak {peak} reconnects/s (budget {shown_budget}); {len(over)} second(s) over; "
             f"{len(early)} wait(s) shorter than advised"
+            + (f"; {len(unadvised)} of {closes} server close(s) mid-stream without `retry`" if closes else "")
         ),
         budget={"reconnect_qps": budget},
         measured={
@@ -96,11 +104,13 @@ def check(ctx: Context) -> GateResult:
             "waits_shorter_than_advised": len(early),
             "with_advice": int(advised.notna().sum()),
             "by_kind": {str(k): int(v) for k, v in rc["kind"].value_counts().items()},
+            "server_closes_mid_stream": closes,
+            "close_without_retry": len(unadvised),
         },
         evidence=tuple(evidence),
         violations=violations,
         witnesses=tuple(witnesses),
-        attribution_counts={"client": violations},
+        attribution_counts={"client": len(over) + len(early), "server": len(unadvised)},
     )
 
 

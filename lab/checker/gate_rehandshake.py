@@ -4,11 +4,12 @@ handshake (budget: 0).
 From the client ledger's `http_exchanges` (every request, `started_at`/`ended_at`):
 for each exchange with carried_session = 1 and status = 404 (DELETEs excluded: a 404
 to the DELETE of a leaving client only says the session is already gone), the client's
-*next* request is its first one with started_at > that 404's ended_at. Requests that
-were already under way when the 404 arrived are not "next" (a client has several
-connections open at once). The 404 is handled when that next request is an `initialize`
-without a session ID, or belongs to a newer session generation (another 404 already
-led to the new handshake). It is a violation when the next request carried the expired
+*next* request is its first one with started_at > that 404's ended_at, or started at that
+very instant on a later connection (a client opens its reaction to a 404 in the same step,
+with the same clock reading). Requests that were already under way when the 404 arrived
+are not "next" (a client has several connections open at once). The 404 is handled when
+that next request is an `initialize` without a session ID, or belongs to a newer session
+generation (another 404 already led to the new handshake). It is a violation when the next request carried the expired
 session generation (or an older one), was an initialize that carried a session ID, or
 was any other request without a session.
 
@@ -22,14 +23,21 @@ Evidence: 404s to session-carrying requests >= max(1, min_404) (zero 404s is nev
 pass, whatever the scenario); client ledgers readable; and when the scenario's
 `kill_session` fault was refused by the target (every DELETE it sent answered 405), the
 gate is inconclusive for that reason, said plainly. Attribution: client.
+
+The server's side of the same rule, from the wire (`lab.checker.wire_sessions`): a
+request carrying a session whose DELETE the server answered 2xx, started after that
+answer, must get 404; any other answer about the session (400, 2xx, 5xx) is a server
+violation (`terminated_session_not_404`), counted even when no 404 ever happened.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
+from lab.checker import wire_sessions
 from lab.checker.context import Context, split_conn
 from lab.checker.explain import at, client_ref, present, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
@@ -58,30 +66,19 @@ def check(ctx: Context) -> GateResult:
     ex["session_generation"] = ex["session_generation"].astype("int64")
     status = pd.to_numeric(ex["status"], errors="coerce")
     is_404 = (status == 404) & ex["carried_session"] & (ex["purpose"] != "delete")
-    # merge_asof refuses null keys; an exchange without times cannot be placed anyway.
+    # An exchange without times cannot be placed; it is neither a 404 judged nor a "next".
     lost = ex[is_404].dropna(subset=["ended_at"]).sort_values("ended_at", kind="stable")
-    following = (
-        ex[["client_id", *(c for c in NEXT_COLUMNS if c in ex.columns)]]
-        .dropna(subset=["started_at"])
-        .sort_values("started_at", kind="stable")
-    )
-    following = following.rename(columns={c: f"next_{c}" for c in NEXT_COLUMNS})
-    joined = pd.merge_asof(
-        lost,
-        following,
-        left_on="ended_at",
-        right_on="next_started_at",
-        by="client_id",
-        direction="forward",
-        allow_exact_matches=False,
-    )
+    following = ex[["client_id", *(c for c in NEXT_COLUMNS if c in ex.columns)]].dropna(subset=["started_at"])
+    joined = _with_next_request(lost, following)
     tap_session = _tap_sessions(ctx)
     outcome = (
         joined.apply(lambda r: _outcome(r, tap_session), axis=1) if len(joined) else pd.Series(dtype=object)
     )
     joined["outcome"] = outcome
     bad = joined[joined["outcome"].astype(str).str.startswith("violation")]
-    count = len(bad)
+    judged_after_delete = wire_sessions.after_termination(ctx)
+    server_bad = wire_sessions.violations(ctx)
+    count = len(bad) + len(server_bad)
     no_next = int((joined["outcome"] == "no_next_request").sum()) if len(joined) else 0
     budget = ctx.budgets.missing_rehandshake_max
     need = max(1, ctx.budgets.min_404)  # zero 404s is no evidence, whatever the scenario
@@ -108,7 +105,11 @@ def check(ctx: Context) -> GateResult:
         gate=GATE,
         title=TITLE,
         verdict=decide(count > budget, evidence),
-        summary=f"{count} of {len(lost)} session 404s not followed by a new initialize (budget {budget})",
+        summary=(
+            f"{len(bad)} of {len(lost)} session 404s not followed by a new initialize; {len(server_bad)} of "
+            f"{len(judged_after_delete)} requests carrying a terminated session answered otherwise than 404 "
+            f"(budget {budget})"
+        ),
         budget={"missing_rehandshake_max": budget, "min_404": need},
         measured={
             "session_404s": len(lost),
@@ -117,11 +118,16 @@ def check(ctx: Context) -> GateResult:
             "no_next_request": no_next,
             "violations": count,
             "tap_cross_checked": tap_session is not None,
+            "after_termination": len(judged_after_delete),
+            "terminated_session_not_404": len(server_bad),
         },
         evidence=tuple(evidence),
         violations=count,
-        witnesses=tuple(_witness(r, ctx) for _, r in bad.head(ctx.witness_limit).iterrows()),
-        attribution_counts={"client": count},
+        witnesses=tuple(
+            wire_sessions.witness(r, ctx) for _, r in server_bad.head(ctx.witness_limit).iterrows()
+        )
+        + tuple(_witness(r, ctx) for _, r in bad.head(ctx.witness_limit).iterrows()),
+        attribution_counts={"client": len(bad), "server": len(server_bad)},
         notes=tuple(notes),
     )
 
@@ -138,6 +144,36 @@ def _tap_sessions(ctx: Context) -> dict[str, Any] | None:
     flows = ctx.data.tap["flow"]
     known = flows[flows["conn"].notna()]
     return dict(zip(known["conn"].astype(str), known["session"], strict=True))
+
+
+def _with_next_request(lost: pd.DataFrame, following: pd.DataFrame) -> pd.DataFrame:
+    """`lost` with, per 404, the client's next request as `next_*` columns (NaN if none).
+
+    The next request is the first, in (started_at, conn_id) order, that started after the
+    404 arrived — or at that very instant on a later connection: a client reacting to a
+    404 opens its next request in the same step, with the same clock reading, and that
+    request is the one that must be the new initialize.
+    """
+    ordered = following.sort_values(["client_id", "started_at", "conn_id"], kind="stable").reset_index(
+        drop=True
+    )
+    by_client = {str(c): g for c, g in ordered.groupby("client_id", sort=False)}
+    picks: list[int | None] = []
+    for client, ended, conn in zip(lost["client_id"], lost["ended_at"], lost["conn_id"], strict=True):
+        group = by_client.get(str(client))
+        pick = None
+        if group is not None:
+            starts = group["started_at"].to_numpy(dtype="float64")
+            conns = group["conn_id"].to_numpy()
+            i = int(np.searchsorted(starts, float(ended), side="left"))
+            while i < len(starts) and starts[i] == float(ended) and int(conns[i]) <= int(conn):
+                i += 1
+            if i < len(starts):
+                pick = int(group.index[i])
+        picks.append(pick)
+    nxt = ordered.reindex([p if p is not None else -1 for p in picks])
+    nxt = nxt.rename(columns={c: f"next_{c}" for c in NEXT_COLUMNS}).drop(columns=["client_id"])
+    return pd.concat([lost.reset_index(drop=True), nxt.reset_index(drop=True)], axis=1)
 
 
 def _outcome(r: pd.Series, tap_session: dict[str, Any] | None) -> str:

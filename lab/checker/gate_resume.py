@@ -18,6 +18,13 @@ gate fails when p99 >= the budget. Witnesses: the recoveries at or above the bud
 slowest first (never-recovered ones first). Evidence: recoveries (censored excluded)
 >= min_recoveries. Slow recoveries are not attributed: the ledgers do not say whose
 slowness it was.
+
+Two server checks from the wire stand beside the latency (`lab.checker.wire_streams`),
+each a violation that fails the gate, attributed to the server: `no_priming` (a
+2025-11-25 POST stream that does not start with its priming event) and
+`silent_resumption` (a cursor the server never sent, answered 2xx with a stream that
+carries no message for resume_p99_s or more). They are counted in `violations` and
+witnessed first; the evidence minimum (recoveries) is the latency's.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from lab.checker.context import Context
 from lab.checker.explain import at, client_ref, row_of, tap_ref
 from lab.checker.liveness import describe_stuck, never_finished_latencies
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
+from lab.checker.wire_streams import no_priming, no_priming_witness, silent_resumptions, silent_witness
 
 GATE = "resume_p99"
 NUMBER = 5
@@ -70,7 +78,11 @@ def check(ctx: Context) -> GateResult:
     values = counted["latency"].to_numpy(dtype="float64")
     p99 = nearest_rank(values, PERCENTILE)
     n = len(counted)
-    failed = n > 0 and p99 >= budget
+    slow_p99 = n > 0 and p99 >= budget
+    unprimed, primed_judged = no_priming(ctx) if ctx.data.tap is not None else (pd.DataFrame(), 0)
+    silent, silent_judged = silent_resumptions(ctx) if ctx.data.tap is not None else (pd.DataFrame(), 0)
+    server_count = len(unprimed) + len(silent)
+    failed = slow_p99 or server_count > 0
     slow = counted[counted["latency"] >= budget].sort_values("latency", ascending=False, kind="stable")
     finite = values[np.isfinite(values)]
     never = int(np.isinf(values).sum())
@@ -93,7 +105,13 @@ def check(ctx: Context) -> GateResult:
         gate=GATE,
         title=TITLE,
         verdict=decide(failed, evidence),
-        summary=f"p99 {p99_text} over {n} recoveries (budget < {budget:g} s)",
+        summary=f"p99 {p99_text} over {n} recoveries (budget < {budget:g} s)"
+        + (
+            f"; server: {len(unprimed)} POST stream(s) without priming event, {len(silent)} silent "
+            "resumption(s) on an unknown cursor"
+            if server_count
+            else ""
+        ),
         budget={"resume_p99_s": budget, "min_recoveries": need},
         measured={
             "recoveries": n,
@@ -106,13 +124,22 @@ def check(ctx: Context) -> GateResult:
             "never_finished_calls": len(stuck),
             "censored": censored,
             "by_path": {str(k): int(v) for k, v in counted["path"].value_counts().items()},
+            "no_priming": len(unprimed),
+            "post_streams_judged_for_priming": primed_judged,
+            "silent_resumptions": len(silent),
+            "unknown_cursor_resumptions_served": silent_judged,
         },
         evidence=tuple(evidence),
-        violations=len(slow) if failed else 0,
-        witnesses=tuple(_witness(r, budget, ctx) for _, r in slow.head(ctx.witness_limit).iterrows())
-        if failed
-        else (),
-        attribution_counts={"unattributed": len(slow)} if failed else {},
+        violations=(len(slow) if slow_p99 else 0) + server_count,
+        witnesses=tuple(no_priming_witness(r, ctx) for _, r in unprimed.head(ctx.witness_limit).iterrows())
+        + tuple(silent_witness(r, ctx) for _, r in silent.head(ctx.witness_limit).iterrows())
+        + (
+            tuple(_witness(r, budget, ctx) for _, r in slow.head(ctx.witness_limit).iterrows())
+            if slow_p99
+            else ()
+        ),
+        attribution_counts=({"unattributed": len(slow)} if slow_p99 else {})
+        | ({"server": server_count} if server_count else {}),
         notes=tuple(notes),
     )
 

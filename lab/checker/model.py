@@ -116,6 +116,9 @@ class GateResult:
     notes: tuple[str, ...] = ()
     error: str | None = None
     """Set when the gate's own code raised: the verdict is then inconclusive."""
+    truth_from: str = ""
+    """Where the gate's truth came from, in words, when it says (a client under test:
+    "the wire (proxy tap)", "the application log + the tap", ...)."""
 
 
 def decide(failed: bool, evidence: Iterable[Evidence]) -> Verdict:
@@ -223,6 +226,29 @@ class RunInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class Expectation:
+    """What the baseline (known failures) says about one gate, and what the run showed."""
+
+    gate: str
+    status: str
+    """`known` (listed, failed), `fixed` (listed, passed: remove it from the baseline),
+    `unseen` (listed, inconclusive: nothing learned)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientInfo:
+    """Who the load was (run.json `client`): the lab's own clients or a client under test."""
+
+    kind: str
+    """`lab`, `python-sdk`, `typescript-sdk` or `cmd`."""
+    implementation: str | None
+    """`name version` of the implementation (its adapters' `ready` lines), when known."""
+    expected_failures: tuple[str, ...] = ()
+    baseline: str | None = None
+    """Where the known failures come from (a file, `scenario`), or None."""
+
+
+@dataclass(frozen=True, slots=True)
 class RunReport:
     run: RunInfo
     verdict: Verdict
@@ -248,3 +274,6 @@ class RunReport:
     sections: Mapping[str, JsonValue] = field(default_factory=dict)
     """Report sections beside the gates (`lab.checker.analysis`): `phases`, `capacity`,
     `rollout`, `processes`, as report.json writes them."""
+    client: ClientInfo | None = None
+    expectations: tuple[Expectation, ...] = ()
+    """The baseline's known failures as this run found them (lab.checker.baseline)."""

@@ -15,6 +15,10 @@ The run's verdict, in this order:
   was refused (damaged, unreadable, an unknown schema, a field of the wrong type);
 - `pass` otherwise.
 
+Known failures (run.json `client.expected_failures`, lab.checker.baseline) count as
+passes, and a listed gate that passed ("fixed") as a failure, until the baseline loses it.
+A run whose load was a client under test is judged by the gates of lab.checker.sut.
+
 A gate whose input is missing or refused is inconclusive with the reason; a gate whose
 own code raises is inconclusive with the error (exception type, message and the line
 that raised), and the other gates still run.
@@ -31,6 +35,7 @@ from typing import Any
 
 from lab.checker import (
     analysis,
+    baseline,
     gate_cross_stream,
     gate_duplicates,
     gate_origin,
@@ -38,6 +43,7 @@ from lab.checker import (
     gate_rehandshake,
     gate_resume,
     liveness,
+    sut,
 )
 from lab.checker.context import Context, parse_budgets
 from lab.checker.explain import short_reason
@@ -69,13 +75,25 @@ def judge(data: RunData, *, witness_limit: int = 5, started: float | None = None
     started = time.perf_counter() if started is None else started
     budgets = parse_budgets(data.run)
     ctx = Context(data, budgets, witness_limit)
-    gates = tuple(run_gate(module, ctx) for module in GATES)
+    # A client under test keeps no client ledger: its gates read the wire and its
+    # application logs (lab.checker.sut).
+    client = sut.client_of(data.run)
+    under_test = sut.under_test(data.run)
+    gates = tuple(run_gate(module, ctx) for module in (sut.GATES if under_test else GATES))
     # Gates 7 and 8 where they apply, the lab's own limits, the sections beside the gates
     # (lab.checker.analysis).
     gates, sections, section_problems = analysis.finish(
         ctx, gates + analysis.extra_gates(ctx, run_gate), run_gate
     )
+    expectations = baseline.apply(gates, client.expected_failures if client is not None else ())
     problems = list(data.problems)
+    sources, notes = list(data.sources), list(data.notes)
+    if under_test and client is not None:
+        logs = sut.logs_of(ctx)
+        sources += logs.sources
+        problems += logs.problems
+        notes += logs.notes
+        client = sut.implementations(ctx, client)
     if data.run is not None and budgets.defaulted:
         problems.append(
             Problem("run.json", f"budgets missing, the defaults used: {', '.join(budgets.defaulted)}")
@@ -84,7 +102,7 @@ def judge(data: RunData, *, witness_limit: int = 5, started: float | None = None
     unfinished = unfinished_reason(data.run)
     if unfinished is not None:
         problems.append(Problem("run.json", f"the run is incomplete ({unfinished}): it cannot pass"))
-    unusable = data.run is None or any(s.status == "error" for s in data.sources)
+    unusable = data.run is None or any(s.status == "error" for s in sources)
     try:
         count, source = ctx.event_count()
     except Exception as e:  # the count is also evidence inside the gates, which report it
@@ -97,7 +115,7 @@ def judge(data: RunData, *, witness_limit: int = 5, started: float | None = None
         problems.append(Problem("proxy/tap.jsonl", f"fault counts failed: {type(e).__name__}: {e}"))
     problems += [Problem("report", p) for p in section_problems]
     try:
-        live = liveness.summary(ctx)
+        live = sut.liveness(ctx) if under_test else liveness.summary(ctx)
     except Exception as e:
         live = None
         problems.append(Problem("liveness", f"could not be computed: {type(e).__name__}: {e}"))
@@ -105,7 +123,7 @@ def judge(data: RunData, *, witness_limit: int = 5, started: float | None = None
         run=run,
         verdict=run_verdict(
             (
-                g.verdict
+                baseline.counted(g, expectations)  # known failures pass, fixed ones fail
                 for g in gates
                 # Liveness is the one thing an interrupted run cannot judge (module docstring).
                 if not (unfinished is not None and g.number == gate_resume.NUMBER)
@@ -118,9 +136,9 @@ def judge(data: RunData, *, witness_limit: int = 5, started: float | None = None
         budgets_defaulted=budgets.defaulted,
         event_count=count,
         event_count_source=source,
-        sources=tuple(data.sources),
+        sources=tuple(sources),
         problems=tuple(problems),
-        notes=tuple(data.notes),
+        notes=tuple(notes),
         faults=tuple(faults),
         faults_never_fired=tuple(never),
         checked_at=time.time(),
@@ -129,6 +147,8 @@ def judge(data: RunData, *, witness_limit: int = 5, started: float | None = None
         faults_not_applicable=tuple(skipped),
         liveness=live,
         sections=sections,
+        client=client,
+        expectations=expectations,
     )
 
 

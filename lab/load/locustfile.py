@@ -24,6 +24,11 @@ Locust's `--host` (e.g. `lab serve` on its default address):
   timeout.
 - A worker's `quitting` handler stops every client (each writes its last records) and
   then, whatever happened, commits the last batch and closes the file.
+- With a client under test (`lab run --client python-sdk|typescript-sdk|cmd:...`, the
+  settings' `client`), the users are `lab.load.sut_user`'s instead: each worker starts one
+  adapter process, each user is one client inside it, and the worker's `quitting` handler
+  stops the adapter by its PID; no client ledger is written (the adapter's application
+  log, `<run>/clients/app-<name>.jsonl`, is the client's record).
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
 from lab.client import ReconnectBudget
 from lab.inbox import InboxDatabase
+from lab.load import sut_user
 from lab.load.settings import LoadSettings, ledger_key, split_budget
 from lab.load.user import WORKER, McpUser, WorkerContext
 
@@ -61,6 +67,8 @@ logging.getLogger("httpx").setLevel(logging.WARNING)  # one log line per request
 class LabUser(McpUser):
     """Reads, streams and writes in the scenario's proportions."""
 
+    # With a client under test the users are SdkUser's (below): Locust skips abstract ones.
+    abstract = SETTINGS.client != "lab"
     wait_time = between(SETTINGS.wait_min, SETTINGS.wait_max)
 
     @task(SETTINGS.mix.read)
@@ -78,6 +86,12 @@ class LabUser(McpUser):
     @task(SETTINGS.mix.write)
     def write(self) -> None:
         self.client.call("ledger.append", {"entry": f"{self.client.client_id}@{time.time():.3f}"}, write=True)
+
+
+if SETTINGS.client != "lab":
+    # A client under test (`lab run --client ...`): each user is one client inside the
+    # worker's adapter process (lab/load/sut_user.py).
+    SdkUser = sut_user.sut_user_class(SETTINGS)
 
 
 if SETTINGS.stages:
@@ -213,6 +227,9 @@ def _init_worker(
     environment: Environment, runner: WorkerRunner | LocalRunner, run_dir: Path, settings: LoadSettings
 ) -> None:
     name = _worker_name()
+    if settings.client != "lab":
+        _init_sut_worker(environment, runner, run_dir, settings, name)
+        return
     db = InboxDatabase(run_dir / "clients" / f"worker-{name}.sqlite")
     # Until the master's split arrives, a worker takes an even whole share (never more);
     # a process run alone takes the whole budget.
@@ -258,6 +275,40 @@ def _init_worker(
                 db.close()
             except Exception:
                 log.exception("closing %s failed", db.path)
+
+
+def _init_sut_worker(
+    environment: Environment,
+    runner: WorkerRunner | LocalRunner,
+    run_dir: Path,
+    settings: LoadSettings,
+    name: str,
+) -> None:
+    """A worker whose users are clients under test: its adapter, progress, quit, and the
+    adapter stopped (by PID) when the worker quits. Its clients keep no reconnect budget of
+    the lab's: how the implementation reconnects is what is judged."""
+    hub = sut_user.init_worker(settings, run_dir, name)
+
+    if isinstance(runner, WorkerRunner):
+
+        def on_quit(environment: Environment, msg: Any, **_: Any) -> None:
+            gevent.spawn(runner.quit)
+
+        runner.register_message(QUIT_MESSAGE, on_quit)
+        runner.register_message("lab_budget", lambda environment, msg, **_: None)
+
+        def loop() -> None:
+            while True:
+                gevent.sleep(1.0)
+                runner.send_message("lab_progress", dict(hub.counters))
+
+        gevent.spawn(loop)
+
+    @events.quitting.add_listener  # type: ignore[untyped-decorator]
+    def stop_adapter(environment: Environment, **_: Any) -> None:
+        code = hub.stop()
+        if code != 0:
+            log.warning("adapter %s exited with %s (see %s)", settings.client, code, hub.adapter.stderr)
 
 
 def _worker_name() -> str:

@@ -70,6 +70,9 @@ class LoadSettings:
     workers: int = 1
     """Worker processes expected: each starts with its share of the budget until the
     master's split arrives."""
+    client: str = "lab"
+    """Who the users are: `lab` (the lab's own client core) or a client under test behind
+    an adapter (`python-sdk`, `typescript-sdk`, `cmd:<command>`; lab/load/sut_user.py)."""
     stages: tuple[tuple[float, int, float], ...] = ()
     """The load shape: (until seconds, users, spawn rate) — reach `users` by `until`.
     Empty: Locust's -u/-r/-t decide."""

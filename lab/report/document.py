@@ -31,7 +31,16 @@ def clean(value: Any) -> JsonValue:
     return str(value)
 
 
-def gate_document(g: GateResult) -> dict[str, JsonValue]:
+EXPECTED_TEXT = {
+    "known": "known failure (in the baseline): does not fail the run",
+    "fixed": "fixed: remove it from the baseline (the run fails until it is removed)",
+    "unseen": "in the baseline, but inconclusive here: nothing learned",
+}
+"""How the report words each baseline status (lab.checker.baseline)."""
+
+
+def gate_document(g: GateResult, expected: str | None = None) -> dict[str, JsonValue]:
+    """One gate; `expected`: its baseline status (known, fixed, unseen) or None."""
     return {
         "number": g.number,
         "gate": g.gate,
@@ -58,11 +67,14 @@ def gate_document(g: GateResult) -> dict[str, JsonValue]:
         "attribution_counts": clean(g.attribution_counts),
         "notes": list(g.notes),
         "error": g.error,
+        "truth_from": g.truth_from or None,
+        "expected": expected,
     }
 
 
 def document(report: RunReport, figures: Sequence[Mapping[str, str]] = ()) -> dict[str, JsonValue]:
     run = report.run
+    expected = {e.gate: e.status for e in report.expectations}
     duration = (
         run.stopped_at - run.started_at if run.started_at is not None and run.stopped_at is not None else None
     )
@@ -87,7 +99,8 @@ def document(report: RunReport, figures: Sequence[Mapping[str, str]] = ()) -> di
         "event_count_source": report.event_count_source,
         "budgets": dict(report.budgets),
         "budgets_defaulted": list(report.budgets_defaulted),
-        "gates": [gate_document(g) for g in report.gates],
+        "client": client_document(report),
+        "gates": [gate_document(g, expected.get(g.gate)) for g in report.gates],
         "faults": {
             "counts": [
                 {
@@ -129,6 +142,29 @@ def document(report: RunReport, figures: Sequence[Mapping[str, str]] = ()) -> di
     cleaned = clean(doc)
     assert isinstance(cleaned, dict)
     return cleaned
+
+
+def client_document(report: RunReport) -> dict[str, JsonValue] | None:
+    """Who the load was: `kind` (lab, python-sdk, ...), `implementation` (`name version`),
+    the known failures and where they come from."""
+    c = report.client
+    if c is None:
+        return None
+    return {
+        "kind": c.kind,
+        "implementation": c.implementation,
+        "expected_failures": list(c.expected_failures),
+        "baseline": c.baseline,
+    }
+
+
+def client_text(doc: Mapping[str, Any]) -> str | None:
+    """`client python-sdk (mcp 2.3.0)`, for the report's headline; None for the lab's own."""
+    c = doc.get("client")
+    if not isinstance(c, Mapping) or c.get("kind") in (None, "lab"):
+        return None
+    impl = f" ({c['implementation']})" if c.get("implementation") else ""
+    return f"client under test {c['kind']}{impl}"
 
 
 def liveness_document(live: Liveness | None, origin: float | None) -> dict[str, Any] | None:

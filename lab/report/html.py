@@ -27,6 +27,7 @@ from markupsafe import Markup
 from dashboards import asset
 from lab.checker.explain import short_reason
 from lab.report import sections
+from lab.report.document import EXPECTED_TEXT, client_text
 
 
 @cache
@@ -66,8 +67,14 @@ def render(
     ]
     if run.get("duration_s") is not None:
         facts.append(f"{run['duration_s']:.1f} s")
+    who = client_text(doc)
+    if who:
+        facts.append(who)
     gates = []
     for g in doc["gates"]:
+        # A client under test: where the gate's truth came from, and its baseline status.
+        said = [EXPECTED_TEXT[g["expected"]]] if g.get("expected") else []
+        said += [f"truth from: {g['truth_from']}"] if g.get("truth_from") else []
         witnesses = [
             {
                 "attribution": w["attribution"],
@@ -81,7 +88,7 @@ def render(
                 "number": g["number"],
                 "title": g["title"],
                 "verdict": g["verdict"],
-                "summary": g["summary"],
+                "summary": (f"{said[0]}. " if g.get("expected") else "") + g["summary"],
                 "unmet": [
                     f"{e['name']}: need {e['required']}, have {e['observed']}"
                     for e in g["evidence"]
@@ -90,7 +97,7 @@ def render(
                 "witnesses": witnesses,
                 "violations": g["violations"],
                 "error": g["error"],
-                "notes": g["notes"],
+                "notes": [*said, *g["notes"]],
             }
         )
     figures = []

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lab.report import sections
+from lab.report.document import EXPECTED_TEXT, client_text
 from lab.report.html import banner, liveness_lines
 
 VERDICT_MARK = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "incomplete": "INCOMPLETE"}
@@ -21,9 +22,10 @@ def _cell(text: Any) -> str:
 def gate_table(doc: Mapping[str, Any]) -> str:
     lines = ["| # | gate | verdict | measured |", "| --- | --- | --- | --- |"]
     for g in doc["gates"]:
-        lines.append(
-            f"| {g['number']} | {_cell(g['title'])} | **{VERDICT_MARK[g['verdict']]}** | {_cell(g['summary'])} |"
-        )
+        mark = f"**{VERDICT_MARK[g['verdict']]}**"
+        if g.get("expected") in ("known", "fixed"):
+            mark += " (known)" if g["expected"] == "known" else " (fixed: remove it from the baseline)"
+        lines.append(f"| {g['number']} | {_cell(g['title'])} | {mark} | {_cell(g['summary'])} |")
     return "\n".join(lines)
 
 
@@ -46,6 +48,7 @@ def render(doc: Mapping[str, Any]) -> str:
             if events is not None
             else "event count unknown"
         )
+        + (f" · {who}" if (who := client_text(doc)) else "")
     )
     out += ["", gate_table(doc), ""]
     live = liveness_lines(doc)
@@ -54,9 +57,13 @@ def render(doc: Mapping[str, Any]) -> str:
     out += sections.markdown(sections.blocks(doc))
     for g in doc["gates"]:
         unmet = [e for e in g["evidence"] if not e["ok"]]
-        if not (g["witnesses"] or unmet or g["error"] or g["notes"]):
+        if not (g["witnesses"] or unmet or g["error"] or g["notes"] or g.get("expected")):
             continue
         out.append(f"## {g['number']}. {g['title']} — {VERDICT_MARK[g['verdict']]}")
+        if g.get("truth_from"):
+            out.append(f"- truth from: {g['truth_from']}")
+        if g.get("expected"):
+            out.append(f"- {EXPECTED_TEXT[g['expected']]}")
         if g["error"]:
             out.append(f"- checker error: `{g['error']}`")
         for e in unmet:

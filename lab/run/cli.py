@@ -38,6 +38,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--ui", action="store_true", help="serve Locust's web UI (127.0.0.1) while the run goes")
     p.add_argument("--no-report", action="store_true", help="skip `lab report` at the end")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument(
+        "--client",
+        help="who the load is: lab (the lab's own clients, the default), python-sdk, typescript-sdk "
+        "or cmd:<command> (a client under test behind an adapter; docs/clients.md). "
+        "Default: the scenario's [load] client",
+    )
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        help="a TOML file whose [expected_failures] lists the gate/check IDs known to fail for the client "
+        "(shown as known, not failing the run); default: the scenario's [expected_failures]",
+    )
     p.set_defaults(func=run)
 
     s = sub.add_parser("scenarios", help="list the named scenarios with their descriptions")
@@ -111,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
         ui=args.ui,
         report=not args.no_report,
         quiet=args.quiet,
+        client=args.client,
+        baseline=args.baseline,
     )
     try:
         return Run(opts).execute()

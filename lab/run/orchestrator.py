@@ -38,6 +38,7 @@ from urllib.parse import urlsplit
 from lab import topology
 from lab.exitcodes import ExitCode
 from lab.load.settings import SETTINGS_ENV, LoadSettings
+from lab.run import sut
 from lab.run.monitor import FILE as PROCESSES_FILE
 from lab.run.monitor import ProcessMonitor
 from lab.run.phases import PhaseDriver, initial_knobs, refusal
@@ -86,6 +87,10 @@ class RunOptions:
     ui: bool = False
     report: bool = True
     quiet: bool = False
+    client: str | None = None
+    """None: the scenario's `[load] client` (default `lab`); else a client under test (lab.run.sut)."""
+    baseline: Path | None = None
+    """Known failures of the client (`--baseline FILE`); None: the scenario's `[expected_failures]`."""
 
 
 LOAD_ENDED_FILE = "load-ended.json"
@@ -146,6 +151,7 @@ class Run:
         self._mute_out = self._mute_err = False
         self.server_settings = make_server_settings(self.sc.target, admin_token=self.admin_token)
         self.server_settings.update(initial_knobs(self.sc))  # the first phase's knobs (lab.run.phases)
+        self.client = sut.ClientUnderTest("lab", None)
 
     # ------------------------------------------------------------------ checks
 
@@ -159,7 +165,15 @@ class Run:
                 f"{self.sc.path}: reconnect.budget_qps is {self.sc.reconnect.budget_qps:g}, below the number of "
                 f"workers ({self.workers}): each worker needs a whole reconnect per second of the budget"
             )
+        try:
+            self.client = sut.resolve(self.opts.client, self.sc, self.opts.baseline)
+        except sut.ClientRefused as e:
+            raise RunError(str(e)) from None
         if compose:
+            if self.client.under_test:
+                raise RunError(
+                    f"compose mode runs the lab's own clients only, not --client {self.client.spec}"
+                )
             return
         if (why := refusal(self.sc, self.target)) is not None:
             raise RunError(why)
@@ -183,6 +197,11 @@ class Run:
         """`--target URL`: the target's revision and tools, before any load (RunError)."""
         from lab.run.preflight import PreflightRefused, check_target
 
+        try:
+            self.client = sut.probe(self.client)
+        except sut.ClientRefused as e:
+            raise RunError(str(e)) from None
+        self.record.client = self.client.as_json()
         if self.target == "reference":
             return
         token = self.client_tokens[0][0] if self.client_tokens else None
@@ -390,7 +409,7 @@ class Run:
         ui_port = _free_port() if self.opts.ui else None
         if ui_port is not None:
             self.say(f"Locust web UI: http://127.0.0.1:{ui_port}")
-        env = {SETTINGS_ENV: str(settings)}
+        env = {SETTINGS_ENV: str(settings), **sut.worker_env(self.client)}
         # Orphaned Locust processes are killed outright (see lab.run.processes).
         self.master = self._start(
             topology.master(
@@ -418,6 +437,7 @@ class Run:
             origin=client_origin(self.sc.target.allowed_origins),
             tokens=self.client_tokens,
             workers=self.workers,
+            client=self.client.spec,
         )
 
     def _start_toxics(self, proxy_name: str) -> None:
@@ -522,6 +542,12 @@ class Run:
     # ------------------------------------------------------------------ records
 
     def _finish_record(self) -> None:
+        if self.client.command is not None and self.dir != Path():
+            adapters = sut.adapters_of(self.dir)
+            left = sut.stop_leftovers(adapters, self.client.command)
+            if left:
+                self.say(f"lab run: stopped {len(left)} adapter(s) left running (PIDs {left})", err=True)
+            self.record.client = {**self.record.client, "adapters": adapters}
         if self.group is not None:
             self.record.processes = [c.as_json() for c in self.group.children]
         if self.outcomes is not None:

@@ -60,6 +60,8 @@ class RunRecord:
         self.target_facts: dict[str, Any] | None = None
         self.proxy_name: str | None = None
         self.client_url = ""
+        self.client: dict[str, Any] = {"kind": "lab"}
+        """run.json `client`: who the load was (lab.run.sut.ClientUnderTest.as_json)."""
         self._secrets: dict[str, str] = {self.key_hex: "ledger-key"}
         for i, token in enumerate(sorted(scenario.target.tokens), 1):
             self._secrets[token] = f"token-{i}"
@@ -159,5 +161,6 @@ class RunRecord:
             "target": target,
             "nemesis_proxy": self.proxy_name,
             "client_url": self.client_url,
+            "client": self.client,
             "workers": self.workers,
         }

@@ -16,6 +16,8 @@ Safe under gevent (Locust) too: only the standard library's subprocess and a loc
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import os
 import shlex
 import shutil
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -104,8 +107,28 @@ def read_app_log(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec function that has the kernel send the adapter SIGTERM (a `stop`) when the
+    process that started it dies, whatever kills it (Linux; None elsewhere). Looked up
+    before the fork: the child only calls it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    parent = os.getpid()
+
+    def tie() -> None:
+        prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died between fork and prctl
+            os._exit(1)
+
+    return tie
+
+
 class AdapterProcess:
-    """One running adapter. `send` may be called from any thread or greenlet."""
+    """One running adapter. `send` may be called from any thread or greenlet.
+
+    `die_with_parent`: the adapter gets SIGTERM when the process that started it dies (a
+    Locust worker killed by `lab run`), so no adapter outlives its host."""
 
     def __init__(
         self,
@@ -115,6 +138,7 @@ class AdapterProcess:
         key: bytes,
         stderr: Path | None = None,
         cwd: Path | None = None,
+        die_with_parent: bool = False,
     ) -> None:
         self.cmd = cmd
         self.log = log
@@ -122,10 +146,11 @@ class AdapterProcess:
         self._lock = threading.Lock()
         env = {**os.environ, "LAB_LEDGER_KEY": key.hex()}
         log.parent.mkdir(parents=True, exist_ok=True)
+        hook = _die_with_parent() if die_with_parent else None
         with log.open("ab") as out, self.stderr.open("ab") as err:
             try:
                 self.proc = subprocess.Popen(
-                    cmd.argv, stdin=subprocess.PIPE, stdout=out, stderr=err, env=env, cwd=cwd
+                    cmd.argv, stdin=subprocess.PIPE, stdout=out, stderr=err, env=env, cwd=cwd, preexec_fn=hook
                 )
             except OSError as e:
                 raise AdapterUnavailable(f"cannot start adapter {shlex.join(cmd.argv)}: {e}") from None

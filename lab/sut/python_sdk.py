@@ -11,7 +11,8 @@ is the SDK's switch to the handshake, and this adapter uses the same handshake t
 What the adapter adds sits at the SDK's public seams and changes no behaviour:
 - an httpx2 client of its own (the SDK's documented default timeouts, the start
   command's headers, one shared TLS context for all clients) whose event hooks see each
-  request's session ID and every GET that resumes (`Last-Event-ID`) or re-opens a stream;
+  request's session ID and every GET that resumes (`Last-Event-ID`) or re-opens a stream,
+  and number each request's `x-lab-conn` header when the start headers carry one;
 - a tap on the read stream between the transport and the session: every message the
   transport hands up is logged as `deliver`, and every exception it hands up as `notice`;
 - a tap on the write stream that joins a tools/call's JSON-RPC id to the call's
@@ -47,7 +48,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERS
 from lab.sut.applog import ClientContext, current_client
 from lab.sut.protocol import Call, Start
 from lab.sut.runtime import CallFailed, serve
-from lab.wire.extensions import IDEMPOTENCY_META
+from lab.wire.extensions import IDEMPOTENCY_META, LAB_CONN_HEADER
 
 ADAPTER: Final = "python-sdk"
 SESSION_ERA: Final = ("2025-03-26", "2025-06-18", "2025-11-25")
@@ -138,8 +139,13 @@ class _HttpWatch:
         self._ctx = ctx
         self._gets = 0
         self._had_session = False
+        self._requests = 0
 
     async def on_request(self, request: httpx2.Request) -> None:
+        conn = request.headers.get(LAB_CONN_HEADER)
+        if conn is not None:  # number each request, as the lab's own clients do (docs/clients.md)
+            self._requests += 1
+            request.headers[LAB_CONN_HEADER] = f"{conn.rpartition(':')[0] or conn}:{self._requests}"
         sid = request.headers.get("mcp-session-id")
         if sid is not None:
             self._ctx.set_session_id(sid)

@@ -259,6 +259,7 @@ class Adapter:
         st.done = True
         self.log.write(
             "outcome",
+            flush=True,  # a host waits for it (Locust users do): never hold it back
             client=cl.ctx.client,
             session=cl.ctx.session,
             call=st.cmd.call,

@@ -151,10 +151,15 @@ def test_streams_per_session_bounded_abandoned_gets_closed_then_429(tmp_path: Pa
             with m.stream("GET") as (r, events):
                 assert r.status_code == 200
                 next(events)
-        time.sleep(0.3)
-        db = sqlite3.connect(tmp_path / "ledger.sqlite")
-        closed = [r[0] for r in db.execute("SELECT close_reason FROM streams ORDER BY opened_at")]
-        db.close()
+        # The ledger writer batches its rows: wait (bounded) until the third close is in.
+        deadline = time.monotonic() + 10.0
+        while True:
+            db = sqlite3.connect(tmp_path / "ledger.sqlite")
+            closed = [r[0] for r in db.execute("SELECT close_reason FROM streams ORDER BY opened_at")]
+            db.close()
+            if closed == ["abandoned"] * 3 + [None, None] or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         assert closed == ["abandoned"] * 3 + [None, None]
         with m.stream("GET") as (r1, _), m.stream("GET") as (r2, _):
             assert r1.status_code == r2.status_code == 200

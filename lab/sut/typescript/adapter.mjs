@@ -119,8 +119,17 @@ function setSession(cl, sid) {
 function makeFetch(cl) {
   let gets = 0;
   let hadSession = false;
+  let requests = 0;
   return async (url, init) => {
     const headers = new Headers(init?.headers);
+    const conn = headers.get('x-lab-conn');
+    if (conn !== null) {
+      // Number each request, as the lab's own clients do (docs/clients.md): the SDK never reads it.
+      requests += 1;
+      const cut = conn.lastIndexOf(':');
+      headers.set('x-lab-conn', `${cut > 0 ? conn.slice(0, cut) : conn}:${requests}`);
+      init = { ...init, headers };
+    }
     const sid = headers.get('mcp-session-id');
     const method = (init?.method ?? 'GET').toUpperCase();
     if (sid) {

@@ -1,0 +1,149 @@
+"""What `lab selftest` runs and what it expects of each run.
+
+One case per deliberate defect of the reference server (`lab.server.defects`), plus the
+pristine server. Each defect names the gate that must FAIL on it, with a **server**
+witness of one of the named checks: a gate that fails for another reason (a slow client,
+a proxy fault the client accepted) has not shown that it catches the defect. The pristine
+server, run the same way, must PASS every gate.
+
+The expectation is held here, next to why that check is the one that sees the defect;
+docs/selftest.md shows the same table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lab.server.defects import DEFECT_NAMES, DESCRIPTIONS, Defect
+
+PRISTINE = "pristine"
+"""The case without a defect: every gate must pass."""
+
+GATES: tuple[tuple[int, str], ...] = (
+    (1, "cross_stream"),
+    (2, "duplicate_dispatch"),
+    (3, "missing_rehandshake"),
+    (4, "illegal_origin"),
+    (5, "resume_p99"),
+    (6, "reconnect_qps"),
+)
+"""The checker's gates, in the order of the gate table (lab.checker.verdict.GATES)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Case:
+    name: str
+    """A defect name (`lab serve --defect`), or `pristine`."""
+    description: str
+    gate: int | None
+    """The gate that must fail (None: the pristine case, every gate must pass)."""
+    checks: tuple[str, ...] = ()
+    """The checks of that gate, one of which must have a server witness."""
+    why: str = ""
+    """Why this check sees this defect on the wire."""
+
+    @property
+    def defect(self) -> str | None:
+        return None if self.name == PRISTINE else self.name
+
+    @property
+    def gate_name(self) -> str | None:
+        return None if self.gate is None else dict(GATES)[self.gate]
+
+
+def _case(defect: Defect, gate: int, checks: tuple[str, ...], why: str) -> Case:
+    return Case(defect.value, DESCRIPTIONS[defect], gate, checks, why)
+
+
+CASES: tuple[Case, ...] = (
+    Case(PRISTINE, "the reference server with no defect, in the same black-box mode", None),
+    _case(
+        Defect.SHARED_EVENT_STORE,
+        1,
+        ("sent_off_home",),
+        "a resumption replays events another session's stream (same request id) sent first: "
+        "their home, looked up across sessions, is that other stream (foreign_session)",
+    ),
+    _case(
+        Defect.REPLAY_OTHER_STREAMS,
+        1,
+        ("sent_off_home",),
+        "a resumption replays events first sent on the session's other streams",
+    ),
+    _case(
+        Defect.REPLAY_FROM_START,
+        1,
+        ("replayed_before_cursor",),
+        "a resumption replays events first sent at or before the cursor",
+    ),
+    _case(
+        Defect.UNKNOWN_CURSOR_SILENT,
+        5,
+        ("silent_resumption",),
+        "a resumption whose cursor the server never sent in the session (the proxy's garbage "
+        "Last-Event-ID) is answered 200 and carries no message for longer than the budget",
+    ),
+    _case(
+        Defect.REPLAY_MISORDERED,
+        1,
+        ("replayed_out_of_order", "event_after_response"),
+        "a resumption delivers the response before progress the server first sent before it",
+    ),
+    _case(
+        Defect.NO_IDEMPOTENCY,
+        2,
+        ("wire_different_results",),
+        "a retried write (same subject and key) is answered with a second, different result",
+    ),
+    _case(
+        Defect.ANY_ORIGIN,
+        4,
+        ("not_rejected",),
+        "requests with an Origin outside the allow-list (rewritten by the proxy) are served",
+    ),
+    _case(
+        Defect.UNKNOWN_SESSION_400,
+        3,
+        ("terminated_session_not_404",),
+        "after a DELETE of the session answered 2xx, a request carrying it gets 400, not 404",
+    ),
+    _case(
+        Defect.RESPONSE_ON_GET,
+        1,
+        ("response_on_standalone_get",),
+        "JSON-RPC responses are sent on the standalone GET stream",
+    ),
+    _case(
+        Defect.NO_PRIMING,
+        5,
+        ("no_priming",),
+        "2025-11-25 POST streams start with a message instead of the priming event",
+    ),
+    _case(
+        Defect.NO_RETRY_FIELD,
+        6,
+        ("close_without_retry",),
+        "the server ends a POST stream's connection before its response (and resumes it "
+        "later) without sending a `retry` field first",
+    ),
+    _case(
+        Defect.DELETED_SESSION_ALIVE,
+        3,
+        ("terminated_session_not_404",),
+        "after a DELETE of the session answered 2xx, a request carrying it is still served",
+    ),
+)
+BY_NAME: dict[str, Case] = {c.name: c for c in CASES}
+
+assert {c.name for c in CASES} == {PRISTINE, *DEFECT_NAMES}, "a defect without a selftest case"
+
+
+def select(names: list[str] | None) -> list[Case]:
+    """The cases to run, in table order: every case, or exactly the named ones (`pristine`
+    names the pristine run). Unknown names raise ValueError naming them and the known ones."""
+    if not names:
+        return list(CASES)
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown:
+        raise ValueError(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(BY_NAME)}")
+    return [c for c in CASES if c.name in set(names)]

@@ -1,0 +1,131 @@
+"""One `lab selftest`: its folder, its cases run `jobs` at a time, a progress line per
+finished run, and the matrix at the end (terminal, selftest.json, selftest.md).
+
+Folder (`<out>/<UTC time>-selftest-<4 hex>/`, created exclusively):
+    selftest.json, selftest.md     the matrix (mcpLabSelftest.v1) and its markdown
+    runs/<case>/<run folder>/      what `lab run` wrote (report.json, ledgers, logs)
+    runs/<case>/lab-run.log        lab run's own output
+    servers/<case>/                the reference server's log and ledger (never shown to the checker)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from pathlib import Path
+from types import FrameType
+
+from lab.exitcodes import ExitCode
+from lab.runfolder import RunFolderError, create_run_folder
+from lab.scenario import Scenario
+from lab.selftest.cases import Case
+from lab.selftest.execute import CaseRun, Children, run_case
+from lab.selftest.matrix import LEGEND, Outcome, Row, as_json, exit_code, judge_case, markdown, text_matrix
+
+
+class Selftest:
+    def __init__(
+        self, cases: list[Case], scenario: Scenario, *, out: Path, jobs: int, event_ids: str
+    ) -> None:
+        self.cases = cases
+        self.scenario = scenario
+        self.out = out
+        self.jobs = jobs
+        self.event_ids = event_ids
+        self.children = Children()
+        self._signals = 0
+        self._print_lock = threading.Lock()
+
+    def say(self, text: str, *, err: bool = False) -> None:
+        with self._print_lock, contextlib.suppress(OSError):
+            print(text, file=sys.stderr if err else sys.stdout, flush=True)
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        """Pass the signal on as SIGINT: each `lab run` stops and keeps its evidence (a second
+        one forces it), each server stops; runs not yet started are not started."""
+        self._signals += 1
+        self.children.stopping.set()
+        self.say(
+            f"\n{signal.Signals(signum).name}: stopping the runs under way, keeping what they wrote"
+            + (" (again: forcing)" if self._signals > 1 else " (again to force)"),
+            err=True,
+        )
+        self.children.send(signal.SIGINT)
+
+    def _one(self, case: Case, folder: Path) -> CaseRun:
+        if self.children.stopping.is_set():
+            return CaseRun(case, None, 0.0, None, None)
+        try:
+            return run_case(
+                case,
+                folder,
+                self.scenario.path,
+                event_ids=self.event_ids,
+                hard_timeout_s=self.scenario.load.hard_timeout,
+                children=self.children,
+            )
+        except Exception as e:  # a bug of ours, or the disk: this case's lab failed, the others go on
+            return CaseRun(case, None, 0.0, None, None, error=f"lab failed: {type(e).__name__}: {e}")
+
+    def execute(self, started: float) -> int:
+        folder = create_run_folder(self.out, "selftest")
+        n = len(self.cases)
+        defects = sum(1 for c in self.cases if c.defect is not None)
+        self.say(
+            f"lab selftest: {n} run(s) ({defects} defect(s)"
+            f"{', pristine' if defects < n else ''}), {self.jobs} at a time, "
+            f"scenario {self.scenario.name}, event IDs {self.event_ids}, black-box (URL target)"
+        )
+        self.say(f"results: {folder}")
+        t0 = time.monotonic()
+        rows: dict[str, Row] = {}
+        with ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="selftest") as pool:
+            futures: dict[Future[CaseRun], Case] = {pool.submit(self._one, c, folder): c for c in self.cases}
+            for done, fut in enumerate(as_completed(futures), start=1):
+                row = judge_case(fut.result())
+                rows[row.case.name] = row
+                self.say(
+                    f"[{done:>2}/{n}] {row.case.name:<22} {row.outcome!s:<11} {row.run.seconds:5.0f} s  {row.why}"
+                )
+        ordered = [rows[c.name] for c in self.cases]
+        wall = time.monotonic() - t0
+        code = exit_code(ordered)
+        self.say("")
+        self.say(text_matrix(ordered))
+        self.say(LEGEND)
+        self._write(folder, ordered, started=started, wall=wall, code=code)
+        caught = sum(1 for r in ordered if r.outcome is Outcome.CAUGHT)
+        pristine = [r for r in ordered if r.case.defect is None]
+        tail = f", pristine {pristine[0].outcome}" if pristine else ""
+        self.say(
+            f"lab selftest: exit {int(code)} — {caught} of {defects} defect(s) caught{tail}; "
+            f"wall time {wall:.0f} s; matrix in {folder / 'selftest.md'}"
+        )
+        return int(code)
+
+    def _write(self, folder: Path, rows: list[Row], *, started: float, wall: float, code: ExitCode) -> None:
+        ids, name = self.event_ids, self.scenario.name
+        doc = as_json(
+            rows, started_at=started, wall_s=wall, code=code, event_ids=ids, scenario=name, folder=folder
+        )
+        _write_atomic(folder / "selftest.json", json.dumps(doc, indent=2) + "\n")
+        _write_atomic(
+            folder / "selftest.md", markdown(rows, wall_s=wall, code=code, event_ids=ids, scenario=name)
+        )
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise RunFolderError(f"cannot write {path}: {e.strerror or e}") from None

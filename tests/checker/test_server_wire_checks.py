@@ -1,0 +1,278 @@
+"""The server checks that `lab selftest` needed and the gates lacked, each seen catching
+the bad case and passing the good one, on runs built by hand (tests/checker/builders.py):
+
+- gate 3 `terminated_session_not_404`: after a DELETE answered 2xx, a request carrying
+  the session must get 404 (defects unknown-session-400, deleted-session-alive);
+- gate 5 `no_priming`: a 2025-11-25 POST stream starts with its priming event (no-priming);
+- gate 5 `silent_resumption`: a cursor the server never sent is not answered with a
+  silent stream (unknown-cursor-silent);
+- gate 6 `close_without_retry`: a server-initiated close mid-stream advises `retry`
+  (no-retry-field).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lab.checker.model import Attribution, GateResult, RunReport, Verdict
+from lab.checker.verdict import judge_dir
+from lab.wire.event_ids import message_digest
+from tests.checker.builders import Sim, Stream, clean_run
+
+
+def check(sim: Sim, tmp_path: Path, **write: bool) -> RunReport:
+    _, report = judge_dir(sim.write(tmp_path / "run", **write))
+    return report
+
+
+def gate(report: RunReport, name: str) -> GateResult:
+    return next(g for g in report.gates if g.gate == name)
+
+
+def failing(report: RunReport) -> list[str]:
+    return [g.gate for g in report.gates if g.verdict is Verdict.FAIL]
+
+
+def server_checks(g: GateResult) -> set[str]:
+    return {w.check for w in g.witnesses if w.attribution is Attribution.SERVER}
+
+
+# ------------------------------------------------------------------- gate 3: after a DELETE
+
+
+def kill(sim: Sim, client: str, status: int = 200) -> None:
+    """The proxy's kill_session DELETE of the client's session, answered `status`."""
+    sim.tap.append(
+        {
+            "type": "fault",
+            "t": sim.tick(),
+            "fault": "kill_session",
+            "rule": "kill_session#0",
+            "decision": "d_kill",
+            "flow": "f-raced",
+            "detail": {"delete_status": status, "session": sim.clients[client].session, "order": "before"},
+        }
+    )
+
+
+def test_gate3_a_terminated_session_answered_400_is_the_servers_violation(tmp_path: Path) -> None:
+    sim = clean_run().sim
+    kill(sim, "a")
+    conn = sim.request("a", "call", "POST", 400, stream_key="post:30")
+    report = check(sim, tmp_path, server=False)
+    assert failing(report) == ["missing_rehandshake"]
+    g = gate(report, "missing_rehandshake")
+    assert g.attribution_counts == {"client": 0, "server": 1}
+    assert g.measured["terminated_session_not_404"] == 1 and g.measured["after_termination"] == 1
+    (w,) = g.witnesses
+    assert w.check == "terminated_session_not_404" and w.attribution is Attribution.SERVER
+    assert w.row["conn"] == conn and w.row["status"] == 400 and w.row["deleted_by"] == "kill_session"
+    assert "got 400" in w.explanation and "fault:d_kill" in w.refs
+
+
+def test_gate3_a_deleted_session_still_served_fails_even_without_any_404(tmp_path: Path) -> None:
+    sim = clean_run().sim
+    # The client leaves: its own DELETE is answered 200, yet the session keeps working.
+    sim.request("a", "delete", "DELETE", 200)
+    sim.request("a", "call", "POST", 200, stream_key="post:31")
+    report = check(sim, tmp_path, server=False)
+    g = gate(report, "missing_rehandshake")
+    assert g.verdict is Verdict.FAIL and server_checks(g) == {"terminated_session_not_404"}
+    assert g.witnesses[0].row["deleted_by"] == "client"
+    assert "served it instead of 404" in g.witnesses[0].explanation
+
+
+def test_gate3_404_after_the_delete_then_a_new_handshake_passes(tmp_path: Path) -> None:
+    sim = clean_run().sim
+    kill(sim, "a")
+    sim.request("a", "call", "POST", 404, stream_key="post:30")
+    sim.tick(0.05)
+    sim.initialize("a")
+    g = gate(check(sim, tmp_path, server=False), "missing_rehandshake")
+    assert g.verdict is Verdict.PASS, g.summary
+    assert g.measured["after_termination"] == 1 and g.measured["terminated_session_not_404"] == 0
+
+
+def test_gate3_in_flight_requests_and_refusals_not_about_the_session_are_not_judged(tmp_path: Path) -> None:
+    sim = clean_run().sim
+    started = sim.tick()  # this request left the client before the DELETE was answered
+    kill(sim, "a")
+    sim.request("a", "call", "POST", 200, stream_key="post:30", started_at=started)
+    # An illegal Origin is refused before the session is looked at: 403 is not about it.
+    sim.request(
+        "a",
+        "call",
+        "POST",
+        403,
+        stream_key="post:31",
+        origin_out="http://evil.example",
+        faults=[{"fault": "rewrite_origin", "rule": "r", "decision": "d-o2"}],
+    )
+    # A DELETE the target refused (405) terminated nothing.
+    kill(sim, "b", status=405)
+    sim.request("b", "call", "POST", 200, stream_key="post:32")
+    g = gate(check(sim, tmp_path, server=False), "missing_rehandshake")
+    assert g.verdict is Verdict.PASS, g.summary
+    assert g.measured["after_termination"] == 1 and g.attribution_counts["server"] == 0
+
+
+# --------------------------------------------------------------------- gate 5: no priming
+
+
+def speak(sim: Sim, version: str = "2025-11-25") -> None:
+    """Every request carries `MCP-Protocol-Version: version` to the server (the tap's view)."""
+    for r in sim.tap:
+        if r["type"] == "flow":
+            r["protocol_version_out"] = version
+
+
+def unprimed_call(sim: Sim) -> Stream:
+    """A call whose stream the server started without its priming event."""
+    st = sim.call("a", 40)
+    sim.tap[:] = [r for r in sim.tap if not (r["type"] == "sent" and r["flow"] == st.flow and r["priming"])]
+    sim.notify(st, 2)
+    sim.respond(st)
+    return st
+
+
+def test_gate5_a_2025_11_25_post_stream_without_priming_fails(tmp_path: Path) -> None:
+    sim = clean_run().sim
+    st = unprimed_call(sim)
+    speak(sim)
+    report = check(sim, tmp_path, server=False)
+    assert failing(report) == ["resume_p99"]
+    g = gate(report, "resume_p99")
+    assert g.measured["no_priming"] == 1 and g.attribution_counts == {"server": 1}
+    (w,) = g.witnesses
+    assert w.check == "no_priming" and w.attribution is Attribution.SERVER
+    assert w.row["flow"] == st.flow and w.row["jsonrpc_id"] == "40"
+    assert "request 40" in w.explanation and "priming event" in w.explanation
+
+
+def test_gate5_primed_streams_and_older_revisions_pass(tmp_path: Path) -> None:
+    sim = clean_run().sim
+    speak(sim)
+    g = gate(check(sim, tmp_path / "primed", server=False), "resume_p99")
+    assert g.verdict is Verdict.PASS and g.measured["no_priming"] == 0
+    assert g.measured["post_streams_judged_for_priming"] == 2
+    # 2025-06-18 has no priming event: the same unprimed stream is no violation there.
+    sim = clean_run().sim
+    unprimed_call(sim)
+    speak(sim, "2025-06-18")
+    g = gate(check(sim, tmp_path / "older", server=False), "resume_p99")
+    assert g.verdict is Verdict.PASS and g.measured["post_streams_judged_for_priming"] == 0
+
+
+# ----------------------------------------------------------- gate 5: a silent resumption
+
+
+def resume_with(sim: Sim, cursor: str, status: int, *, silent_for: float, message: bool = False) -> str:
+    """A resumption GET of client a with Last-Event-ID `cursor` (as the server got it)."""
+    c = sim.clients["a"]
+    conn, n = sim._conn("a")
+    flow = sim._flow()
+    sim.tick()
+    sim.flow_record(
+        flow, conn, "GET", c.session, last_event_id_in=cursor, last_event_id_out=cursor, status=status
+    )
+    sim.exchange("a", n, "resume", "GET", "post:2", status, last_event_id=cursor)
+    if message:
+        t = sim.tick(silent_for)
+        data = '{"jsonrpc": "2.0", "method": "notifications/message", "params": {"data": "late"}}'
+        sim.tap.append(
+            {
+                "type": "sent",
+                "flow": flow,
+                "t": t,
+                "index": 0,
+                "event_id": "fresh-1",
+                "digest": message_digest(data),
+                "has_data": True,
+                "priming": False,
+                "stream_id": None,
+                "session": c.session,
+            }
+        )
+    sim.tap.append({"type": "flow_end", "flow": flow, "t": sim.tick(silent_for), "reason": "client_gone"})
+    return flow
+
+
+def test_gate5_an_unknown_cursor_answered_with_a_silent_stream_fails(tmp_path: Path) -> None:
+    sim = clean_run().sim
+    flow = resume_with(sim, "garbage-d_1", 200, silent_for=10.0)
+    report = check(sim, tmp_path, server=False)
+    g = gate(report, "resume_p99")
+    assert g.verdict is Verdict.FAIL and g.measured["silent_resumptions"] == 1
+    (w,) = g.witnesses
+    assert w.check == "silent_resumption" and w.attribution is Attribution.SERVER
+    assert w.row["flow"] == flow and w.row["silent_s"] is not None and float(w.row["silent_s"]) >= 10.0
+    assert "never sent" in w.explanation
+
+
+def test_gate5_a_refused_cursor_a_prompt_answer_or_a_known_cursor_pass(tmp_path: Path) -> None:
+    sim = clean_run().sim
+    resume_with(sim, "garbage-d_1", 400, silent_for=10.0)  # refused: what a server should do
+    resume_with(sim, "garbage-d_2", 200, silent_for=0.2, message=True)  # a new stream that speaks
+    inbox = sim.client_rows["inbox"]
+    known = next(r["event_id"] for r in reversed(inbox) if r["client_id"] == "a")  # one it did send
+    resume_with(sim, str(known), 200, silent_for=10.0)
+    g = gate(check(sim, tmp_path, server=False), "resume_p99")
+    assert g.measured["unknown_cursor_resumptions_served"] == 1
+    assert g.measured["silent_resumptions"] == 0 and g.verdict is Verdict.PASS, g.summary
+
+
+# ------------------------------------------------------- gate 6: a close without `retry`
+
+
+def polling_close(sim: Sim, *, advise: bool) -> Stream:
+    """The server ends a call's connection mid-stream (advising `retry` or not); the client
+    resumes and the stream goes on."""
+    st = sim.call("a", 50)
+    sim.notify(st, 2)
+    if advise:
+        sim.tap.append(
+            {
+                "type": "sent",
+                "flow": st.flow,
+                "t": sim.tick(0.001),
+                "index": st.index,
+                "event_id": None,
+                "digest": message_digest(""),
+                "has_data": False,
+                "priming": False,
+                "stream_id": None,
+                "session": st.session,
+                "retry": 200,
+            }
+        )
+        st.index += 1
+    sim.tap.append({"type": "flow_end", "flow": st.flow, "t": sim.tick(), "reason": "complete"})
+    lost = sim.cut_and_resume(st, after=0.3, advised=0.2 if advise else None)
+    sim.notify(st, 1)
+    sim.recovered(st, lost, sim.t)
+    sim.respond(st)
+    sim.tap.append({"type": "flow_end", "flow": st.flow, "t": sim.tick(), "reason": "complete"})
+    return st
+
+
+def test_gate6_a_server_close_mid_stream_without_retry_fails(tmp_path: Path) -> None:
+    sim = clean_run().sim
+    polling_close(sim, advise=False)
+    report = check(sim, tmp_path, server=False)
+    assert failing(report) == ["reconnect_qps"]
+    g = gate(report, "reconnect_qps")
+    assert g.attribution_counts == {"client": 0, "server": 1}
+    assert g.measured["server_closes_mid_stream"] == 1 and g.measured["close_without_retry"] == 1
+    (w,) = g.witnesses
+    assert w.check == "close_without_retry" and w.attribution is Attribution.SERVER
+    assert "request 50" in w.explanation and "without an SSE `retry` field" in w.explanation
+
+
+def test_gate6_a_close_with_retry_and_a_stream_that_ended_pass(tmp_path: Path) -> None:
+    sim = clean_run().sim
+    polling_close(sim, advise=True)
+    report = check(sim, tmp_path, server=False)
+    g = gate(report, "reconnect_qps")
+    # The resumed connection ended after the response: the stream did not go on.
+    assert g.measured["server_closes_mid_stream"] == 1 and g.measured["close_without_retry"] == 0
+    assert g.verdict is Verdict.PASS and failing(report) == [], g.summary

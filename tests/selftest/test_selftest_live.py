@@ -1,0 +1,139 @@
+"""`lab selftest` for real: the CI subset of the defect matrix (issue 10 §6), and what the
+command does around it (listing, refusals, Ctrl-C, no process left behind).
+
+The subset is the pristine run and four defects, one per family of detector: a foreign
+replay (`shared-event-store`, gate 1), liveness (`unknown-cursor-silent`, gate 5), the
+write's results on the wire (`no-idempotency`, gate 2), sessions (`deleted-session-alive`,
+gate 3). The whole matrix is run by hand (`lab selftest`, docs/selftest.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from lab.cli import main
+from lab.exitcodes import ExitCode
+from lab.server.defects import DEFECT_NAMES
+from tests.livesrv import LAB, ROOT
+
+SUBSET = (
+    "pristine",
+    "shared-event-store",
+    "unknown-cursor-silent",
+    "no-idempotency",
+    "deleted-session-alive",
+)
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes that mention `text` (a test's own folder)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{entry.name}: {cmdline}")
+    return found
+
+
+def the_matrix(out: Path) -> tuple[Path, dict[str, Any]]:
+    """The selftest's folder in `out` and its selftest.json."""
+    (folder,) = [p for p in out.iterdir() if p.is_dir() and "-selftest-" in p.name]
+    doc: dict[str, Any] = json.loads((folder / "selftest.json").read_text(encoding="utf-8"))
+    assert (folder / "selftest.md").read_text(encoding="utf-8").startswith("# lab selftest")
+    return folder, doc
+
+
+@pytest.mark.live
+def test_the_ci_subset_catches_every_defect_and_the_pristine_server_passes(tmp_path: Path) -> None:
+    argv = [LAB, "selftest", "--jobs", "2", "--out", str(tmp_path)]
+    for name in SUBSET:
+        argv += ["--defect", name]
+    started = time.monotonic()
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=400)
+    wall = time.monotonic() - started
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    # One progress line per run as it finishes, then the matrix and the final line.
+    assert sum(1 for x in lines if x.startswith("[")) == len(SUBSET)
+    assert lines[-1].startswith("lab selftest: exit 0 — 4 of 4 defect(s) caught, pristine passed")
+    folder, doc = the_matrix(tmp_path)
+    assert doc["schema"] == "mcpLabSelftest.v1" and doc["exit_code"] == 0 and doc["event_ids"] == "seq"
+    cases = {c["case"]: c for c in doc["cases"]}
+    assert list(cases) == list(SUBSET)
+    pristine = cases["pristine"]
+    assert pristine["outcome"] == "passed" and pristine["run_verdict"] == "pass"
+    assert [g["verdict"] for g in pristine["gates"]] == ["pass"] * 6
+    for name in SUBSET[1:]:
+        case = cases[name]
+        gate = case["gates"][case["expected"]["gate"] - 1]
+        assert case["outcome"] == "caught", case["why"]
+        assert gate["verdict"] == "fail" and gate["server_violations"] >= 1
+        assert set(gate["server_checks"]) & set(case["expected"]["checks"])
+        # Black-box: the checker had no server ledger; the server's is beside, not inside, the run.
+        assert (folder / case["run_dir"] / "report.json").is_file()
+        assert not (folder / case["run_dir"] / "server" / "ledger.sqlite").exists()
+        assert (folder / "servers" / name / "ledger.sqlite").is_file()
+    print(f"CI subset of lab selftest: {len(SUBSET)} runs in {wall:.0f} s")
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+@pytest.mark.live
+def test_ctrl_c_stops_the_runs_keeps_what_they_wrote_and_leaves_no_process(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [LAB, "selftest", "--defect", "pristine", "--out", str(tmp_path)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("*/runs/pristine/*/clients/*.sqlite")):  # the load is under way
+            assert proc.poll() is None and time.monotonic() < deadline, "the run never started"
+            time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == ExitCode.INCONCLUSIVE, out + err
+    assert "SIGINT: stopping the runs under way" in err
+    (case,) = the_matrix(tmp_path)[1]["cases"]
+    assert case["outcome"] == "undecided" and case["run_verdict"] == "incomplete"
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_list_and_refusals(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["selftest", "--list"]) == ExitCode.PASS
+    listed = capsys.readouterr().out
+    for name in DEFECT_NAMES:
+        assert f"\n{name} " in listed
+    assert "shared-event-store     gate 1 cross_stream: sent_off_home" in listed
+    for bad in (["--defect", "bogus"], ["--jobs", "0"], ["--event-ids", "e1"]):
+        with pytest.raises(SystemExit) as e:
+            main(["selftest", *bad, "--out", str(tmp_path)])
+        assert e.value.code == ExitCode.CANNOT_RUN
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(
+        'seed = 1\n[target]\ntokens = { "t1" = "alice" }\n[load]\nusers = 1\nduration = "1s"\n',
+        encoding="utf-8",
+    )
+    assert main(["selftest", "--scenario", str(tokens), "--out", str(tmp_path)]) == ExitCode.CANNOT_RUN
+    assert "without tokens" in capsys.readouterr().err
+    assert main(["selftest", "--scenario", str(tmp_path / "missing.toml")]) == ExitCode.CANNOT_RUN
+    assert list(tmp_path.iterdir()) == [tokens]  # nothing was started, no folder made
