@@ -42,8 +42,10 @@ lint: $(STAMP)
 types: $(STAMP)
 	$(VENV)/bin/mypy
 
+# Four test processes on two cores: the live tests mostly wait on the processes they start.
+PYTEST_PROCS ?= 4
 pytest: $(STAMP)
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q -n $(PYTEST_PROCS)
 
 test: lint types pytest
 
