@@ -38,9 +38,17 @@ def gate(report: dict[str, Any], name: str) -> dict[str, Any]:
 def test_a_recovery_phase_that_keeps_the_storm_on_fails_gate_7(tmp_path: Path) -> None:
     code, report, folder = lab_run(HERE / "storm-kept.toml", tmp_path / "results")
     g7 = gate(report, "steady_state")
-    assert code == 1 and report["verdict"] == "fail" and g7["verdict"] == "fail", g7["summary"]
-    assert {w["row"]["phase"] for w in g7["witnesses"]} == {"recovery"}
-    assert "events_per_s" in {w["row"]["metric"] for w in g7["witnesses"]}
+    (recovery,) = g7["measured"]["phases"]
+    assert recovery["phase"] == "recovery" and "events_per_s" in recovery["missed"], recovery
+    if recovery["limited_by_lab"]:
+        # A box busy with other work (e.g. the rest of the suite in parallel) saturates the
+        # lab's processes: the miss is then not the target's, and the gate says so.
+        assert g7["verdict"] == "inconclusive" and code in (1, 2), g7["summary"]
+        assert "limited by the lab" in g7["summary"]
+    else:
+        assert code == 1 and report["verdict"] == "fail" and g7["verdict"] == "fail", g7["summary"]
+        assert {w["row"]["phase"] for w in g7["witnesses"]} == {"recovery"}
+        assert "events_per_s" in {w["row"]["metric"] for w in g7["witnesses"]}
     phases = {p["name"]: p for p in report["phases"]}
     assert phases["storm"]["status_4xx"] > 0 and phases["recovery"]["status_4xx"] > 0  # 429s, still
     assert phases["storm"]["knobs"] == {"max_rps": 8}
