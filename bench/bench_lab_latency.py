@@ -2,7 +2,7 @@
 per 5 s, and each process's CPU.
 
     python bench/bench_lab_latency.py [--users 200] [--workers 2] [--duration 30]
-                                      [--stall 1500/2000@0] [--keep]
+                                      [--stall 1500/2000@0] [--blocking 50] [--keep]
     python bench/bench_lab_latency.py RUN_DIR [RUN_DIR ...]   # figures of finished runs
 
 Writes a scenario of gate-100k's shape (its users, workers, spawn rate, task mix, ticker
@@ -13,6 +13,10 @@ and reconnect budget; no faults, no toxics, no event target) to a temporary fold
 - each hop's count, p50, p99 and max, over the run and per Locust worker;
 - the delivery hop's p50/p99 per 5 s bin beside each lab process's mean CPU in the bin;
 - each process's CPU mean/p95/max (cores) and peak RSS.
+With `--blocking MS`, gevent's own monitor thread runs in every Locust process
+(GEVENT_MONITOR_THREAD_ENABLE, GEVENT_MAX_BLOCKING_TIME) and reports each time a
+greenlet held the loop longer than MS; the bench counts the reports in the workers' logs
+by the innermost frame of the lab's code (and of SQLite, ssl, json...) that was running.
 Given run folders instead, it prints the same figures for each (e.g. before and after a
 change, side by side). `--stall` passes the test-only LAB_TEST_LOOP_STALL_MS to the
 workers (lab/load/locustfile.py). Prints figures only.
@@ -84,6 +88,9 @@ def run(args: argparse.Namespace, tmp: Path) -> tuple[Path, float, int]:
     env = {k: v for k, v in os.environ.items() if k != "LAB_TEST_LOOP_STALL_MS"}
     if args.stall:
         env["LAB_TEST_LOOP_STALL_MS"] = args.stall
+    if args.blocking:
+        env["GEVENT_MONITOR_THREAD_ENABLE"] = "true"
+        env["GEVENT_MAX_BLOCKING_TIME"] = str(args.blocking / 1000.0)
     out = tmp / "results"
     t0 = time.monotonic()
     proc = subprocess.run([LAB, "run", str(scenario), "--out", str(out), "--quiet"], cwd=ROOT, env=env)
@@ -136,6 +143,49 @@ def bins(folder: Path) -> list[str]:
         edge += BIN_S
     lines.append("  (CPU columns: mean cores used in the bin, per lab process)")
     return lines
+
+
+def blocked(folder: Path) -> list[str]:
+    """gevent's "appears to be blocked" reports in the workers' logs, counted by the
+    innermost frame in lab/ and by the innermost frame of all."""
+    from collections import Counter
+
+    ours: Counter[str] = Counter()
+    inner: Counter[str] = Counter()
+    reports = 0
+    for log in sorted((folder / "logs").glob("worker-*.log")):
+        text = log.read_text(errors="replace")
+        for chunk in text.split("appears to be blocked")[1:]:
+            stack = chunk.split("Blocked Stack", 1)[-1].split("\n\n", 1)[0]
+            frames = [line.strip() for line in stack.splitlines() if line.strip().startswith("File ")]
+            if not frames:
+                continue
+            reports += 1
+            inner[_frame(frames[-1])] += 1
+            lab = [f for f in frames if "/lab/" in f]
+            ours[_frame(lab[-1]) if lab else "(no frame of lab/)"] += 1
+    if not reports:
+        return ["  no blocking report (or --blocking was not given)"]
+    out = [f"  {reports} reports; innermost lab/ frame:"]
+    out += [f"    {n:>5}  {k}" for k, n in ours.most_common(8)]
+    out += ["  innermost frame:"] + [f"    {n:>5}  {k}" for k, n in inner.most_common(8)]
+    return out
+
+
+def _frame(line: str) -> str:
+    """`File "/x/lab/inbox.py", line 12, in flush` -> `lab/inbox.py:flush`."""
+    try:
+        path = line.split('"')[1]
+        func = line.rsplit(" in ", 1)[1]
+    except IndexError:
+        return line
+    if "/site-packages/" in path:
+        short = path.split("/site-packages/")[-1]
+    elif "/lab/" in path:
+        short = "lab/" + path.rsplit("/lab/", 1)[1]
+    else:
+        short = path.rsplit("/", 1)[-1]
+    return f"{short}:{func}"
 
 
 def show(folder: Path, wall: float | None = None, code: int | None = None) -> None:
@@ -192,6 +242,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--duration", type=int, default=30, help="seconds of load")
     ap.add_argument("--stall", default=None, help="LAB_TEST_LOOP_STALL_MS for the workers (test only)")
+    ap.add_argument("--blocking", type=int, default=0, help="report loop blocks over this many ms (gevent)")
     ap.add_argument("--keep", action="store_true", help="keep the run folder (its path is printed)")
     args = ap.parse_args()
     if args.runs:
