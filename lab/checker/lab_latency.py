@@ -9,6 +9,11 @@ mitmdump) is not the target's. This module measures each hop the ledgers let it 
               `http_exchanges.started_at` to the tap's `flow` `t_request` of the same
               connection (`x-lab-conn` = client_id:conn_id). Carries the worker's loop
               and connection pool, the nemesis, mitmdump's accept.
+    upstream  the server sends an event -> the proxy sees it: the server ledger's
+              `events_sent.sent_at` (first sends, not replays) to the tap's `sent` `t` of
+              that event (session + event ID; the first time the tap saw it). Reference
+              server only. Carries the server's write and mitmdump's read: a mitmdump
+              whose event loop lags behind shows here first.
     delivery  the proxy forwards an event -> the client accepts it: the tap's
               `forwarded` `t` to the inbox's `accepted_at` of that event, on the
               connection that delivered it (the receipt's client_id + conn_id -> the tap
@@ -61,11 +66,17 @@ NOTE_PREFIX = "lab latency:"
 
 HOPS: dict[str, str] = {
     "request": "client send → proxy sees the request",
+    "upstream": "server sends an event → proxy sees it",
     "delivery": "proxy forwards an event → client accepts it",
     "nemesis": "nemesis's added delay (latency toxics)",
 }
-PATH_PARTS = ("worker-", "nemesis", "mitmproxy")
-"""The lab processes on the request and delivery hops (a part's name starts so)."""
+PATH_PARTS: dict[str, tuple[str, ...]] = {
+    "request": ("worker-", "nemesis", "mitmproxy"),
+    "upstream": ("mitmproxy",),
+    "delivery": ("worker-", "nemesis", "mitmproxy"),
+}
+"""The lab processes on each hop's path (a part's name starts so; the server is the target)."""
+MEASURED = ("request", "upstream", "delivery")
 
 
 # ---------------------------------------------------------------------------- the hops
@@ -100,8 +111,12 @@ def _conn_flows(ctx: Context) -> pd.DataFrame:
 
 def _part_of(ctx: Context, src: pd.Series) -> pd.Series:
     """The Locust worker (process monitor name) of each client row, from its ledger file."""
-    names = {i: PurePath(p).stem for i, p in enumerate(ctx.data.client_files)}
-    return src.map(lambda i: names.get(int(i)) if pd.notna(i) else None).astype("object")
+    files = ctx.data.client_files
+    names = np.array([PurePath(p).stem for p in files] + [None], dtype=object)
+    index = pd.to_numeric(src, errors="coerce").to_numpy(dtype="float64")
+    valid = np.isfinite(index) & (index >= 0) & (index < len(files))
+    positions = np.where(valid, np.nan_to_num(index, nan=0.0), len(files)).astype("int64")
+    return pd.Series(names[positions], index=src.index, dtype="object")
 
 
 def request_delays(ctx: Context) -> pd.DataFrame:
@@ -130,6 +145,39 @@ def _request_delays(ctx: Context) -> pd.DataFrame:
     joined["delay"] = joined["t_request"] - joined["t"]
     out = joined[["t", "delay", "part"]].reset_index(drop=True)
     out.attrs["unmatched"] = len(left) - len(out)
+    return out
+
+
+def upstream_delays(ctx: Context) -> pd.DataFrame:
+    """Hop `upstream`: per event the server sent (first sends) joined to the tap's first
+    `sent` record of it: t (the server's send, epoch s), delay (s). MissingInput without
+    a server ledger or a tap."""
+    return ctx.cached("lab_latency_upstream", lambda: _upstream_delays(ctx))
+
+
+def _upstream_delays(ctx: Context) -> pd.DataFrame:
+    server = ctx.data.server
+    if server is None:
+        raise MissingInput(f"no server ledger ({ctx.data.why_absent('server')}): a URL target keeps its own")
+    sent = ctx.data.tap_records("sent")
+    ev = server["events_sent"]
+    first = ev[pd.to_numeric(ev["replay"], errors="coerce").fillna(0).astype("int64") == 0]
+    first = first[first["event_id"].notna() & first["session"].notna()]
+    by_event = pd.Series(
+        pd.to_numeric(first["sent_at"], errors="coerce").astype("float64").to_numpy(),
+        index=text_key(first["session"], first["event_id"]).to_numpy(),
+    )
+    by_event = by_event[~by_event.index.duplicated(keep="first")]
+    seen = sent[sent["event_id"].notna() & sent["session"].notna()].sort_values("t", kind="stable")
+    seen_t = pd.Series(
+        seen["t"].astype("float64").to_numpy(), index=text_key(seen["session"], seen["event_id"]).to_numpy()
+    )
+    seen_t = seen_t[~seen_t.index.duplicated(keep="first")]
+    both = by_event.index.intersection(seen_t.index)
+    t = by_event.loc[both].to_numpy(dtype="float64")
+    frame = pd.DataFrame({"t": t, "delay": seen_t.loc[both].to_numpy(dtype="float64") - t, "part": None})
+    out: pd.DataFrame = frame[np.isfinite(frame["t"])].sort_values("t", kind="stable").reset_index(drop=True)
+    out.attrs["unmatched"] = len(by_event) - len(out)
     return out
 
 
@@ -311,7 +359,8 @@ def _nemesis_hop(ctx: Context, windows: list[dict[str, Any]]) -> dict[str, JsonV
 def _frames(ctx: Context) -> dict[str, pd.DataFrame | str]:
     """hop -> its delays, or why it could not be measured."""
     out: dict[str, pd.DataFrame | str] = {}
-    for name, make in (("request", request_delays), ("delivery", delivery_delays)):
+    makers = (("request", request_delays), ("upstream", upstream_delays), ("delivery", delivery_delays))
+    for name, make in makers:
         try:
             out[name] = make(ctx)
         except MissingInput as e:
@@ -324,8 +373,9 @@ def _frames(ctx: Context) -> dict[str, pd.DataFrame | str]:
 
 def suspect(ctx: Context, hop: dict[str, Any]) -> tuple[str, str]:
     """(process, basis): the lab process most likely behind a slow hop. A worker whose own
-    p99 stands out from the other workers' is named by that; else the busiest process
-    on the hop's path (workers, nemesis, mitmproxy) by CPU p95 (`processes`)."""
+    p99 stands out from the other workers' is named by that; else the busiest lab process
+    on the hop's path (`PATH_PARTS`) by CPU p95 (`processes`)."""
+    path = PATH_PARTS[str(hop["hop"])]
     workers = [w for w in hop.get("by_worker") or [] if w.get("count", 0) >= MIN_PER_WORKER]
     if len(workers) >= 2:
         ranked = sorted(workers, key=lambda w: -(w["p99_s"] or 0.0))
@@ -340,7 +390,7 @@ def suspect(ctx: Context, hop: dict[str, Any]) -> tuple[str, str]:
         rows: list[dict[str, Any]] = [
             p
             for p in processes.summary(s)
-            if p["role"] == "lab" and str(p["part"]).startswith(PATH_PARTS) and p.get("cpu_p95") is not None
+            if p["role"] == "lab" and str(p["part"]).startswith(path) and p.get("cpu_p95") is not None
         ]
         if rows:
             top = max(rows, key=lambda p: float(p["cpu_p95"] or 0.0))
@@ -348,6 +398,8 @@ def suspect(ctx: Context, hop: dict[str, Any]) -> tuple[str, str]:
                 f"the busiest process on the hop's path by CPU: p95 {top['cpu_p95']:.2f} cores, "
                 f"mean {top['cpu_mean']:.2f} (see `processes`)"
             )
+    if path == ("mitmproxy",):
+        return "mitmproxy", "the only lab process on this hop"
     return "a Locust worker, the nemesis or mitmdump", "no process samples to tell them apart"
 
 
@@ -424,7 +476,7 @@ def _section(ctx: Context) -> dict[str, JsonValue]:
     windows = latency_windows(ctx)
     frames = _frames(ctx)
     hops: list[dict[str, Any]] = []
-    for name in ("request", "delivery"):
+    for name in MEASURED:
         got = frames[name]
         hops.append(_hop(name, got, windows) if isinstance(got, pd.DataFrame) else _not_measured(name, got))
     hops.append(_nemesis_hop(ctx, windows))
@@ -456,7 +508,7 @@ def _section(ctx: Context) -> dict[str, JsonValue]:
                 "end_s": _r(p.end - origin),
                 "reached": p.reached,
             }
-            for name in ("request", "delivery"):
+            for name in MEASURED:
                 got = frames[name]
                 if isinstance(got, pd.DataFrame) and p.reached:
                     t = got["t"].to_numpy(dtype="float64")

@@ -141,8 +141,8 @@ def lab_latency_block(doc: Mapping[str, Any]) -> Block | None:
         [
             p["name"],
             p["kind"],
-            *_hop_cells(p.get("request"))[2:3],
-            *_hop_cells(p.get("request"))[3:],
+            *_hop_cells(p.get("request"))[2:],
+            *_hop_cells(p.get("upstream"))[2:],
             *_hop_cells(p.get("delivery"))[2:],
             _secs(p.get("nemesis_latency_max_s")),
         ]
@@ -157,6 +157,8 @@ def lab_latency_block(doc: Mapping[str, Any]) -> Block | None:
                     "kind",
                     "request p99",
                     "request max",
+                    "upstream p99",
+                    "upstream max",
                     "delivery p99",
                     "delivery max",
                     "nemesis latency (configured max)",

@@ -101,6 +101,23 @@ def test_with_one_worker_the_busiest_process_on_the_path_is_named(tmp_path: Path
     assert "no process samples" in no_samples["warnings"][0]["basis"]
 
 
+def test_the_upstream_hop_server_send_to_proxy(tmp_path: Path) -> None:
+    # The server's sends reach the proxy 0.6 s late for every 20th event: mitmdump lags.
+    write_samples(
+        tmp_path, {"worker-0": [(0, 12, 0.99)], "mitmproxy": [(0, 12, 0.5)], "server": [(0, 12, 1.9)]}
+    )
+    world = World(upstream=lambda _w, i: 0.6 if i % 20 == 0 else 0.003)
+    sec = lab_latency(world, run_dir=tmp_path)
+    up = hop(sec, "upstream")
+    assert up["count"] == 600 and up["p50_s"] == 0.003 and up["p99_s"] == 0.6 and up["by_worker"] == []
+    (warned,) = sec["warnings"]
+    # Only mitmdump is on this hop: never the busier worker, never the server (the target).
+    assert warned["hop"] == "upstream" and warned["process"] == "mitmproxy", warned
+    fast = lab_latency(World(upstream=lambda _w, _i: 0.003), run_dir=tmp_path)
+    assert hop(fast, "upstream")["p99_s"] == 0.003 and fast["warnings"] == []
+    assert "no server ledger" in hop(lab_latency(World()), "upstream")["why_not"]
+
+
 def test_a_slow_request_hop_is_warned_too() -> None:
     sec = lab_latency(World(request=lambda w, _t: 0.9 if w == 0 else 0.001, clients_per_worker=30))
     (warned,) = sec["warnings"]

@@ -35,6 +35,8 @@ class World:
     delivery: Callable[[int, int, float], float] = lambda _w, _i, _t: 0.002
     request: Callable[[int, float], float] = lambda _w, _t: 0.001
     t_request: bool = True
+    upstream: Callable[[int, int], float] | None = None
+    """server send -> tap `sent` delay per (worker, event index); None: no server ledger."""
     recoveries: list[tuple[int, int, float, int]] = field(default_factory=list)
     """(worker, client, lost after T0 (s), event index that ended it)."""
     nemesis: list[dict[str, Any]] | None = None
@@ -45,6 +47,7 @@ class World:
         tap: list[dict[str, Any]] = []
         client: list[Any] = []
         inbox: list[dict[str, Any]] = []
+        events_sent: list[dict[str, Any]] = []
         accepted: dict[tuple[str, int], float] = {}
         owner: dict[str, int] = {}
         for w in range(self.workers):
@@ -108,6 +111,21 @@ class World:
                             "decision": None,
                         }
                     )
+                    if self.upstream is not None:
+                        events_sent.append(
+                            {
+                                "session": "s_1",
+                                "stream_id": cid,
+                                "event_id": eid,
+                                "sequence": i,
+                                "digest": digest,
+                                "kind": "notification",
+                                "jsonrpc_id": None,
+                                "sent_at": t - 0.001 - self.upstream(w, i),
+                                "replay": 0,
+                                "conn": f"{cid}:1",
+                            }
+                        )
                     at = t + self.delivery(w, i, t)
                     accepted[(cid, i)] = at
                     inbox.append(
@@ -153,7 +171,10 @@ class World:
             "scenario": scenario,
             "budgets": {"reconnect_qps": 50, "resume_p99_s": 5.0, "min_events": 10, **self.budgets},
         }
-        data = run_data_from_records(run=run, client=client, inbox=inbox, tap=tap, nemesis=self.nemesis)
+        server = {"events_sent": events_sent} if self.upstream is not None else None
+        data = run_data_from_records(
+            run=run, client=client, inbox=inbox, tap=tap, nemesis=self.nemesis, server=server
+        )
         # One ledger file per worker, as `lab run` writes them (the loader numbers them).
         data.client_files = [f"clients/worker-{w}.sqlite" for w in range(self.workers)]
         assert data.client is not None
