@@ -233,6 +233,8 @@ def show(folder: Path, wall: float | None = None, code: int | None = None) -> No
         print(
             f"box: {box['cpu_mean']:.2f} cores busy on average, p95 {box['cpu_p95']:.2f} of {pr.get('cpus')}"
         )
+    print("gevent loop blocked (workers):")
+    print("\n".join(blocked(folder)))
 
 
 def main() -> None:
