@@ -2,7 +2,7 @@
 per 5 s, and each process's CPU.
 
     python bench/bench_lab_latency.py [--users 200] [--workers 2] [--duration 30]
-                                      [--stall 1500/2000@0] [--blocking 50] [--keep]
+                                      [--stall 1500/2000@0] [--blocking 50] [--probe] [--keep]
     python bench/bench_lab_latency.py RUN_DIR [RUN_DIR ...]   # figures of finished runs
 
 Writes a scenario of gate-100k's shape (its users, workers, spawn rate, task mix, ticker
@@ -17,6 +17,9 @@ With `--blocking MS`, gevent's own monitor thread runs in every Locust process
 (GEVENT_MONITOR_THREAD_ENABLE, GEVENT_MAX_BLOCKING_TIME) and reports each time a
 greenlet held the loop longer than MS; the bench counts the reports in the workers' logs
 by the innermost frame of the lab's code (and of SQLite, ssl, json...) that was running.
+With `--probe`, a thread sends a small request on a new connection every 0.2 s, while
+the load runs, straight to each layer — the server, mitmdump, the nemesis — and prints
+the time to the answer's first byte per layer: what one layer adds to the one behind it.
 Given run folders instead, it prints the same figures for each (e.g. before and after a
 change, side by side). `--stall` passes the test-only LAB_TEST_LOOP_STALL_MS to the
 workers (lab/load/locustfile.py). Prints figures only.
@@ -27,9 +30,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -93,10 +98,89 @@ def run(args: argparse.Namespace, tmp: Path) -> tuple[Path, float, int]:
         env["GEVENT_MAX_BLOCKING_TIME"] = str(args.blocking / 1000.0)
     out = tmp / "results"
     t0 = time.monotonic()
-    proc = subprocess.run([LAB, "run", str(scenario), "--out", str(out), "--quiet"], cwd=ROOT, env=env)
+    proc = subprocess.Popen([LAB, "run", str(scenario), "--out", str(out), "--quiet"], cwd=ROOT, env=env)
+    probes: dict[str, list[float]] = {}
+    prober = threading.Thread(target=probe_layers, args=(out, proc, probes), daemon=True)
+    if args.probe:
+        prober.start()
+    code = proc.wait()
     wall = time.monotonic() - t0
+    if args.probe:
+        prober.join(timeout=5)
+        print_probes(probes)
     (folder,) = [p for p in out.iterdir() if p.is_dir()]
-    return folder, wall, proc.returncode
+    return folder, wall, code
+
+
+LAYERS = (
+    ("server", "logs/server.log", "lab-serve listening on "),
+    ("mitmproxy", "logs/mitmproxy.log", " listening on "),
+)
+
+
+def _listen(folder: Path) -> dict[str, tuple[str, int]]:
+    """layer -> (host, port), from the parts' ready lines and the nemesis log."""
+    found: dict[str, tuple[str, int]] = {}
+    for layer, log, marker in LAYERS:
+        path = folder / log
+        text = path.read_text(errors="replace") if path.is_file() else ""
+        for line in text.splitlines():
+            if marker in line and "http://" in line:
+                hostport = line.split("http://", 1)[1].split("/", 1)[0]
+                host, _, port = hostport.rpartition(":")
+                found[layer] = (host, int(port))
+                break
+    nemesis = folder / "nemesis.jsonl"
+    if nemesis.is_file():
+        for line in nemesis.read_text(errors="replace").splitlines():
+            rec = json.loads(line) if line.startswith("{") else {}
+            if rec.get("type") == "proxy_created" and isinstance(rec.get("listen"), str):
+                host, _, port = rec["listen"].rpartition(":")
+                found["nemesis"] = (host, int(port))
+                break
+    return found
+
+
+def _first_byte(host: str, port: int) -> float | None:
+    t0 = time.perf_counter()
+    try:
+        with socket.create_connection((host, port), timeout=10) as sock:
+            sock.sendall(b"GET /mcp HTTP/1.1\r\nHost: probe\r\nConnection: close\r\n\r\n")
+            if not sock.recv(1):
+                return None
+    except OSError:
+        return None
+    return time.perf_counter() - t0
+
+
+def probe_layers(out: Path, proc: subprocess.Popen[bytes], probes: dict[str, list[float]]) -> None:
+    """Every 0.2 s while `lab run` runs (and its load is on): each layer's first byte."""
+    listen: dict[str, tuple[str, int]] = {}
+    while proc.poll() is None and len(listen) < 3:
+        folders = [p for p in out.iterdir() if p.is_dir()] if out.is_dir() else []
+        listen = _listen(folders[0]) if folders else {}
+        time.sleep(0.5)
+    folder = next((p for p in out.iterdir() if p.is_dir()), None) if out.is_dir() else None
+    while proc.poll() is None and folder is not None and not (folder / "progress.json").is_file():
+        time.sleep(0.2)  # the load has not started yet
+    while proc.poll() is None and folder is not None and not (folder / "report.json").exists():
+        for layer, (host, port) in listen.items():
+            took = _first_byte(host, port)
+            if took is not None:
+                probes.setdefault(layer, []).append(took)
+        time.sleep(0.2)
+
+
+def print_probes(probes: dict[str, list[float]]) -> None:
+    print("first byte of a new request, straight to each layer, during the load:")
+    for layer in ("server", "mitmproxy", "nemesis"):
+        v = np.sort(np.array(probes.get(layer, []), dtype="float64"))
+        if not len(v):
+            print(f"  {layer:<10} no answer")
+            continue
+        p50 = v[max(0, int(np.ceil(0.5 * len(v))) - 1)]
+        p99 = v[max(0, int(np.ceil(0.99 * len(v))) - 1)]
+        print(f"  {layer:<10} n {len(v):>4}  p50 {secs(p50):>8}  p99 {secs(p99):>8}  max {secs(v[-1]):>8}")
 
 
 def secs(value: Any) -> str:
@@ -245,6 +329,9 @@ def main() -> None:
     ap.add_argument("--duration", type=int, default=30, help="seconds of load")
     ap.add_argument("--stall", default=None, help="LAB_TEST_LOOP_STALL_MS for the workers (test only)")
     ap.add_argument("--blocking", type=int, default=0, help="report loop blocks over this many ms (gevent)")
+    ap.add_argument(
+        "--probe", action="store_true", help="time a request straight to each layer, during the load"
+    )
     ap.add_argument("--keep", action="store_true", help="keep the run folder (its path is printed)")
     args = ap.parse_args()
     if args.runs:
