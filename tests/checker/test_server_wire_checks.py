@@ -278,7 +278,9 @@ def test_gate6_a_close_with_retry_and_a_stream_that_ended_pass(tmp_path: Path) -
     assert g.verdict is Verdict.PASS and failing(report) == [], g.summary
 
 
-def test_gate6_a_stream_a_proxy_storm_answered_in_the_servers_place_is_no_server_close(tmp_path: Path) -> None:
+def test_gate6_a_stream_a_proxy_storm_answered_in_the_servers_place_is_no_server_close(
+    tmp_path: Path,
+) -> None:
     """The same close without `retry`, but the proxy answered that connection 503 (a storm):
     the server never had that stream, so it is not a server close."""
     sim = clean_run().sim
