@@ -271,6 +271,9 @@ class RunReport:
     `abandoned`): the verdict is then never better than incomplete."""
     faults_not_applicable: tuple[NotApplicable, ...] = ()
     liveness: Liveness | None = None
+    sections: Mapping[str, JsonValue] = field(default_factory=dict)
+    """Report sections beside the gates (`lab.checker.analysis`): `phases`, `capacity`,
+    `rollout`, `processes`, as report.json writes them."""
     client: ClientInfo | None = None
     expectations: tuple[Expectation, ...] = ()
     """The baseline's known failures as this run found them (lab.checker.baseline)."""

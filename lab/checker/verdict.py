@@ -34,6 +34,7 @@ from types import ModuleType
 from typing import Any
 
 from lab.checker import (
+    analysis,
     baseline,
     gate_cross_stream,
     gate_duplicates,
@@ -79,6 +80,11 @@ def judge(data: RunData, *, witness_limit: int = 5, started: float | None = None
     client = sut.client_of(data.run)
     under_test = sut.under_test(data.run)
     gates = tuple(run_gate(module, ctx) for module in (sut.GATES if under_test else GATES))
+    # Gates 7 and 8 where they apply, the lab's own limits, the sections beside the gates
+    # (lab.checker.analysis).
+    gates, sections, section_problems = analysis.finish(
+        ctx, gates + analysis.extra_gates(ctx, run_gate), run_gate
+    )
     expectations = baseline.apply(gates, client.expected_failures if client is not None else ())
     problems = list(data.problems)
     sources, notes = list(data.sources), list(data.notes)
@@ -107,6 +113,7 @@ def judge(data: RunData, *, witness_limit: int = 5, started: float | None = None
     except Exception as e:
         faults, never, skipped = [], [], []
         problems.append(Problem("proxy/tap.jsonl", f"fault counts failed: {type(e).__name__}: {e}"))
+    problems += [Problem("report", p) for p in section_problems]
     try:
         live = sut.liveness(ctx) if under_test else liveness.summary(ctx)
     except Exception as e:
@@ -139,6 +146,7 @@ def judge(data: RunData, *, witness_limit: int = 5, started: float | None = None
         incomplete=unfinished is not None,
         faults_not_applicable=tuple(skipped),
         liveness=live,
+        sections=sections,
         client=client,
         expectations=expectations,
     )

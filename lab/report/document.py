@@ -130,6 +130,8 @@ def document(report: RunReport, figures: Sequence[Mapping[str, str]] = ()) -> di
         ],
         "problems": [{"path": p.path, "message": p.message} for p in report.problems],
         "notes": list(report.notes),
+        # Beside the gates (lab.checker.analysis): phases, capacity, rollout, processes.
+        **dict(report.sections),
         "figures": [dict(f) for f in figures],
         "checker": {
             "version": __version__,

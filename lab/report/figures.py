@@ -12,12 +12,16 @@ Files (in the run folder):
     fig-reconnects.png       reconnect attempts per second, budget line, fault windows shaded
     fig-events-clients.png   events per second and active clients over time
     fig-faults.png           faults fired per kind (configured-but-never-fired in red)
+    fig-processes.png        the lab's processes: CPU (cores) and RSS over time
+    fig-capacity.png         a stepped ramp only: resume p99, events/s and reconnect QPS
+                             against clients, the knee marked
+Every time series has the run's phases shaded and named (when it has two or more).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +37,7 @@ from lab.checker.faults import configured_faults, count_faults
 from lab.checker.gate_resume import PERCENTILE, latencies, nearest_rank
 from lab.checker.load import RunData
 from lab.report import series
+from lab.report.phase_figures import capacity_drawer, draw_processes, shade_phases
 
 WIDTH_IN, HEIGHT_IN = 10.0, 4.2
 WINDOW_COLORS = ("#f4a582", "#92c5de", "#b8e186", "#fdb863", "#c2a5cf", "#80cdc1")
@@ -143,6 +148,7 @@ def draw_reconnects(data: RunData, budgets: Budgets, fig: Figure) -> None:
             label=f"budget {budgets.reconnect_qps:g}/s",
         )
     _shade_windows(ax, data, zero)
+    shade_phases(ax, data, zero)
     ax.set_xlabel("time since the run started (s)")
     ax.set_ylabel("reconnect attempts / s")
     ax.set_title(f"Reconnect attempts per second (all workers) — peak {int(counts.max())}/s")
@@ -159,6 +165,7 @@ def draw_events_clients(data: RunData, budgets: Budgets, fig: Figure) -> None:
         top.set_ylabel("events / s")
         top.set_title(f"{what.capitalize()} per second, and active clients")
         _shade_windows(top, data, zero)
+        shade_phases(top, data, zero)
         if configured_faults(data.run):
             top.legend(loc="upper right")
     else:
@@ -167,6 +174,7 @@ def draw_events_clients(data: RunData, budgets: Budgets, fig: Figure) -> None:
         _per_second_steps(
             bottom, clients.index.to_numpy(dtype="float64") - zero, clients.to_numpy(), "#55a868"
         )
+        shade_phases(bottom, data, zero)
         bottom.set_ylabel("active clients")
         bottom.set_xlabel("time since the run started (s)")
     else:
@@ -204,15 +212,27 @@ FIGURES: tuple[FigureSpec, ...] = (
         draw_events_clients,
     ),
     FigureSpec("faults", "fig-faults.png", "Faults fired per kind", draw_faults),
+    FigureSpec("processes", "fig-processes.png", "Lab processes: CPU and memory", draw_processes),
 )
+TALL = frozenset({"events_clients", "processes", "capacity"})
 
 
 def draw_all(
-    data: RunData, out_dir: Path, specs: Sequence[FigureSpec] = FIGURES
+    data: RunData,
+    out_dir: Path,
+    specs: Sequence[FigureSpec] = FIGURES,
+    sections: Mapping[str, object] | None = None,
 ) -> tuple[list[dict[str, str]], list[str], list[str]]:
     """Draw every figure into `out_dir`. Returns (figures written as {name, file, title},
     figures that failed to draw, figures that could not be written to disk), the last two
-    as text: one figure failing does not stop the others."""
+    as text: one figure failing does not stop the others. With the checker's `sections`,
+    a run with a capacity ramp gets its knee figure too."""
+    capacity = (sections or {}).get("capacity")
+    if isinstance(capacity, Mapping):
+        specs = (
+            *specs,
+            FigureSpec("capacity", "fig-capacity.png", "Capacity: the knee", capacity_drawer(capacity)),
+        )
     budgets = parse_budgets(data.run)
     incomplete = (data.run or {}).get("complete") is not True
     written: list[dict[str, str]] = []
@@ -220,7 +240,7 @@ def draw_all(
     unwritten: list[str] = []
     with asset_path("figures.mplstyle") as style, matplotlib.style.context(style):
         for spec in specs:
-            height = HEIGHT_IN * 1.5 if spec.name == "events_clients" else HEIGHT_IN
+            height = HEIGHT_IN * (1.9 if spec.name == "capacity" else 1.5) if spec.name in TALL else HEIGHT_IN
             fig = _new_figure(height)
             try:
                 spec.draw(data, budgets, fig)

@@ -26,6 +26,7 @@ from markupsafe import Markup
 
 from dashboards import asset
 from lab.checker.explain import short_reason
+from lab.report import sections
 from lab.report.document import EXPECTED_TEXT, client_text
 
 
@@ -113,6 +114,7 @@ def render(
         "facts": facts,
         "gates": gates,
         "liveness": liveness_lines(doc),
+        "sections": sections.blocks(doc),
         "figures": figures,
         "faults": [
             {

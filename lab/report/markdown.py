@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from lab.report import sections
 from lab.report.document import EXPECTED_TEXT, client_text
 from lab.report.html import banner, liveness_lines
 
@@ -53,6 +54,7 @@ def render(doc: Mapping[str, Any]) -> str:
     live = liveness_lines(doc)
     if live:
         out += ["## Liveness", ""] + [f"- {line}" for line in live] + [""]
+    out += sections.markdown(sections.blocks(doc))
     for g in doc["gates"]:
         unmet = [e for e in g["evidence"] if not e["ok"]]
         if not (g["witnesses"] or unmet or g["error"] or g["notes"] or g.get("expected")):

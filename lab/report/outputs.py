@@ -92,7 +92,7 @@ def _report_run(
     if figures:
         from lab.report.figures import draw_all
 
-        drawn, figure_errors, figures_unwritten = draw_all(data, run_dir)
+        drawn, figure_errors, figures_unwritten = draw_all(data, run_dir, sections=report.sections)
         warnings += figure_errors
         unwritten += figures_unwritten
     doc = document.document(report, drawn)

@@ -22,14 +22,12 @@ incomplete, 3 the run could not be made, 4 the lab itself failed.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
-import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -39,6 +37,20 @@ from lab import topology
 from lab.exitcodes import ExitCode
 from lab.load.settings import SETTINGS_ENV, LoadSettings
 from lab.run import sut
+from lab.run.monitor import FILE as PROCESSES_FILE
+from lab.run.monitor import ProcessMonitor
+from lab.run.options import (
+    BROKEN_CHAIN,
+    PROXY_NAME,
+    STOP_GRACE,
+    RunError,
+    RunOptions,
+    client_origin,
+    free_port,
+    is_loopback,
+    load_ended,
+)
+from lab.run.phases import PhaseDriver, initial_knobs, refusal
 from lab.run.processes import Child, ProcessGroup, StartError
 from lab.run.record import RunRecord
 from lab.run.serverconf import UnsafeSetting, serve_accepts_config, serve_options, server_config_file
@@ -59,69 +71,6 @@ from lab.runfolder import (
     mark_abandoned_runs,
     write_secret,
 )
-from lab.scenario import Scenario
-
-PROXY_NAME = "mcp"
-"""The nemesis proxy in front of the fault layer (compose/toxiproxy.json names it too)."""
-STOP_GRACE = 10.0
-BROKEN_CHAIN = ("traffic stalled", "toxic removal failed", "part died")
-"""End reasons after which the chain may not carry the users' goodbyes."""
-
-
-class RunError(RuntimeError):
-    """The run could not be made; the message says which part and why."""
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    scenario: Scenario
-    target: str | None = None
-    """None: the scenario's target; "reference" or a URL overrides it."""
-    workers: int | None = None
-    toxiproxy: str | None = None
-    """A real Toxiproxy API URL; None starts the embedded nemesis."""
-    out: Path = Path("results")
-    ui: bool = False
-    report: bool = True
-    quiet: bool = False
-    client: str | None = None
-    """None: the scenario's `[load] client` (default `lab`); else a client under test (lab.run.sut)."""
-    baseline: Path | None = None
-    """Known failures of the client (`--baseline FILE`); None: the scenario's `[expected_failures]`."""
-
-
-LOAD_ENDED_FILE = "load-ended.json"
-"""Written by the Locust master when the load ended with the web UI up (lab/load/locustfile.py,
-not imported here: it imports Locust)."""
-
-
-def load_ended(run_dir: Path) -> str | None:
-    """Why the master says the load ended (`stopped_in_ui`, `load_complete`), if it says."""
-    try:
-        doc = json.loads((run_dir / LOAD_ENDED_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return str(doc.get("reason")) if isinstance(doc, dict) else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def is_loopback(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
-
-
-def client_origin(allowed: tuple[str, ...]) -> str | None:
-    """A legal Origin for the lab's clients: the first allowed one (a `:*` port made concrete)."""
-    if not allowed:
-        return None
-    first = allowed[0]
-    return first[:-2] + ":3000" if first.endswith(":*") else first
 
 
 class Run:
@@ -141,10 +90,13 @@ class Run:
         self.toxiproxy: Any = None
         self.schedule: RunningSchedule | None = None
         self.outcomes: ToxicOutcomes | None = None
+        self.monitor: ProcessMonitor | None = None
+        self.phases: PhaseDriver | None = None
         self._interrupted = threading.Event()
         self._force = threading.Event()
         self._mute_out = self._mute_err = False
         self.server_settings = make_server_settings(self.sc.target, admin_token=self.admin_token)
+        self.server_settings.update(initial_knobs(self.sc))  # the first phase's knobs (lab.run.phases)
         self.client = sut.ClientUnderTest("lab", None)
 
     # ------------------------------------------------------------------ checks
@@ -169,6 +121,8 @@ class Run:
                     f"compose mode runs the lab's own clients only, not --client {self.client.spec}"
                 )
             return
+        if (why := refusal(self.sc, self.target)) is not None:
+            raise RunError(why)
         if self.target != "reference" and not is_loopback(self.target):
             raise RunError(f"target {self.target}: this lab only sends traffic to 127.0.0.1 (loopback)")
         if self.target != "reference" and any(str(r.kind) == "expiry_race" for r in self.sc.faults):
@@ -242,7 +196,9 @@ class Run:
             except OSError as e:
                 raise RunFolderError(f"cannot create the folders of {self.dir}: {e.strerror or e}") from None
             self.record.write()
+            self._start_monitor()
             self._start_all()
+            self._start_phases()
             self.record.processes = [c.as_json() for c in self.group.children]
             self.record.write()  # what runs, by PID, while it runs
             self._monitor()
@@ -256,7 +212,11 @@ class Run:
             self.record.end(f"lab failed: {type(e).__name__}: {e}")
             raise
         finally:
+            if self.phases is not None:
+                self.phases.stop()
             self._stop_all()
+            if self.monitor is not None:
+                self.monitor.stop()
             drop_secrets(self.dir)
             for s, h in old.items():
                 signal.signal(s, h)
@@ -302,6 +262,35 @@ class Run:
             f"\n{name}: stopping every part, keeping what was written (again to force)",
             err=True,
         )
+
+    def _start_monitor(self) -> None:
+        """Every process of the run sampled once a second into processes.jsonl (lab.run.monitor)."""
+        group = self.group
+        assert group is not None
+        self.monitor = ProcessMonitor(
+            self.dir / PROCESSES_FILE, lambda: [(c.name, c.pid) for c in list(group.children)]
+        )
+        self.monitor.start()
+
+    def _start_phases(self) -> None:
+        """Phase knobs, the rollout probe, the knee (lab.run.phases): for runs with [[phases]]."""
+        if not self.sc.phases or self.group is None:
+            return
+        server = next((c for c in self.group.children if c.name == "server"), None)
+        admin = (
+            None if server is None else server.ready.replace(urlsplit(server.ready).path, "/lab-admin/knobs")
+        )
+        self.phases = PhaseDriver(
+            self.sc,
+            self.dir,
+            self.record.run_start,
+            admin_url=admin,
+            admin_token=self.admin_token,
+            client_url=self.client_url,
+            origin=client_origin(self.sc.target.allowed_origins),
+            token=self.client_tokens[0][0] if self.client_tokens else None,
+        )
+        self.phases.start()
 
     def _start(self, part: topology.Part, name: str = "", **kw: Any) -> Child:
         assert self.group is not None
@@ -360,10 +349,10 @@ class Run:
 
         # Load: Locust master + workers. The run's clock starts here.
         settings = write_secret(self.dir, "locust-settings.json", self._load_settings().to_json())
-        master_port = _free_port()
+        master_port = free_port()
         self.record.run_start = time.time()
         self.record.write_plan(plan, self.record.run_start)  # the addon re-reads it: windows count from here
-        ui_port = _free_port() if self.opts.ui else None
+        ui_port = free_port() if self.opts.ui else None
         if ui_port is not None:
             self.say(f"Locust web UI: http://127.0.0.1:{ui_port}")
         env = {SETTINGS_ENV: str(settings), **sut.worker_env(self.client)}
@@ -425,6 +414,8 @@ class Run:
                     self.record.end(f"part died: {child.name} exited with {code}", died=child.name)
                     self.say(f"lab run: {child.name} died (exit {code}):\n{child.tail()}", err=True)
                     return
+            if reason is None and self.phases is not None and self.phases.stop_reason is not None:
+                reason, complete = self.phases.stop_reason, True  # a ramp past its knee ends by design
             if reason is not None:
                 self.record.end(reason, complete=complete)
                 if not complete:

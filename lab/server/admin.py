@@ -1,21 +1,90 @@
 """The admin control of the reference server (`--admin-token`): loopback-only,
-token-guarded controls for the fault layer, never on the MCP auth path.
+token-guarded controls for the fault layer and the run's phases, never on the MCP auth
+path.
 
     POST /lab-admin/expire    header mcp-session-id: expire that session at once
     POST /lab-admin/rollback  start a rollback (new streams are not resumable)
     POST /lab-admin/stats     sessions, open SSE connections, ledger rows written
+    POST /lab-admin/knobs     JSON body: change rollout knobs while the server runs
+                              (`lab run` sets a phase's `[phases.server]` knobs so):
+        {"resumable_fraction": F}   the share of sessions created from now on that are
+                                    resumable (0..1; others write the shadow ledger only)
+        {"rollback": "keep-index"}  start a rollback: new streams are not resumable, the
+                                    old generation's cursors stay valid until their
+                                    sessions expire
+        {"rollback": "drop-index"}  the unacceptable rollback, to prove the lab catches
+                                    it: the old cursors are refused at once
+        {"max_rps": R}              the request-rate limit (0: none)
+      answers the knobs in force: resumable_fraction, rollback, generation,
+      kept_generations, max_rps. A bad body is 400 naming the key, and changes nothing.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lab.server.http import Receive, Refused, Request, Send, send_json
+from lab.server.ratelimit import RequestRateLimiter
 from lab.wire.revisions import SESSION_HEADER
 
 if TYPE_CHECKING:
     from lab.server.app import McpApp
+
+ROLLBACK_MODES = ("keep-index", "drop-index")
+
+
+def parse_knobs(raw: bytes) -> dict[str, Any]:
+    """The knobs of a `/lab-admin/knobs` body; ValueError naming the bad key."""
+    try:
+        body = json.loads(raw or b"{}")
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"the body is not JSON ({e})") from None
+    if not isinstance(body, dict) or not body:
+        raise ValueError("expected a JSON object with resumable_fraction, rollback or max_rps")
+    knobs: dict[str, Any] = {}
+    for key, value in body.items():
+        number = value if isinstance(value, int | float) and not isinstance(value, bool) else None
+        if key == "resumable_fraction":
+            if number is None or not 0.0 <= number <= 1.0:
+                raise ValueError(f"resumable_fraction: expected a number in 0..1, got {value!r}")
+            knobs[key] = float(number)
+        elif key == "rollback":
+            if value not in ROLLBACK_MODES:
+                raise ValueError(f"rollback: expected one of {', '.join(ROLLBACK_MODES)}, got {value!r}")
+            knobs[key] = value
+        elif key == "max_rps":
+            if number is None or not math.isfinite(number) or number < 0:
+                raise ValueError(f"max_rps: expected a number >= 0, got {value!r}")
+            knobs[key] = float(number)
+        else:
+            raise ValueError(f"{key}: unknown knob (known: resumable_fraction, rollback, max_rps)")
+    return knobs
+
+
+def knobs_in_force(app: McpApp) -> dict[str, Any]:
+    state = app.state
+    return {
+        "resumable_fraction": state.resumable_fraction,
+        "rollback": state.rollback,
+        "generation": state.generation,
+        "kept_generations": sorted(state.kept_generations),
+        "max_rps": app.max_rps,
+    }
+
+
+def apply_knobs(app: McpApp, knobs: dict[str, Any], now: float) -> None:
+    state = app.state
+    if "resumable_fraction" in knobs:
+        state.resumable_fraction = knobs["resumable_fraction"]
+    if "rollback" in knobs:
+        state.start_rollback(keep_index=knobs["rollback"] == "keep-index")
+    if "max_rps" in knobs:
+        rate = knobs["max_rps"]
+        app.max_rps = rate
+        app.rate = RequestRateLimiter(rate or float("inf"), burst=max(1.0, rate), now=now)
 
 
 async def admin_control(app: McpApp, req: Request, receive: Receive, send: Send) -> None:
@@ -27,7 +96,7 @@ async def admin_control(app: McpApp, req: Request, receive: Receive, send: Send)
         raise Refused(403, "admin_not_loopback", "admin control is loopback only")
     if req.header("x-lab-admin-token") != token:
         raise Refused(403, "bad_admin_token", "bad admin token")
-    await app._read_body(receive)
+    raw = await app._read_body(receive)
     now = time.time()
     state = app.state
     if req.path == "/lab-admin/expire":
@@ -42,6 +111,14 @@ async def admin_control(app: McpApp, req: Request, receive: Receive, send: Send)
         state.start_rollback()
         app._log(req, 200, "rollback")
         await send_json(send, 200, {"rollback": True, "generation": state.generation})
+    elif req.path == "/lab-admin/knobs":
+        try:
+            knobs = parse_knobs(raw)
+        except ValueError as e:
+            raise Refused(400, "bad_knobs", str(e)) from None
+        apply_knobs(app, knobs, now)
+        app._log(req, 200, "knobs")
+        await send_json(send, 200, knobs_in_force(app))
     elif req.path == "/lab-admin/stats":
         await send_json(
             send,

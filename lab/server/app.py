@@ -98,6 +98,8 @@ class McpApp:
         self.rate = RequestRateLimiter(
             config.max_rps or float("inf"), burst=max(1.0, config.max_rps), now=time.time()
         )
+        self.max_rps = config.max_rps
+        """The request-rate limit in force (the admin control's `max_rps` knob changes it)."""
         self.open_sse = 0
         self._tasks: set[asyncio.Task[Any]] = set()
         self.started = False

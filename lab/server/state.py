@@ -70,6 +70,9 @@ class ServerState:
         self.generation = 0
         self.kept_generations: set[int] = {0}
         self.rollback = config.rollback
+        self.resumable_fraction = config.resumable_fraction
+        """Rollout: the share of new sessions made resumable (`--resumable-fraction`; the
+        admin control changes it live, for sessions created from then on)."""
         self.emitted = 0
         self._indexed = self.names.scheme != "e1"  # opaque IDs need the cursor index
         self._retention = config.event_retention
@@ -88,7 +91,7 @@ class ServerState:
             raise Full("sessions")
         sid = secrets.token_urlsafe(32)  # 256 bits, visible ASCII only, as the spec requires
         frac = int.from_bytes(hashlib.sha256(sid.encode()).digest()[:4], "big") / 2**32
-        resumable = frac < self.config.resumable_fraction
+        resumable = frac < self.resumable_fraction
         s = Session(
             sid=sid,
             pseudonym=self.redactor.session(sid) or "",
@@ -167,14 +170,21 @@ class ServerState:
             alive_gens = {s.generation for s in self.sessions.values()}
             self.kept_generations = {g for g in self.kept_generations if g in alive_gens} | {self.generation}
 
-    def start_rollback(self) -> None:
+    def start_rollback(self, *, keep_index: bool = True) -> None:
         """New streams stop being resumable; cursors of earlier generations stay valid
-        until their sessions expire (the index is kept, never deleted)."""
+        until their sessions expire (the index is kept, never deleted).
+
+        `keep_index=False` is the unacceptable rollback (admin knob `rollback:
+        drop-index`, there to prove the lab catches it): the old generation's cursor index
+        is dropped at once, so every cursor of a stream opened before is refused
+        (`other_generation`) although its session lives on."""
         if not self.rollback:
             self.rollback = True
             self.kept_generations.add(self.generation)
             self.generation += 1
             self.kept_generations.add(self.generation)
+        if not keep_index:
+            self.kept_generations = {self.generation}
 
     def log_message(self, s: Session, level: str, logger: str, data: Any, now: float) -> None:
         """A `notifications/message` on the session's standalone stream, if it has one and

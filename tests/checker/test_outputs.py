@@ -109,7 +109,7 @@ def test_markdown_junit_and_html_say_the_same_thing(tmp_path: Path) -> None:
     page = (run_dir / "report.html").read_text(encoding="utf-8")
     assert 'id="incomplete"' in page
     assert "op-&lt;b&gt;&amp;7" in page and "op-<b>&7" not in page
-    assert page.count('src="data:image/png;base64,') == 4
+    assert page.count('src="data:image/png;base64,') == 5  # the four of the gates, and the lab's processes
     external = re.findall(r'(?:src|href)="(?!data:|#)[^"]*"', page)
     assert external == [], "report.html must not load anything"
     for name in ("fig-resume-latency.png", "fig-reconnects.png", "fig-events-clients.png", "fig-faults.png"):
@@ -234,7 +234,7 @@ def test_report_html_renders_in_headless_chromium_with_its_figures(tmp_path: Pat
     ]
     # The page's own script counts the figures the browser decoded (naturalWidth > 0).
     dom = subprocess.run([*base, "--dump-dom", page], capture_output=True, text=True, timeout=120)
-    assert 'data-figures-loaded="4"' in dom.stdout, dom.stderr[-2000:]
+    assert 'data-figures-loaded="5"' in dom.stdout, dom.stderr[-2000:]
     assert 'id="incomplete"' in dom.stdout
 
     shot = tmp_path / "shot.png"

@@ -168,7 +168,15 @@ def test_lab_watch_ends_the_run_incomplete_when_a_removal_fails(
 ) -> None:
     api, nem = nemesis
     run = tmp_path / "compose"
-    prep = [LAB, "prepare", str(HERE / "toxics.toml"), "--out", str(run), "--client-url", "http://x:1/mcp"]
+    # The toxic stays 8 s, not 1: a loaded box must not let the removal happen before the
+    # nemesis is stopped below.
+    scenario = tmp_path / "toxics-long.toml"
+    text = (HERE / "toxics.toml").read_text(encoding="utf-8")
+    scenario.write_text(
+        text.replace('until = "2s"', 'until = "9s"').replace('duration = "3s"', 'duration = "10s"'),
+        encoding="utf-8",
+    )
+    prep = [LAB, "prepare", str(scenario), "--out", str(run), "--client-url", "http://x:1/mcp"]
     subprocess.run(prep, check=True, capture_output=True, timeout=60)
     watch = subprocess.Popen(
         [LAB, "watch", str(run), "--toxiproxy", api],
@@ -181,7 +189,7 @@ def test_lab_watch_ends_the_run_incomplete_when_a_removal_fails(
         while b"toxic_added" not in (run / "nemesis.jsonl").read_bytes():
             assert time.monotonic() < deadline, "the toxic was never added"
             time.sleep(0.1)
-        os.kill(nem.pid, signal.SIGSTOP)  # the nemesis stops answering: the removal at 2 s cannot happen
+        os.kill(nem.pid, signal.SIGSTOP)  # the nemesis stops answering: the removal at 9 s cannot happen
         started = time.monotonic()
         _, err = watch.communicate(timeout=60)
     finally:

@@ -23,6 +23,14 @@ BUDGET_KEYS = {
     "min_recoveries",
     "min_404",
     "min_illegal_origin",
+    # Tolerances of gate 7, the capacity knee and the rollout (docs/scenarios.md).
+    "recovery_events_ratio",
+    "recovery_resume_p99_factor",
+    "recovery_resume_p99_slack_s",
+    "recovery_error_rate_slack",
+    "min_baseline_events",
+    "call_error_rate_max",
+    "min_rollout_sessions",
 }
 
 MINIMAL = """

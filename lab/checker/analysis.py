@@ -1,0 +1,94 @@
+"""What the judge adds to the six gates for runs on a timeline: the gates that apply only
+to some scenarios, the lab's own limits, and the report's sections beside the gates.
+
+    extra_gates(ctx, run_gate)  gate 7 (steady state restored: scenarios with `recovery`
+                                phases) and gate 8 (rollout: scenarios whose phases set
+                                the server's rollout knobs), each only where it applies
+    finish(ctx, gates, run_gate)
+                                the lab's limits on gate 5 (a failure caused by a
+                                saturated lab process is inconclusive, naming it:
+                                `lab.checker.lab_limits`); report.json's sections
+                                (`phases`, `capacity`, `rollout`, `processes`); and, in a
+                                capacity ramp that passed its knee, gates 5 and 6 judged
+                                up to the first step past the knee (the steps beyond are
+                                what found the knee, not a failure of the run)
+
+Called by `lab.checker.verdict.judge`, the single judge; every output (json, md, junit,
+html) shows the extra gates like the six.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from types import ModuleType
+
+from lab.checker import capacity, gate_resume, gate_rollout, gate_steady_state, lab_limits, phases, processes
+from lab.checker.context import Context
+from lab.checker.model import GateResult, JsonValue
+
+OPTIONAL_GATES: tuple[ModuleType, ...] = (gate_steady_state, gate_rollout)
+
+
+def extra_gates(
+    ctx: Context, run_gate: Callable[[ModuleType, Context], GateResult]
+) -> tuple[GateResult, ...]:
+    out = []
+    for module in OPTIONAL_GATES:
+        try:
+            applies = bool(module.applies(ctx))
+        except Exception:
+            applies = True  # run_gate then reports the error as the gate's, inconclusive
+        if applies:
+            out.append(run_gate(module, ctx))
+    return tuple(out)
+
+
+def finish(
+    ctx: Context, gates: tuple[GateResult, ...], run_gate: Callable[[ModuleType, Context], GateResult]
+) -> tuple[tuple[GateResult, ...], dict[str, JsonValue], list[str]]:
+    """(the gates as the verdict takes them, report.json's sections, problems)."""
+    gates = qualify(ctx, gates)
+    found, problems = sections(ctx, gates)
+    cap = found.get("capacity")
+    # (A ramp whose first step already failed has no knee: that failure is the run's.)
+    if isinstance(cap, dict) and isinstance(cap.get("past_knee"), dict) and cap.get("knee_users") is not None:
+        try:
+            gates = capacity.bounded_to_knee(ctx, gates, cap, run_gate)
+            gates = qualify(ctx, gates)
+        except Exception as e:
+            problems.append(
+                f"capacity: gates 5 and 6 could not be judged up to the knee: {type(e).__name__}: {e}"
+            )
+    return gates, found, problems
+
+
+def qualify(ctx: Context, gates: tuple[GateResult, ...]) -> tuple[GateResult, ...]:
+    out = []
+    for g in gates:
+        if g.number == gate_resume.NUMBER:
+            # On an error the gate's own verdict stands; the report lists the process figures.
+            with contextlib.suppress(Exception):
+                g = lab_limits.qualify_resume(ctx, g)
+        out.append(g)
+    return tuple(out)
+
+
+def sections(ctx: Context, gates: tuple[GateResult, ...]) -> tuple[dict[str, JsonValue], list[str]]:
+    """(report.json sections, problems in computing them): `phases`, `capacity` (null
+    without ramp phases), `rollout` (null without rollout knobs), `processes`."""
+    out: dict[str, JsonValue] = {}
+    problems: list[str] = []
+    makers: list[tuple[str, Callable[[], JsonValue]]] = [
+        ("phases", lambda: list(phases.section(ctx))),
+        ("capacity", lambda: capacity.section(ctx, gates)),
+        ("rollout", lambda: gate_rollout.section(ctx)),
+        ("processes", lambda: processes.section(processes.samples(ctx))),
+    ]
+    for name, make in makers:
+        try:
+            out[name] = make()
+        except Exception as e:
+            out[name] = None
+            problems.append(f"{name}: could not be computed: {type(e).__name__}: {e}")
+    return out, problems
