@@ -187,6 +187,10 @@ def _closes(ctx: Context) -> tuple[pd.DataFrame, int]:
     ends = ctx.data.tap["flow_end"].drop_duplicates("flow", keep="first")
     ends = ends[ends["reason"].isin(SERVER_ENDED)][["flow", "t", "reason"]].rename(columns={"t": "ended_at"})
     flows = truth.flows[["flow", "conn", "method", "session", "jsonrpc_id", "logical", "resumption", LINE]]
+    # Only streams the server itself answered 2xx: a 429/503 a proxy storm answered in its
+    # place (or any refusal) was never a stream the server could advise a delay on.
+    served = _flows(ctx)
+    flows = flows[flows["flow"].isin(served.loc[_served(served), "flow"])]
     closed = ends.merge(flows, on="flow", how="inner")
     if not len(closed):
         return pd.DataFrame(), 0

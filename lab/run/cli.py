@@ -108,7 +108,8 @@ def _load(name: str, command: str) -> object:
 
 
 def run(args: argparse.Namespace) -> int:
-    from lab.run.orchestrator import Run, RunError, RunOptions
+    from lab.run.options import RunError, RunOptions
+    from lab.run.orchestrator import Run
     from lab.scenario import Scenario
 
     scenario = _load(args.scenario, "run")
@@ -159,7 +160,8 @@ def compose(args: argparse.Namespace) -> int:
 
 def prepare(args: argparse.Namespace) -> int:
     from lab.run.composerun import prepare as prepare_run
-    from lab.run.orchestrator import Run, RunError, RunOptions
+    from lab.run.options import RunError, RunOptions
+    from lab.run.orchestrator import Run
     from lab.scenario import Scenario
 
     scenario = _load(args.scenario, "prepare")

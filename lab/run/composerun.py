@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.run.compose import prepare_folder
-from lab.run.orchestrator import PROXY_NAME, client_origin
+from lab.run.options import PROXY_NAME, client_origin
 from lab.run.record import RunRecord
 from lab.run.watch import JsonLines, ToxicOutcomes, Watcher, describe_outcome, start_schedule
 from lab.runfolder import RunFolderError, read_run_json

@@ -22,14 +22,12 @@ incomplete, 3 the run could not be made, 4 the lab itself failed.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
-import socket
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -41,6 +39,17 @@ from lab.load.settings import SETTINGS_ENV, LoadSettings
 from lab.run import sut
 from lab.run.monitor import FILE as PROCESSES_FILE
 from lab.run.monitor import ProcessMonitor
+from lab.run.options import (
+    BROKEN_CHAIN,
+    PROXY_NAME,
+    STOP_GRACE,
+    RunError,
+    RunOptions,
+    client_origin,
+    free_port,
+    is_loopback,
+    load_ended,
+)
 from lab.run.phases import PhaseDriver, initial_knobs, refusal
 from lab.run.processes import Child, ProcessGroup, StartError
 from lab.run.record import RunRecord
@@ -62,69 +71,6 @@ from lab.runfolder import (
     mark_abandoned_runs,
     write_secret,
 )
-from lab.scenario import Scenario
-
-PROXY_NAME = "mcp"
-"""The nemesis proxy in front of the fault layer (compose/toxiproxy.json names it too)."""
-STOP_GRACE = 10.0
-BROKEN_CHAIN = ("traffic stalled", "toxic removal failed", "part died")
-"""End reasons after which the chain may not carry the users' goodbyes."""
-
-
-class RunError(RuntimeError):
-    """The run could not be made; the message says which part and why."""
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    scenario: Scenario
-    target: str | None = None
-    """None: the scenario's target; "reference" or a URL overrides it."""
-    workers: int | None = None
-    toxiproxy: str | None = None
-    """A real Toxiproxy API URL; None starts the embedded nemesis."""
-    out: Path = Path("results")
-    ui: bool = False
-    report: bool = True
-    quiet: bool = False
-    client: str | None = None
-    """None: the scenario's `[load] client` (default `lab`); else a client under test (lab.run.sut)."""
-    baseline: Path | None = None
-    """Known failures of the client (`--baseline FILE`); None: the scenario's `[expected_failures]`."""
-
-
-LOAD_ENDED_FILE = "load-ended.json"
-"""Written by the Locust master when the load ended with the web UI up (lab/load/locustfile.py,
-not imported here: it imports Locust)."""
-
-
-def load_ended(run_dir: Path) -> str | None:
-    """Why the master says the load ended (`stopped_in_ui`, `load_complete`), if it says."""
-    try:
-        doc = json.loads((run_dir / LOAD_ENDED_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return str(doc.get("reason")) if isinstance(doc, dict) else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def is_loopback(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
-
-
-def client_origin(allowed: tuple[str, ...]) -> str | None:
-    """A legal Origin for the lab's clients: the first allowed one (a `:*` port made concrete)."""
-    if not allowed:
-        return None
-    first = allowed[0]
-    return first[:-2] + ":3000" if first.endswith(":*") else first
 
 
 class Run:
@@ -403,10 +349,10 @@ class Run:
 
         # Load: Locust master + workers. The run's clock starts here.
         settings = write_secret(self.dir, "locust-settings.json", self._load_settings().to_json())
-        master_port = _free_port()
+        master_port = free_port()
         self.record.run_start = time.time()
         self.record.write_plan(plan, self.record.run_start)  # the addon re-reads it: windows count from here
-        ui_port = _free_port() if self.opts.ui else None
+        ui_port = free_port() if self.opts.ui else None
         if ui_port is not None:
             self.say(f"Locust web UI: http://127.0.0.1:{ui_port}")
         env = {SETTINGS_ENV: str(settings), **sut.worker_env(self.client)}

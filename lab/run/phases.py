@@ -152,7 +152,10 @@ class PhaseDriver:
             opened = max(sc.phases[rollback - 1].start + 1.0, r.start - min(PROBE_LEAD_S, 0.4 * ttl))
             back = r.start + max(1.5, min(PROBE_BACK_S, 0.3 * ttl))
             late = back + ttl + PROBE_LATE_MARGIN_S
-            out.append(Action(opened, "probe:open", lambda: self.probe.open(PROBE_SESSIONS)))
+            rollback_at = self.run_start + r.start
+            out.append(
+                Action(opened, "probe:open", lambda: self.probe.open(PROBE_SESSIONS, before=rollback_at))
+            )
             out.append(Action(back, "probe:come_back", self.probe.come_back))
             if late < sc.horizon - 1.0:
                 out.append(Action(late, "probe:come_back_late", self.probe.come_back_late))

@@ -144,12 +144,16 @@ class Probe:
         )
         return s
 
-    def open(self, count: int, tries: int = 20, within: float = 10.0) -> None:
+    def open(self, count: int, tries: int = 20, within: float = 10.0, before: float | None = None) -> None:
         """`count` sessions whose ticker stream carries event IDs, each left mid-stream
-        (at most `tries` sessions, for at most `within` seconds)."""
+        (at most `tries` sessions, for at most `within` seconds, and none started after the
+        epoch time `before`: a session opened after the rollback has no old cursor, and
+        trying on would delay the probe's coming back past its sessions' TTL)."""
         deadline = time.monotonic() + within
         for n in range(tries):
             if len(self.sessions) >= count or time.monotonic() > deadline:
+                return
+            if before is not None and time.time() >= before:
                 return
             try:
                 s = self._initialize(f"probe-{n}")

@@ -276,3 +276,18 @@ def test_gate6_a_close_with_retry_and_a_stream_that_ended_pass(tmp_path: Path) -
     # The resumed connection ended after the response: the stream did not go on.
     assert g.measured["server_closes_mid_stream"] == 1 and g.measured["close_without_retry"] == 0
     assert g.verdict is Verdict.PASS and failing(report) == [], g.summary
+
+
+def test_gate6_a_stream_a_proxy_storm_answered_in_the_servers_place_is_no_server_close(
+    tmp_path: Path,
+) -> None:
+    """The same close without `retry`, but the proxy answered that connection 503 (a storm):
+    the server never had that stream, so it is not a server close."""
+    sim = clean_run().sim
+    polling_close(sim, advise=False)
+    (head,) = [r for r in sim.tap if r["type"] == "flow" and r.get("jsonrpc_id") == 50]
+    head.update(status=503, answered_by="proxy")
+    report = check(sim, tmp_path, server=False)
+    g = gate(report, "reconnect_qps")
+    assert g.measured["server_closes_mid_stream"] == 0 and g.measured["close_without_retry"] == 0, g.measured
+    assert "close_without_retry" not in {w.check for w in g.witnesses}

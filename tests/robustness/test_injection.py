@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from lab.run.orchestrator import Run, RunOptions
+from lab.run.options import RunOptions
+from lab.run.orchestrator import Run
 from lab.run.serverconf import (
     UnsafeSetting,
     serve_accepts_config,

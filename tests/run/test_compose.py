@@ -18,7 +18,7 @@ import pytest
 from ruamel.yaml import YAML
 
 from lab.cli import build_parser
-from lab.run.orchestrator import PROXY_NAME
+from lab.run.options import PROXY_NAME
 from tests.livesrv import LAB, ROOT
 
 COMPOSE = ROOT / "compose.yaml"

@@ -1,0 +1,75 @@
+"""What a run is given (`RunOptions`), how it fails to be made (`RunError`), and the small
+facts `lab run` and compose share: the nemesis proxy's name, a legal Origin for the
+clients, the load-ended file the Locust master writes."""
+
+from __future__ import annotations
+
+import json
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from lab.scenario import Scenario
+
+PROXY_NAME = "mcp"
+"""The nemesis proxy in front of the fault layer (compose/toxiproxy.json names it too)."""
+STOP_GRACE = 10.0
+BROKEN_CHAIN = ("traffic stalled", "toxic removal failed", "part died")
+"""End reasons after which the chain may not carry the users' goodbyes."""
+
+
+class RunError(RuntimeError):
+    """The run could not be made; the message says which part and why."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    scenario: Scenario
+    target: str | None = None
+    """None: the scenario's target; "reference" or a URL overrides it."""
+    workers: int | None = None
+    toxiproxy: str | None = None
+    """A real Toxiproxy API URL; None starts the embedded nemesis."""
+    out: Path = Path("results")
+    ui: bool = False
+    report: bool = True
+    quiet: bool = False
+    client: str | None = None
+    """None: the scenario's `[load] client` (default `lab`); else a client under test (lab.run.sut)."""
+    baseline: Path | None = None
+    """Known failures of the client (`--baseline FILE`); None: the scenario's `[expected_failures]`."""
+
+
+LOAD_ENDED_FILE = "load-ended.json"
+"""Written by the Locust master when the load ended with the web UI up (lab/load/locustfile.py,
+not imported here: it imports Locust)."""
+
+
+def load_ended(run_dir: Path) -> str | None:
+    """Why the master says the load ended (`stopped_in_ui`, `load_complete`), if it says."""
+    try:
+        doc = json.loads((run_dir / LOAD_ENDED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return str(doc.get("reason")) if isinstance(doc, dict) else None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def is_loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    return host in ("127.0.0.1", "localhost", "::1") or host.startswith("127.")
+
+
+def client_origin(allowed: tuple[str, ...]) -> str | None:
+    """A legal Origin for the lab's clients: the first allowed one (a `:*` port made concrete)."""
+    if not allowed:
+        return None
+    first = allowed[0]
+    return first[:-2] + ":3000" if first.endswith(":*") else first

@@ -1,0 +1,319 @@
+"""The parts of a scenario as loaded: its sections as frozen dataclasses, and the
+constants the loader checks against (docs/scenarios.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from lab.faults.checks import Issue
+from lab.faults.decisions import Window
+from lab.faults.plan import Plan, Rule
+from lab.resources import scenario_dir
+
+if TYPE_CHECKING:
+    from lab.load.settings import LoadSettings
+
+
+SCENARIO_DIR: Final = scenario_dir()
+
+PHASE_KINDS: Final = ("steady", "ramp", "faults", "recovery", "quiet")
+ROLLBACK_MODES: Final = ("keep-index", "drop-index")
+"""`[phases.server] rollback`: the documented rollback keeps the old generation's cursor
+index until its sessions expire; `drop-index` is the unacceptable one (old cursors are
+refused at once), there to prove that the rollout's checks catch it."""
+FAULT_FREE_PHASES: Final = frozenset({"steady", "recovery", "quiet"})
+"""Phases during which no fault or toxic may be active (a window overlapping one contradicts it)."""
+
+REQUIRED_ATTRIBUTES: Final[Mapping[str, tuple[str, ...]]] = {
+    "latency": ("latency",),
+    "bandwidth": ("rate",),
+    "slow_close": ("delay",),
+    "timeout": ("timeout",),
+    "reset_peer": (),
+    "limit_data": ("bytes",),
+    "slicer": ("average_size",),
+}
+"""Attributes a scenario must give (the nemesis takes a missing one as 0, which for these
+is almost always a typo). The kinds and the rest of the rules are the nemesis's own
+(`lab.nemesis.toxics`), so a scenario that loads is one the nemesis accepts."""
+TOXIC_STREAMS: Final = ("downstream", "upstream")
+
+
+class ScenarioError(Exception):
+    """A scenario that cannot run. `problems` lists every one, each naming the file and the key."""
+
+    def __init__(self, path: Path | str, problems: list[Issue]) -> None:
+        self.path = str(path)
+        self.problems = problems
+        lines = [f"{self.path}: {p}" for p in problems]
+        super().__init__(f"{len(problems)} problem(s) in {self.path}:\n" + "\n".join(lines))
+
+
+# ---------------------------------------------------------------------- the parts
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSpec:
+    kind: str = "reference"
+    """reference (started by `lab run`) or url (any MCP server)."""
+    url: str | None = None
+    protocol_version: str = "2025-11-25"
+    session_ttl: float = 300.0
+    delete: str = "allow"
+    tokens: dict[str, str] = field(default_factory=dict)
+    """Bearer token -> subject; empty = no authentication."""
+    allowed_origins: tuple[str, ...] = ("http://127.0.0.1:*", "http://localhost:*")
+    max_streams: int = 10_000
+    max_rps: float = 0.0
+    retry_after: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Ticker:
+    count: int = 10
+    interval: float = 0.05
+    close_after: int = 0
+    """0 = the server never closes the stream itself."""
+    retry: float = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    users: int
+    spawn_rate: float
+    duration: float | None
+    event_target: int | None
+    hard_timeout: float
+    workers: int = 1
+    wait_min: float = 0.5
+    wait_max: float = 2.0
+    """Each client waits a uniform random time in [wait_min, wait_max] between operations."""
+    open_standalone: bool = True
+    mix: dict[str, int] = field(default_factory=lambda: {"read": 1, "stream": 1, "write": 1, "churn": 0})
+    ticker: Ticker = field(default_factory=Ticker)
+    stall_timeout: float = 20.0
+    """`lab run` ends the run as incomplete ("traffic stalled") after this many seconds
+    without an event sent or a call completed while clients are active."""
+    until_knee: bool = False
+    """A stepped ramp (`ramp` phases) stops itself at the end of the first step past its
+    knee (`lab.run.phases`), instead of running every step."""
+    client: str = "lab"
+    """Who the users are: `lab` (the lab's client core), `python-sdk`, `typescript-sdk` or
+    `cmd:<command>` (a client under test behind an adapter, docs/clients.md)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reconnect:
+    budget_qps: float = 50.0
+    burst: float = 10.0
+    backoff_base: float = 0.25
+    backoff_cap: float = 30.0
+    backoff_multiplier: float = 2.0
+    max_attempts: int = 12
+
+
+@dataclass(frozen=True, slots=True)
+class Budgets:
+    reconnect_qps: float
+    resume_p99_s: float = 5.0
+    cross_stream_max: int = 0
+    duplicate_dispatch_max: int = 0
+    missing_rehandshake_max: int = 0
+    origin_reject_rate: float = 1.0
+    min_events: int = 0
+    min_recoveries: int = 0
+    min_404: int = 0
+    min_illegal_origin: int = 0
+    # Tolerances of gate 7 (steady state restored) and of a capacity ramp's steps:
+    recovery_events_ratio: float = 0.9
+    """A recovery phase's events/s must be at least this share of the steady baseline's."""
+    recovery_resume_p99_factor: float = 1.5
+    recovery_resume_p99_slack_s: float = 0.25
+    """A recovery phase's resume p99 must be <= factor x the baseline's + slack."""
+    recovery_error_rate_slack: float = 0.01
+    """A recovery phase's call error rate must be <= the baseline's + this (1 point)."""
+    min_baseline_events: int = 100
+    """Fewer events in the baseline's last half: gate 7 is inconclusive."""
+    call_error_rate_max: float = 0.01
+    """A capacity step whose call error rate is above this is past the knee."""
+    min_rollout_sessions: int = 10
+    """Fewer sessions created in a rollout step: its resumable-share check is inconclusive."""
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    name: str
+    kind: str
+    start: float
+    duration: float
+    users: int
+    spawn_rate: float
+    server: dict[str, Any] = field(default_factory=dict)
+    """Knobs of the reference server this phase sets through its admin control, kept until
+    a later phase changes them: `resumable_fraction`, `rollback`, `max_rps`."""
+
+    @property
+    def end(self) -> float:
+        return self.start + self.duration
+
+
+@dataclass(frozen=True, slots=True)
+class Toxic:
+    name: str
+    kind: str
+    stream: str
+    toxicity: float
+    attributes: dict[str, int]
+    at: float
+    until: float | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "stream": self.stream,
+            "toxicity": self.toxicity,
+            "attributes": dict(self.attributes),
+            "at": self.at,
+            "until": self.until,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    path: Path
+    description: str
+    seed: int
+    target: TargetSpec
+    load: Load
+    reconnect: Reconnect
+    budget: Budgets
+    faults: tuple[Rule, ...]
+    toxics: tuple[Toxic, ...]
+    phases: tuple[Phase, ...]
+    expected_failures: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """`[expected_failures]`: per client (`python-sdk`, ...), gate/check IDs known to fail."""
+
+    @property
+    def duration(self) -> float | None:
+        """Planned length in seconds (None: it runs until the event target or the hard timeout)."""
+        return self.load.duration
+
+    @property
+    def horizon(self) -> float:
+        """The longest the run can last: the planned duration, else the hard timeout."""
+        return self.load.duration if self.load.duration is not None else self.load.hard_timeout
+
+    def fault_plan(self, run_start: float) -> Plan:
+        return Plan(self.seed, self.faults, run_start)
+
+    def fault_plan_json(self, run_start: float) -> str:
+        """The plan for the mitmproxy addon (`--set mcpfaults_plan=FILE` with this in FILE)."""
+        return self.fault_plan(run_start).to_json()
+
+    def fault_windows(self, run_start: float) -> list[dict[str, Any]]:
+        """run.json `fault_windows`: when each fault and toxic may be active, in epoch seconds."""
+        out: list[dict[str, Any]] = []
+        for r in self.faults:
+            w = r.window or Window()
+            end = self.horizon if w.end is None else min(w.end, self.horizon)
+            out.append(
+                {"fault": str(r.kind), "rule": r.id, "start": run_start + w.start, "end": run_start + end}
+            )
+        for t in self.toxics:
+            # `toxic:<kind>` is how the checker counts toxics from the nemesis log.
+            end = self.horizon if t.until is None else min(t.until, self.horizon)
+            out.append(
+                {
+                    "fault": f"toxic:{t.kind}",
+                    "rule": t.name,
+                    "start": run_start + t.at,
+                    "end": run_start + end,
+                }
+            )
+        return out
+
+    def toxics_schedule(self) -> list[dict[str, Any]]:
+        """Toxics for the nemesis, sorted by `at`: name, kind, stream, toxicity, attributes,
+        at and until (seconds since the run start; until None = to the end)."""
+        return [t.to_dict() for t in sorted(self.toxics, key=lambda t: (t.at, t.name))]
+
+    def budgets(self) -> dict[str, float | int]:
+        """run.json `budgets` (docs/ledgers.md)."""
+        return asdict(self.budget)
+
+    def stages(self) -> list[dict[str, float | int]]:
+        """The load shape: `[{"until": s, "users": n, "spawn_rate": r}]`, users to reach by `until`."""
+        if self.phases:
+            return [{"until": p.end, "users": p.users, "spawn_rate": p.spawn_rate} for p in self.phases]
+        return [{"until": self.horizon, "users": self.load.users, "spawn_rate": self.load.spawn_rate}]
+
+    def ticker_arguments(self) -> dict[str, int | None]:
+        """Arguments of the `ticker` tool for the stream task (the reference server's names)."""
+        t = self.load.ticker
+        return {
+            "count": t.count,
+            "interval_ms": round(t.interval * 1000),
+            "close_after": t.close_after or None,
+            "retry_ms": round(t.retry * 1000) if t.close_after else None,
+        }
+
+    def load_settings(self, url: str, run_dir: str) -> LoadSettings:
+        """What the Locust processes need (`lab.load.settings.LoadSettings`), for clients
+        connecting to `url` and writing under `run_dir`."""
+        from lab.load.settings import LoadSettings, ToolMix
+
+        lo, rc = self.load, self.reconnect
+        return LoadSettings(
+            url=url,
+            run_dir=run_dir,
+            protocol_version=self.target.protocol_version,
+            tokens=tuple(sorted(self.target.tokens.items())),
+            mix=ToolMix(**lo.mix),
+            ticker=dict(self.ticker_arguments()),
+            wait_min=lo.wait_min,
+            wait_max=lo.wait_max,
+            reconnect_qps=rc.budget_qps,
+            reconnect_burst=rc.burst,
+            backoff_base=rc.backoff_base,
+            backoff_cap=rc.backoff_cap,
+            max_attempts=rc.max_attempts,
+            open_standalone_stream=lo.open_standalone,
+            seed=self.seed,
+            workers=lo.workers,
+            client=lo.client,
+            stages=tuple((float(s["until"]), int(s["users"]), float(s["spawn_rate"])) for s in self.stages()),
+        )
+
+    def serve_args(self) -> list[str]:
+        """Arguments for `lab serve` that this scenario's reference target asks for."""
+        t = self.target
+        args = ["--session-ttl", f"{t.session_ttl:g}", "--delete", t.delete]
+        args += ["--allowed-origins", ",".join(t.allowed_origins)]
+        args += ["--max-streams", str(t.max_streams), "--retry-after", str(t.retry_after)]
+        if t.max_rps:
+            args += ["--max-rps", f"{t.max_rps:g}"]
+        if t.tokens:
+            args += ["--tokens", ",".join(f"{k}={v}" for k, v in sorted(t.tokens.items()))]
+        return args
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole scenario as loaded, defaults filled in (run.json `scenario`)."""
+        load = asdict(self.load)
+        return {
+            "name": self.name,
+            "description": self.description,
+            "seed": self.seed,
+            "target": {**asdict(self.target), "allowed_origins": list(self.target.allowed_origins)},
+            "load": load,
+            "reconnect": asdict(self.reconnect),
+            "budgets": self.budgets(),
+            "faults": [r.to_dict() for r in self.faults],
+            "toxics": [t.to_dict() for t in self.toxics],
+            "phases": [asdict(p) for p in self.phases],
+            "expected_failures": {k: list(v) for k, v in self.expected_failures.items()},
+        }

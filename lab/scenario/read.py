@@ -1,0 +1,337 @@
+"""Reading a scenario file: every section checked, every problem collected (`Fields`),
+and the `Scenario` built only when there is none."""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from lab.faults.checks import Fields, Issue, describe
+from lab.scenario.parts import (
+    PHASE_KINDS,
+    ROLLBACK_MODES,
+    SCENARIO_DIR,
+    Load,
+    Phase,
+    Reconnect,
+    Scenario,
+    ScenarioError,
+    TargetSpec,
+    Ticker,
+)
+from lab.scenario.rules import cross_checks, read_budgets, read_faults, read_toxics
+from lab.wire.revisions import SUPPORTED_REVISIONS
+
+_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
+_URL = re.compile(r"https?://[^/\s]+(/\S*)?")
+_TOKEN = re.compile(r"[A-Za-z0-9._~+/-]+=*")
+
+
+# ---------------------------------------------------------------------- loading
+
+
+def scenario_names(directory: Path = SCENARIO_DIR) -> list[str]:
+    return sorted(p.stem for p in directory.glob("*.toml"))
+
+
+def resolve(path_or_name: str | Path, directory: Path = SCENARIO_DIR) -> Path:
+    """A scenario name (`smoke`) -> scenarios/smoke.toml; a path stays a path."""
+    p = Path(path_or_name)
+    if p.suffix == ".toml" or p.parent != Path("."):
+        return p
+    return directory / f"{p}.toml"
+
+
+def load_scenario(path_or_name: str | Path, directory: Path = SCENARIO_DIR) -> Scenario:
+    """Load and validate a scenario; ScenarioError lists every problem found."""
+    path = resolve(path_or_name, directory)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        names = ", ".join(scenario_names(directory)) or "none"
+        raise ScenarioError(path, [Issue("", f"no such scenario file (known scenarios: {names})")]) from None
+    except OSError as e:
+        raise ScenarioError(path, [Issue("", f"cannot read: {e.strerror or e}")]) from None
+    try:
+        doc = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ScenarioError(path, [Issue("", f"not valid TOML: {e}")]) from None
+    issues: list[Issue] = []
+    sc = _read(doc, path, issues)
+    if issues or sc is None:
+        raise ScenarioError(path, issues)
+    return sc
+
+
+def _read(doc: Mapping[str, Any], path: Path, issues: list[Issue]) -> Scenario | None:
+    top = Fields(doc, "", issues)
+    name = top.string("name", path.stem, pattern=_NAME, what="a name of lower-case letters, digits and '-'")
+    if name != path.stem:
+        top.problem("name", f"must match the file name {path.stem!r} (or be left out), got {name!r}")
+    description = top.string("description", "")
+    if not top.has("seed"):
+        top.problem("seed", "required: an integer >= 0 (every random decision of the run derives from it)")
+    seed = top.integer("seed", 0, lo=0)
+    target = _target(top.table("target"))
+    reconnect = _reconnect(top.table("reconnect"))
+    load_f = top.table("load")
+    phases = _phases(top.tables("phases"), load_f)
+    load = _load(load_f, phases)
+    horizon = load.duration if load.duration is not None else load.hard_timeout
+    by_name = {p.name: p for p in phases}
+    faults, fault_keys = read_faults(top.tables("faults"), by_name, horizon, issues)
+    toxics, toxic_keys = read_toxics(top.tables("toxics"), by_name, horizon, issues)
+    budgets = read_budgets(top.table("budgets"), load, reconnect, faults, toxics)
+    expected = read_expected_failures(top.table("expected_failures"))
+    top.done()
+    cross_checks(target, faults, fault_keys, toxics, toxic_keys, phases, issues)
+    if issues:
+        return None
+    return Scenario(
+        name,
+        path,
+        description,
+        seed,
+        target,
+        load,
+        reconnect,
+        budgets,
+        tuple(faults),
+        tuple(toxics),
+        tuple(phases),
+        expected,
+    )
+
+
+def _target(f: Fields) -> TargetSpec:
+    d = TargetSpec()
+    kind = f.choice("kind", d.kind, ("reference", "url"))
+    url = f.string("url", "", pattern=_URL, what="an http(s):// URL of the MCP endpoint") or None
+    if kind == "url" and url is None:
+        f.problem("url", "required when kind = 'url': the MCP endpoint, like 'http://127.0.0.1:8000/mcp'")
+    if kind == "reference" and f.has("url"):
+        f.problem("url", "only for kind = 'url' (the reference server's address is chosen by `lab run`)")
+    reference_only = (
+        "session_ttl",
+        "delete",
+        "tokens",
+        "allowed_origins",
+        "max_streams",
+        "max_rps",
+        "retry_after",
+    )
+    if kind == "url":
+        for key in reference_only:
+            if f.has(key):
+                f.problem(key, "only for kind = 'reference' (a URL target is configured on its own)")
+    tokens: dict[str, str] = {}
+    tf = f.table("tokens")
+    for token, subject in tf.raw.items():
+        if not _TOKEN.fullmatch(str(token)):
+            tf.problem(str(token), "expected a bearer token of letters, digits and -._~+/")
+        elif not isinstance(subject, str) or not subject:
+            tf.problem(str(token), f"expected the subject (a non-empty string), got {describe(subject)}")
+        else:
+            tokens[str(token)] = subject
+    origins = f.string_list("allowed_origins", what="an origin pattern like 'http://127.0.0.1:*'")
+    t = TargetSpec(
+        kind=kind,
+        url=url,
+        protocol_version=f.choice("protocol_version", d.protocol_version, SUPPORTED_REVISIONS),
+        session_ttl=f.duration("session_ttl", d.session_ttl, positive=True),
+        delete=f.choice("delete", d.delete, ("allow", "refuse")),
+        tokens=tokens,
+        allowed_origins=origins if origins is not None else d.allowed_origins,
+        max_streams=f.integer("max_streams", d.max_streams, lo=1),
+        max_rps=f.number("max_rps", d.max_rps, lo=0.0),
+        retry_after=f.integer("retry_after", d.retry_after, lo=0),
+    )
+    f.done()
+    return t
+
+
+def _reconnect(f: Fields) -> Reconnect:
+    d = Reconnect()
+    r = Reconnect(
+        budget_qps=f.number("budget_qps", d.budget_qps, lo=0.0, lo_open=True),
+        burst=f.number("burst", d.burst, lo=1.0),
+        backoff_base=f.duration("backoff_base", d.backoff_base, positive=True),
+        backoff_cap=f.duration("backoff_cap", d.backoff_cap, positive=True),
+        backoff_multiplier=f.number("backoff_multiplier", d.backoff_multiplier, lo=1.0),
+        max_attempts=f.integer("max_attempts", d.max_attempts, lo=1),
+    )
+    if r.backoff_cap < r.backoff_base:
+        f.problem("backoff_cap", f"must be >= backoff_base ({r.backoff_cap:g}s < {r.backoff_base:g}s)")
+    f.done()
+    return r
+
+
+def _phases(tables: list[Fields], load_f: Fields) -> list[Phase]:
+    phases: list[Phase] = []
+    start = 0.0
+    users_default = load_f.raw.get("users")
+    prev_users = (
+        users_default if isinstance(users_default, int) and not isinstance(users_default, bool) else 1
+    )
+    seen: set[str] = set()
+    for i, f in enumerate(tables):
+        name = f.string(
+            "name", f"phase-{i}", pattern=_NAME, what="a name of lower-case letters, digits and '-'"
+        )
+        if name in seen:
+            f.problem("name", f"duplicate phase name {name!r}")
+        seen.add(name)
+        if not f.has("kind"):
+            f.problem("kind", f"required: one of {', '.join(PHASE_KINDS)}")
+        kind = f.choice("kind", "steady", PHASE_KINDS)
+        if not f.has("duration"):
+            f.problem("duration", "required: how long the phase lasts, like '2m'")
+        duration = f.duration("duration", 1.0, positive=True)
+        users = f.integer("users", 0 if kind == "quiet" else prev_users, lo=0)
+        spawn_rate = f.number("spawn_rate", max(1.0, float(users)), lo=0.0, lo_open=True)
+        server = _phase_knobs(f.table("server")) if f.has("server") else {}
+        f.done()
+        phases.append(Phase(name, kind, start, duration, users, spawn_rate, server))
+        start += duration
+        prev_users = users
+    return phases
+
+
+def _phase_knobs(f: Fields) -> dict[str, Any]:
+    """`[phases.server]`: the reference server's knobs a phase sets (docs/scenarios.md)."""
+    knobs: dict[str, Any] = {}
+    if f.has("resumable_fraction"):
+        knobs["resumable_fraction"] = f.rate("resumable_fraction", 1.0)
+    if f.has("rollback"):
+        value = f.get("rollback")
+        if value is True:
+            value = "keep-index"
+        if value not in ROLLBACK_MODES:
+            f.problem(
+                "rollback",
+                f"expected true or one of {', '.join(ROLLBACK_MODES)}, got {describe(value)} "
+                "(a rollback cannot be undone by a later phase)",
+            )
+        else:
+            knobs["rollback"] = value
+    if f.has("max_rps"):
+        knobs["max_rps"] = f.number("max_rps", 0.0, lo=0.0)
+    f.done()
+    if not f.raw:
+        f.problem("", "an empty table: give resumable_fraction, rollback or max_rps")
+    return knobs
+
+
+def _load(f: Fields, phases: list[Phase]) -> Load:
+    peak = max((p.users for p in phases), default=0)
+    if not f.has("users") and not phases:
+        f.problem("users", "required: how many concurrent clients (an integer >= 1)")
+    users = f.integer("users", max(peak, 1), lo=1)
+    if phases and peak > users:
+        f.problem(
+            "users",
+            f"a phase asks for {peak} users, more than load.users ({users}); raise it or leave it out",
+        )
+    spawn_rate = f.number("spawn_rate", float(users), lo=0.0, lo_open=True)
+    duration = f.optional_duration("duration", positive=True)
+    if phases:
+        total = sum(p.duration for p in phases)
+        if duration is not None and not math.isclose(duration, total):
+            f.problem(
+                "duration", f"{duration:g}s disagrees with the phases ({total:g}s in all); leave one out"
+            )
+        duration = total
+    event_target = f.optional_integer("event_target", lo=1)
+    if duration is None and event_target is None:
+        f.problem("duration", "give a duration, an event_target, or both (a run must stop by itself)")
+    default_timeout = (duration * 2 + 60) if duration is not None else 600.0
+    hard_timeout = f.duration("hard_timeout", default_timeout, positive=True)
+    if duration is not None and hard_timeout < duration:
+        f.problem("hard_timeout", f"must be >= the duration ({hard_timeout:g}s < {duration:g}s)")
+    workers = f.integer("workers", 1, lo=1, hi=64)
+    if workers > users:
+        f.problem("workers", f"more workers ({workers}) than users ({users})")
+    mix_f = f.table("mix")
+    mix = {k: mix_f.integer(k, 1, lo=0) for k in ("read", "stream", "write")}
+    mix["churn"] = mix_f.integer("churn", 0, lo=0)  # leave (DELETE) and come back as a new client
+    mix_f.done()
+    if sum(mix.values()) == 0:
+        mix_f.problem("read", "the task mix needs at least one weight > 0")
+    wait_min = f.duration("wait_min", 0.5)
+    wait_max = f.duration("wait_max", max(2.0, wait_min))
+    if wait_max < wait_min:
+        f.problem("wait_max", f"must be >= wait_min ({wait_max:g}s < {wait_min:g}s)")
+    tf = f.table("ticker")
+    td = Ticker()
+    ticker = Ticker(
+        count=tf.integer("count", td.count, lo=1, hi=100_000),
+        interval=tf.duration("interval", td.interval),
+        close_after=tf.integer("close_after", td.close_after, lo=0),
+        retry=tf.duration("retry", td.retry),
+    )
+    tf.done()
+    load = Load(
+        users=users,
+        spawn_rate=spawn_rate,
+        duration=duration,
+        event_target=event_target,
+        hard_timeout=hard_timeout,
+        workers=workers,
+        wait_min=wait_min,
+        wait_max=wait_max,
+        open_standalone=f.boolean("open_standalone", True),
+        mix=mix,
+        ticker=ticker,
+        stall_timeout=f.duration("stall_timeout", 20.0, positive=True),
+        until_knee=f.boolean("until_knee", False),
+        client=f.string("client", "lab", pattern=CLIENT_SPEC, what=CLIENT_WHAT),
+    )
+    if load.until_knee and not any(p.kind == "ramp" for p in phases):
+        f.problem("until_knee", "needs a stepped ramp: [[phases]] of kind 'ramp'")
+    f.done()
+    return load
+
+
+CLIENT_SPEC: Final = re.compile(r"lab|python-sdk|typescript-sdk|cmd:\S.*")
+CLIENT_WHAT: Final = "'lab', 'python-sdk', 'typescript-sdk' or 'cmd:<command>'"
+_CHECK_ID: Final = re.compile(r"[a-z][a-z0-9_]{0,63}")
+BASELINE_CLIENTS: Final = ("lab", "python-sdk", "typescript-sdk", "cmd")
+"""Keys of `[expected_failures]`: the client kinds (`cmd` for any `cmd:<command>` adapter)."""
+
+
+def read_expected_failures(f: Fields) -> dict[str, tuple[str, ...]]:
+    """`[expected_failures]`: client kind -> gate/check IDs (docs/clients.md, "Known failures").
+    Whether each ID names a gate or check is the checker's to say (`lab run` asks it first)."""
+    out: dict[str, tuple[str, ...]] = {}
+    for name in f.raw:
+        if name not in BASELINE_CLIENTS:
+            f.problem(name, f"expected a client kind, one of {', '.join(map(repr, BASELINE_CLIENTS))}")
+            continue
+        ids = f.string_list(name, pattern=_CHECK_ID, what="a gate or check ID like 'missing_rehandshake'")
+        out[name] = ids or ()
+    f.done()
+    return out
+
+
+def load_baseline(path: Path) -> dict[str, tuple[str, ...]]:
+    """A baseline file (`lab run --baseline FILE`): TOML with an `[expected_failures]`
+    table, as in a scenario. ScenarioError names the file, key and what was expected."""
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ScenarioError(path, [Issue("", f"cannot read: {e.strerror or e}")]) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise ScenarioError(path, [Issue("", f"not valid TOML: {e}")]) from None
+    issues: list[Issue] = []
+    top = Fields(doc, "", issues)
+    if not top.has("expected_failures"):
+        top.problem("expected_failures", "required: a table of client kind -> list of gate/check IDs")
+    expected = read_expected_failures(top.table("expected_failures"))
+    top.done()
+    if issues:
+        raise ScenarioError(path, issues)
+    return expected
