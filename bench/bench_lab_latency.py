@@ -189,14 +189,14 @@ def secs(value: Any) -> str:
 
 def bins(folder: Path) -> list[str]:
     """Delivery p50/p99 per 5 s bin beside each lab process's mean CPU in the bin."""
-    from lab.checker import lab_latency, processes
+    from lab.checker import lab_hops, processes
     from lab.checker.context import Context, parse_budgets
     from lab.checker.load import MissingInput, load_run
 
     data = load_run(folder)
     ctx = Context(data, parse_budgets(data.run))
     try:
-        d = lab_latency.delivery_delays(ctx)
+        d = lab_hops.delivery_delays(ctx)
     except MissingInput as e:
         return [f"  (no delivery figures: {e})"]
     s = processes.samples(ctx)
