@@ -7,8 +7,10 @@ to some scenarios, the lab's own limits, and the report's sections beside the ga
     finish(ctx, gates, run_gate)
                                 the lab's limits on gate 5 (a failure caused by a
                                 saturated lab process is inconclusive, naming it:
-                                `lab.checker.lab_limits`); report.json's sections
-                                (`phases`, `capacity`, `rollout`, `processes`); and, in a
+                                `lab.checker.lab_limits`) and the lab's own latency
+                                (a warning in gate 5's notes: `lab.checker.lab_latency`);
+                                report.json's sections (`lab_latency`, `phases`,
+                                `capacity`, `rollout`, `processes`); and, in a
                                 capacity ramp that passed its knee, gates 5 and 6 judged
                                 up to the first step past the knee (the steps beyond are
                                 what found the knee, not a failure of the run)
@@ -23,7 +25,16 @@ import contextlib
 from collections.abc import Callable
 from types import ModuleType
 
-from lab.checker import capacity, gate_resume, gate_rollout, gate_steady_state, lab_limits, phases, processes
+from lab.checker import (
+    capacity,
+    gate_resume,
+    gate_rollout,
+    gate_steady_state,
+    lab_latency,
+    lab_limits,
+    phases,
+    processes,
+)
 from lab.checker.context import Context
 from lab.checker.model import GateResult, JsonValue
 
@@ -70,16 +81,23 @@ def qualify(ctx: Context, gates: tuple[GateResult, ...]) -> tuple[GateResult, ..
             # On an error the gate's own verdict stands; the report lists the process figures.
             with contextlib.suppress(Exception):
                 g = lab_limits.qualify_resume(ctx, g)
+            # The lab's own latency, when it is a sizeable share of the budget: a warning
+            # in the notes, the verdict unchanged (an error here leaves the gate as it is;
+            # the section then reports the error).
+            with contextlib.suppress(Exception):
+                g = lab_latency.qualify_resume(ctx, g)
         out.append(g)
     return tuple(out)
 
 
 def sections(ctx: Context, gates: tuple[GateResult, ...]) -> tuple[dict[str, JsonValue], list[str]]:
-    """(report.json sections, problems in computing them): `phases`, `capacity` (null
-    without ramp phases), `rollout` (null without rollout knobs), `processes`."""
+    """(report.json sections, problems in computing them): `lab_latency`, `phases`,
+    `capacity` (null without ramp phases), `rollout` (null without rollout knobs),
+    `processes`."""
     out: dict[str, JsonValue] = {}
     problems: list[str] = []
     makers: list[tuple[str, Callable[[], JsonValue]]] = [
+        ("lab_latency", lambda: lab_latency.section(ctx)),
         ("phases", lambda: list(phases.section(ctx))),
         ("capacity", lambda: capacity.section(ctx, gates)),
         ("rollout", lambda: gate_rollout.section(ctx)),

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import gevent
+import gevent.monkey
 from locust import LoadTestShape, between, events, task
 from locust.env import Environment
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner
@@ -59,6 +60,12 @@ QUIT_MESSAGE = "lab_quit"
 """Master -> worker: the load is over, quit (see `end_the_load`)."""
 LOAD_ENDED_FILE = "load-ended.json"
 """Written by the master when the web UI's STOP ended the load (see the module docstring)."""
+TEST_LOOP_STALL = "LAB_TEST_LOOP_STALL_MS"
+"""TEST ONLY (tests/latency): `<stall ms>[/<every ms>][@<worker index>]` makes a worker
+hold its gevent loop with a synchronous (unpatched) `time.sleep` of <stall ms> every <every ms>
+(default 1000), on every worker or only on the one given: a worker whose loop is blocked,
+as synchronous work would block it, to show that the checker's lab-latency warning fires.
+Never set in a real run."""
 SETTINGS = LoadSettings.from_env()
 log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one log line per request is noise at load
@@ -260,6 +267,7 @@ def _init_worker(
                 runner.send_message("lab_progress", dict(ctx.counters))
 
     gevent.spawn(loop)
+    _test_loop_stall(name)
 
     @events.quitting.add_listener  # type: ignore[untyped-decorator]
     def flush_at_exit(environment: Environment, **_: Any) -> None:
@@ -275,6 +283,49 @@ def _init_worker(
                 db.close()
             except Exception:
                 log.exception("closing %s failed", db.path)
+
+
+def parse_loop_stall(value: str) -> tuple[float, float, str | None]:
+    """`LAB_TEST_LOOP_STALL_MS` -> (stall s, every s, worker or None); ValueError naming
+    the variable and the form expected."""
+    spec, _, worker = value.strip().partition("@")
+    stall, _, every = spec.partition("/")
+    try:
+        stall_s, every_s = float(stall) / 1000.0, float(every or 1000) / 1000.0
+    except ValueError:
+        stall_s = every_s = -1.0
+    if not (0 < stall_s < every_s <= 60) or (worker and not worker.isdigit()):
+        raise ValueError(
+            f"{TEST_LOOP_STALL}={value!r}: expected <stall ms>[/<every ms>][@<worker index>], "
+            "0 < stall < every <= 60000"
+        )
+    return stall_s, every_s, worker or None
+
+
+def _test_loop_stall(name: str) -> None:
+    """TEST ONLY: see `TEST_LOOP_STALL`."""
+    value = os.environ.get(TEST_LOOP_STALL)
+    if not value:
+        return
+    stall_s, every_s, worker = parse_loop_stall(value)
+    if worker is not None and worker != name:
+        return
+    log.warning(
+        "%s set: this worker blocks its loop %.3f s every %.3f s (test only)",
+        TEST_LOOP_STALL,
+        stall_s,
+        every_s,
+    )
+
+    # Locust monkey-patches time.sleep into gevent's (which yields): the original blocks.
+    blocking_sleep = gevent.monkey.get_original("time", "sleep")
+
+    def stall() -> None:
+        while True:
+            gevent.sleep(every_s - stall_s)
+            blocking_sleep(stall_s)  # synchronous on purpose: holds the gevent loop
+
+    gevent.spawn(stall)
 
 
 def _init_sut_worker(

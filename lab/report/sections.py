@@ -1,5 +1,5 @@
-"""The report's sections beside the gates — phases, capacity, rollout, the lab's own
-processes — as plain blocks of lines and tables, built from the report.json document
+"""The report's sections beside the gates — the lab's own latency, phases, capacity,
+rollout, the lab's own processes — as plain blocks of lines and tables, built from the report.json document
 alone, so report.md and report.html show exactly the same thing.
 
     blocks(doc) -> [Block]    each: id, title, lines, tables (caption, columns, rows)
@@ -63,6 +63,113 @@ def _faults(faults: Mapping[str, Any] | None) -> str:
     return ", ".join(f"{k} {v}" for k, v in faults.items())
 
 
+def _secs(value: Any) -> str:
+    return _num(value, "{:.3f} s")
+
+
+def _hop_cells(h: Mapping[str, Any] | None) -> list[str]:
+    if not isinstance(h, Mapping):
+        return ["—"] * 4
+    return [_num(h.get("count")), _secs(h.get("p50_s")), _secs(h.get("p99_s")), _secs(h.get("max_s"))]
+
+
+def lab_latency_block(doc: Mapping[str, Any]) -> Block | None:
+    ll = doc.get("lab_latency")
+    if not isinstance(ll, Mapping):
+        return None
+    lines = [f"Warning: {w['text']}." for w in ll.get("warnings") or []]
+    lines.append(
+        f"A warning is raised when a hop's p99 is over {ll['warn_share']:.0%} of the resume budget "
+        f"({_secs(ll.get('warn_above_s'))}); CPU and memory of each lab process: *Lab processes*."
+    )
+    resume = ll.get("resume")
+    if isinstance(resume, Mapping) and resume.get("recoveries"):
+        measured = "never" if resume.get("p99_unbounded") else _secs(resume.get("p99_s"))
+        net = "never" if resume.get("net_p99_unbounded") else _secs(resume.get("net_p99_s"))
+        lines.append(
+            f"Resume latency p99 as measured {measured}; net of the lab's delivery delay {net} "
+            f"({resume['joined']} of {resume['recoveries']} recoveries joined to the event that ended them)."
+        )
+    rows = []
+    workers = []
+    for h in ll.get("hops") or []:
+        if h["hop"] == "nemesis":
+            windows = h.get("windows") or []
+            detail = "; ".join(
+                f"{_num(w.get('latency_ms'))} ± {_num(w.get('jitter_ms'))} ms on {w.get('proxy')} "
+                f"({w.get('stream')}) T+{_num(w.get('start_s'), '{:.0f}')}–{_num(w.get('end_s'), '{:.0f}')} s"
+                for w in windows
+            )
+            rows.append(
+                [
+                    h["title"],
+                    str(len(windows)),
+                    "—",
+                    "—",
+                    _secs(h.get("configured_max_s")),
+                    "—",
+                    f"{h.get('why_not')}{': ' + detail if detail else ''}",
+                ]
+            )
+            continue
+        if not h.get("measured"):
+            rows.append([h["title"], "—", "—", "—", "—", "—", f"not measured: {h.get('why_not')}"])
+            continue
+        outside = h.get("outside_toxics")
+        notes = [f"{h['unmatched']} not joined"] if h.get("unmatched") else []
+        if h.get("negative"):
+            notes.append(f"{h['negative']} negative (two processes' clocks read at one moment)")
+        rows.append(
+            [
+                h["title"],
+                *_hop_cells(h),
+                _secs(outside.get("p99_s")) if isinstance(outside, Mapping) else "—",
+                "; ".join(notes) or "—",
+            ]
+        )
+        workers += [[h["hop"], w["part"], *_hop_cells(w)] for w in h.get("by_worker") or []]
+    tables = [
+        Table(
+            ["hop", "count", "p50", "p99", "max", "p99 outside latency toxics", "notes"],
+            rows,
+            "Per hop, over the run.",
+        ),
+    ]
+    if len({w[1] for w in workers}) > 1:
+        tables.append(Table(["hop", "worker", "count", "p50", "p99", "max"], workers, "Per Locust worker."))
+    per_phase = [
+        [
+            p["name"],
+            p["kind"],
+            *_hop_cells(p.get("request"))[2:],
+            *_hop_cells(p.get("upstream"))[2:],
+            *_hop_cells(p.get("delivery"))[2:],
+            _secs(p.get("nemesis_latency_max_s")),
+        ]
+        for p in ll.get("phases") or []
+        if p.get("reached")
+    ]
+    if per_phase:
+        tables.append(
+            Table(
+                [
+                    "phase",
+                    "kind",
+                    "request p99",
+                    "request max",
+                    "upstream p99",
+                    "upstream max",
+                    "delivery p99",
+                    "delivery max",
+                    "nemesis latency (configured max)",
+                ],
+                per_phase,
+                "Per phase.",
+            )
+        )
+    return Block("lab_latency", "Lab latency", lines, tables)
+
+
 def phases_block(doc: Mapping[str, Any]) -> Block | None:
     rows = doc.get("phases")
     if not isinstance(rows, list) or not rows:
@@ -115,6 +222,9 @@ def phases_block(doc: Mapping[str, Any]) -> Block | None:
     lines = []
     if len(rows) == 1 and rows[0].get("kind") == "run":
         lines.append("The run has no [[phases]]: it is one implicit phase.")
+    ll = doc.get("lab_latency")
+    if isinstance(ll, Mapping) and ll.get("warnings"):
+        lines.append("Warning: the resume latencies include the lab's own delay (see *Lab latency*).")
     return Block("phases", "Phases", lines, [Table(columns, out)])
 
 
@@ -286,7 +396,13 @@ def processes_block(doc: Mapping[str, Any]) -> Block | None:
 
 
 def blocks(doc: Mapping[str, Any]) -> list[Block]:
-    made = (phases_block(doc), capacity_block(doc), rollout_block(doc), processes_block(doc))
+    made = (
+        lab_latency_block(doc),
+        phases_block(doc),
+        capacity_block(doc),
+        rollout_block(doc),
+        processes_block(doc),
+    )
     return [b for b in made if b is not None]
 
 
