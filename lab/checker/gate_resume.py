@@ -3,8 +3,9 @@
 Per client `recoveries` row: latency = recovered_at - lost_at (seconds: loss detected ->
 next accepted event on the resumed stream, or completion by a retry, re-handshakes
 included). A loss that never recovered (recovered_at NULL) counts as infinitely slow —
-except when it was detected less than resume_p99_s before the run stopped: the run gave
-it no chance, so it is *censored* (left out and counted).
+except when it was detected less than resume_p99_s before the run stopped, or before its
+client went away (left, or was stopped: its last exchange ended then): it was given no
+chance, so it is *censored* (left out and counted).
 
 Calls that never got an outcome (`lab.checker.liveness`: a tool call the wire shows,
 whose client never wrote its outcome by the end of the run) are never recovered too,
@@ -30,6 +31,7 @@ witnessed first; the evidence minimum (recoveries) is the latency's.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 import pandas as pd
@@ -37,6 +39,7 @@ import pandas as pd
 from lab.checker.context import Context
 from lab.checker.explain import at, client_ref, row_of, tap_ref
 from lab.checker.liveness import describe_stuck, never_finished_latencies
+from lab.checker.load import RunData
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 from lab.checker.wire_streams import no_priming, no_priming_witness, silent_resumptions, silent_witness
 
@@ -47,15 +50,48 @@ PERCENTILE = 0.99
 NEVER_FINISHED = "never_finished"
 
 
-def latencies(recoveries: pd.DataFrame, budget_s: float, stopped_at: float | None) -> pd.DataFrame:
-    """The recoveries with `latency` (s; inf = never recovered) and `censored` columns."""
+ENDED_BY_CLIENT = ("left", "client_stopped")
+"""Recovery paths a client ends by going away (it left, or its process stopped it)."""
+
+
+def latencies(
+    recoveries: pd.DataFrame,
+    budget_s: float,
+    stopped_at: float | None,
+    client_ends: Mapping[str, float] | None = None,
+) -> pd.DataFrame:
+    """The recoveries with `latency` (s; inf = never recovered) and `censored` columns.
+
+    Censored: never recovered, and given no chance — lost less than the budget before the
+    run stopped, or before its own client went away (`client_ends`, from `client_ends()`:
+    a client that leaves or is stopped ends what it was recovering, path `left` /
+    `client_stopped`). A client gone longer than the budget after the loss had its chance:
+    that loss counts as never recovered."""
     out = recoveries.copy()
     lost = out["lost_at"].astype("float64")
     recovered = pd.to_numeric(out["recovered_at"], errors="coerce").astype("float64")
     out["latency"] = (recovered - lost).fillna(math.inf)
     never = recovered.isna()
-    out["censored"] = never & (stopped_at is not None) & (lost + budget_s > (stopped_at or 0.0))
+    censored = never & (stopped_at is not None) & (lost + budget_s > (stopped_at or 0.0))
+    if client_ends and "path" in out.columns:
+        gone = pd.to_numeric(out["client_id"].astype(str).map(client_ends), errors="coerce").astype("float64")
+        by_client = out["path"].isin(ENDED_BY_CLIENT) & (lost + budget_s > gone).fillna(False)
+        censored = censored | (never & by_client)
+    out["censored"] = censored
     return out
+
+
+def client_ends(data: RunData) -> dict[str, float]:
+    """Per client, the last moment its ledger shows it at work (its last exchange's end)."""
+    if data.client is None or "http_exchanges" in data.client_tables_absent:
+        return {}
+    ex = data.client.get("http_exchanges")
+    if ex is None or not len(ex):
+        return {}
+    started = pd.to_numeric(ex["started_at"], errors="coerce")
+    t = pd.to_numeric(ex["ended_at"], errors="coerce").fillna(started)
+    last = t.groupby(ex["client_id"].astype(str)).max().dropna()
+    return {str(k): float(v) for k, v in last.items()}
 
 
 def nearest_rank(values: np.ndarray, q: float) -> float:
@@ -70,7 +106,7 @@ def nearest_rank(values: np.ndarray, q: float) -> float:
 def check(ctx: Context) -> GateResult:
     rec = ctx.require_client("recoveries")
     budget = ctx.budgets.resume_p99_s
-    lat = latencies(rec, budget, ctx.stopped_at)
+    lat = latencies(rec, budget, ctx.stopped_at, client_ends(ctx.data))
     stuck = never_finished_latencies(ctx)
     if len(stuck):
         lat = pd.concat([lat, _as_recoveries(stuck)], ignore_index=True)

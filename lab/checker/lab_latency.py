@@ -42,6 +42,7 @@ this section refers to them, it does not repeat them.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any, cast
 
@@ -50,11 +51,11 @@ import pandas as pd
 
 from lab.checker import phases, processes
 from lab.checker.context import Context
-from lab.checker.gate_resume import latencies, nearest_rank
+from lab.checker.gate_resume import client_ends, latencies, nearest_rank
 from lab.checker.lab_hops import delivery_delays, request_delays, upstream_delays
 from lab.checker.liveness import never_finished_latencies
 from lab.checker.load import MissingInput
-from lab.checker.model import GateResult, JsonValue
+from lab.checker.model import Evidence, GateResult, JsonValue, Verdict
 
 WARN_SHARE = 0.10
 """A hop whose p99 is over this share of the resume budget distorts gate 5."""
@@ -63,6 +64,9 @@ MIN_PER_WORKER = 20
 WORKER_OUTLIER = 2.0
 """A worker whose p99 is this many times the other workers' highest is the suspect."""
 NOTE_PREFIX = "lab latency:"
+DOMINATES_SHARE = 0.5
+"""Gate 5 failing on latency alone while the lab's own p99 on the path is this share of the
+budget or more is inconclusive: the latency measured is mostly the lab's."""
 
 HOPS: dict[str, str] = {
     "request": "client send → proxy sees the request",
@@ -275,7 +279,7 @@ def _resume(ctx: Context, frames: dict[str, pd.DataFrame | str]) -> dict[str, Js
     except MissingInput:
         return None
     budget = ctx.budgets.resume_p99_s
-    lat = latencies(rec, budget, ctx.stopped_at)
+    lat = latencies(rec, budget, ctx.stopped_at, client_ends(ctx.data))
     lat = lat[~lat["censored"]]
     measured = lat["latency"].to_numpy(dtype="float64")
     net = measured.copy()
@@ -396,12 +400,54 @@ def _section(ctx: Context) -> dict[str, JsonValue]:
     }
 
 
+def lab_share_of_path(sec: Mapping[str, Any]) -> tuple[float, list[str]]:
+    """The lab's own p99 on a resumption's path (request + upstream + delivery hops, outside
+    latency toxics where there were some) and its parts, as text."""
+    total, parts = 0.0, []
+    for h in sec.get("hops") or []:
+        if not isinstance(h, dict) or h.get("hop") not in MEASURED:
+            continue
+        judged = h["outside_toxics"] if h.get("outside_toxics") else h
+        p99 = judged.get("p99_s")
+        if isinstance(p99, int | float) and math.isfinite(p99):
+            total += float(p99)
+            parts.append(f"{h['hop']} {float(p99):.3f} s")
+    return total, parts
+
+
 def qualify_resume(ctx: Context, result: GateResult) -> GateResult:
-    """Gate 5 with the lab-latency warnings in its notes (its verdict unchanged)."""
+    """Gate 5 with the lab-latency warnings in its notes; and a failure on latency alone
+    (no server violation from the wire) while the lab's own p99 on a resumption's path is
+    at least `DOMINATES_SHARE` of the budget is the lab's, not the target's: inconclusive,
+    saying so (the lab is never the bottleneck it measures)."""
     sec = section(ctx)
     warned = sec.get("warnings")
     if not isinstance(warned, list) or not warned:
         return result
+    budget = ctx.budgets.resume_p99_s
+    own, parts = lab_share_of_path(sec)
+    m = result.measured
+    server_violations = int(cast(int, m.get("no_priming") or 0)) + int(
+        cast(int, m.get("silent_resumptions") or 0)
+    )
+    if result.verdict is Verdict.FAIL and server_violations == 0 and own >= DOMINATES_SHARE * budget:
+        text = (
+            f"limited by the lab: its own hops add p99 {own:.3f} s on a resumption's path "
+            f"({', '.join(parts)}), {own / budget:.0%} of the {budget:g} s budget (at least "
+            f"{DOMINATES_SHARE:.0%} is the lab's to answer for, not the target's)"
+        )
+        result = replace(
+            result,
+            verdict=Verdict.INCONCLUSIVE,
+            summary=f"{result.summary}; {text}",
+            evidence=(
+                *result.evidence,
+                Evidence(
+                    "lab latency", f"< {DOMINATES_SHARE:.0%} of the budget", f"{own:.3f} s", False, text
+                ),
+            ),
+            notes=(*result.notes, text),
+        )
     resume = sec.get("resume")
     net = ""
     if isinstance(resume, dict) and resume.get("joined"):

@@ -50,7 +50,7 @@ from lab.checker import processes
 from lab.checker.context import Context
 from lab.checker.faults import SOURCE_OF
 from lab.checker.gate_reconnect import per_second
-from lab.checker.gate_resume import PERCENTILE, latencies, nearest_rank
+from lab.checker.gate_resume import PERCENTILE, client_ends, latencies, nearest_rank
 from lab.checker.liveness import active_clients, never_finished_latencies
 from lab.checker.load import RunData
 from lab.checker.model import JsonValue
@@ -318,7 +318,7 @@ def measure_frames(
     recoveries = never = None
     p50 = p99 = math.nan
     if rec is not None:
-        lat = latencies(rec[_in(rec["lost_at"], start, end)], budget_s, stopped_at)
+        lat = latencies(rec[_in(rec["lost_at"], start, end)], budget_s, stopped_at, client_ends(data))
         values = lat.loc[~lat["censored"], "latency"].to_numpy(dtype="float64")
         if stuck is not None and len(stuck):
             values = np.concatenate(

@@ -34,7 +34,7 @@ from matplotlib.figure import Figure
 from dashboards import asset_path
 from lab.checker.context import Budgets, parse_budgets
 from lab.checker.faults import configured_faults, count_faults
-from lab.checker.gate_resume import PERCENTILE, latencies, nearest_rank
+from lab.checker.gate_resume import PERCENTILE, client_ends, latencies, nearest_rank
 from lab.checker.load import RunData
 from lab.report import series
 from lab.report.phase_figures import capacity_drawer, draw_processes, shade_phases
@@ -95,7 +95,10 @@ def draw_resume_latency(data: RunData, budgets: Budgets, fig: Figure) -> None:
         return
     stopped = (data.run or {}).get("stopped_at")
     lat = latencies(
-        data.client["recoveries"], budget, float(stopped) if isinstance(stopped, int | float) else None
+        data.client["recoveries"],
+        budget,
+        float(stopped) if isinstance(stopped, int | float) else None,
+        client_ends(data),
     )
     counted = lat[~lat["censored"]]["latency"].to_numpy(dtype="float64")
     finite = counted[np.isfinite(counted)]

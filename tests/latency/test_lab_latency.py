@@ -218,3 +218,17 @@ def test_every_field_of_the_section_is_documented() -> None:
     missing = sorted(n for n in names if f"`{n}`" not in documented)
     assert not missing, f"docs/report.md does not document {missing}"
     assert {"windows", "outside_toxics", "by_worker", "net_p99_s", "warnings"} <= names
+
+
+def test_gate_5_failing_on_latency_while_the_lab_adds_half_the_budget_is_inconclusive() -> None:
+    """Slow recoveries fail gate 5. When the lab's own hops on a resumption's path add half
+    the budget or more at p99, the latency is mostly the lab's: inconclusive, saying so;
+    with a fast lab the same recoveries FAIL."""
+    slow = [(w, c, 1.0, 80) for w in range(2) for c in range(3)]  # each recovered ~8 s later
+    fast_lab = gate5(World(recoveries=slow))
+    assert fast_lab["verdict"] == "fail", fast_lab["summary"]
+    assert "limited by the lab" not in fast_lab["summary"]
+    slow_lab = gate5(World(recoveries=slow, request=lambda _w, _t: 3.0))
+    assert slow_lab["verdict"] == "inconclusive", slow_lab["summary"]
+    assert "limited by the lab: its own hops add p99 3." in slow_lab["summary"]
+    assert any(e["name"] == "lab latency" and not e["ok"] for e in slow_lab["evidence"])
