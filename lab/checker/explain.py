@@ -94,3 +94,14 @@ def tap_ref(row: Mapping[str, Any] | pd.Series, prefix: str = "") -> list[str]:
 
 def fault_refs(decisions: Iterable[Any]) -> list[str]:
     return [f"fault:{d}" for d in dict.fromkeys(decisions) if present(d) and str(d)]
+
+
+def spread_head(frame: pd.DataFrame, limit: int, column: str = "check") -> pd.DataFrame:
+    """The first `limit` rows, but the first row of each kind (`column`) before any second
+    one: a gate failing on several checks shows a witness of each, not `limit` of the
+    commonest (a reader, and `lab selftest`, look for a particular check)."""
+    if len(frame) <= limit or column not in frame.columns:
+        return frame.head(limit)
+    rank = frame.groupby(column, sort=False).cumcount()
+    order = np.lexsort((np.arange(len(frame)), rank.to_numpy()))
+    return frame.iloc[np.sort(order[:limit])]

@@ -39,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from lab.checker.context import Context, in_keys, text_ids, text_key
-from lab.checker.explain import at, client_ref, present, row_of, short
+from lab.checker.explain import at, client_ref, present, row_of, short, spread_head
 from lab.checker.load import ROWID, SOURCE
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 from lab.checker.streams import StreamTruth, client_sessions, stream_truth
@@ -125,7 +125,9 @@ def check(ctx: Context) -> GateResult:
     }
     failed = count > budget
     verdict = decide(failed, evidence)
-    witnesses = tuple(server_witness(row, ctx) for _, row in server_bad.head(ctx.witness_limit).iterrows())
+    witnesses = tuple(
+        server_witness(row, ctx) for _, row in spread_head(server_bad, ctx.witness_limit).iterrows()
+    )
     witnesses += tuple(_witness(row, truth, ctx) for _, row in bad.head(ctx.witness_limit).iterrows())
     notes = []
     if unverifiable:

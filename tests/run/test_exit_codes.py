@@ -5,6 +5,7 @@ for a full disk (tests/robustness)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -31,6 +32,9 @@ def lab_run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def test_1_a_gate_failed(tmp_path: Path) -> None:
     proc = lab_run(tmp_path, str(HERE / "failgate.toml"))
     assert proc.returncode == ExitCode.GATE_FAILED, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (report,) = (tmp_path / "results").glob("*/report.json")
+    gates = {g["gate"]: g["verdict"] for g in json.loads(report.read_text())["gates"]}
+    assert gates["reconnect_qps"] == "fail", gates
 
 
 def test_3_a_bad_option_is_3_not_argparses_2(tmp_path: Path) -> None:
