@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -81,6 +82,24 @@ def latencies(
     return out
 
 
+def run_latencies(ctx: Context) -> pd.DataFrame:
+    """`latencies` of the run's client `recoveries`, as gate 5 judges them (computed once
+    per run: gate 5, the lab's limits and the lab-latency section all read it). Raises
+    `MissingInput` without a recoveries table."""
+    rec = ctx.require_client("recoveries")
+    return ctx.cached(
+        "resume_latencies",
+        lambda: latencies(rec, ctx.budgets.resume_p99_s, ctx.stopped_at, client_ends(ctx.data)),
+    )
+
+
+def server_violations(result: GateResult) -> int:
+    """Gate 5's violations the server committed on the wire (`no_priming`,
+    `silent_resumption`): never the lab's latency, so nothing may excuse them."""
+    m = result.measured
+    return sum(int(cast(int, m.get(name) or 0)) for name in ("no_priming", "silent_resumptions"))
+
+
 def client_ends(data: RunData) -> dict[str, float]:
     """Per client, the last moment its ledger shows it at work (its last exchange's end)."""
     if data.client is None or "http_exchanges" in data.client_tables_absent:
@@ -104,9 +123,8 @@ def nearest_rank(values: np.ndarray, q: float) -> float:
 
 
 def check(ctx: Context) -> GateResult:
-    rec = ctx.require_client("recoveries")
     budget = ctx.budgets.resume_p99_s
-    lat = latencies(rec, budget, ctx.stopped_at, client_ends(ctx.data))
+    lat = run_latencies(ctx)
     stuck = never_finished_latencies(ctx)
     if len(stuck):
         lat = pd.concat([lat, _as_recoveries(stuck)], ignore_index=True)

@@ -51,7 +51,7 @@ import pandas as pd
 
 from lab.checker import phases, processes
 from lab.checker.context import Context
-from lab.checker.gate_resume import client_ends, latencies, nearest_rank
+from lab.checker.gate_resume import nearest_rank, run_latencies, server_violations
 from lab.checker.lab_hops import delivery_delays, request_delays, upstream_delays
 from lab.checker.liveness import never_finished_latencies
 from lab.checker.load import MissingInput
@@ -275,11 +275,9 @@ def _resume(ctx: Context, frames: dict[str, pd.DataFrame | str]) -> dict[str, Js
     """Gate 5's latencies as measured and net of the delivery hop of the event that
     ended each recovery (where it joins); None without a recoveries table."""
     try:
-        rec = ctx.require_client("recoveries")
+        lat = run_latencies(ctx)
     except MissingInput:
         return None
-    budget = ctx.budgets.resume_p99_s
-    lat = latencies(rec, budget, ctx.stopped_at, client_ends(ctx.data))
     lat = lat[~lat["censored"]]
     measured = lat["latency"].to_numpy(dtype="float64")
     net = measured.copy()
@@ -426,11 +424,7 @@ def qualify_resume(ctx: Context, result: GateResult) -> GateResult:
         return result
     budget = ctx.budgets.resume_p99_s
     own, parts = lab_share_of_path(sec)
-    m = result.measured
-    server_violations = int(cast(int, m.get("no_priming") or 0)) + int(
-        cast(int, m.get("silent_resumptions") or 0)
-    )
-    if result.verdict is Verdict.FAIL and server_violations == 0 and own >= DOMINATES_SHARE * budget:
+    if result.verdict is Verdict.FAIL and server_violations(result) == 0 and own >= DOMINATES_SHARE * budget:
         text = (
             f"limited by the lab: its own hops add p99 {own:.3f} s on a resumption's path "
             f"({', '.join(parts)}), {own / budget:.0%} of the {budget:g} s budget (at least "

@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import cast
 
 import numpy as np
 
 from lab.checker import processes
 from lab.checker.context import Context
-from lab.checker.gate_resume import client_ends, latencies
+from lab.checker.gate_resume import run_latencies, server_violations
 from lab.checker.model import Evidence, GateResult, Verdict
 from lab.checker.processes import BOX, SATURATED_CPU, SATURATED_SHARE, ProcessSamples, Saturation
 
@@ -174,14 +173,13 @@ def qualify_resume(ctx: Context, result: GateResult) -> GateResult:
     the lab's: the gate is inconclusive, naming the process."""
     if result.verdict is not Verdict.FAIL:
         return result
-    m = result.measured
-    if int(cast(int, m.get("no_priming") or 0)) + int(cast(int, m.get("silent_resumptions") or 0)):
+    if server_violations(result):
         return result  # the server broke a rule on the wire: that is no latency of the lab's
     s = processes.samples(ctx)
     if not s.present or ctx.data.client is None or "recoveries" in ctx.data.client_tables_absent:
         return result
     budget = ctx.budgets.resume_p99_s
-    lat = latencies(ctx.data.client["recoveries"], budget, ctx.stopped_at, client_ends(ctx.data))
+    lat = run_latencies(ctx)
     slow = lat[~lat["censored"] & (lat["latency"] >= budget)]
     if not len(slow):
         return result
