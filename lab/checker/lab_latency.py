@@ -347,7 +347,7 @@ def _section(ctx: Context) -> dict[str, JsonValue]:
     for h in hops:
         if not h["measured"]:
             continue
-        judged = h["outside_toxics"] if h.get("outside_toxics") else h
+        judged = judged_figures(h)
         p99 = judged.get("p99_s")
         if p99 is None or p99 <= limit:
             continue
@@ -398,6 +398,13 @@ def _section(ctx: Context) -> dict[str, JsonValue]:
     }
 
 
+def judged_figures(hop: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A hop's figures as the warning judges them: outside latency toxics where there were
+    some (a delay inside one is the fault's, not the lab's)."""
+    outside = hop.get("outside_toxics")
+    return outside if isinstance(outside, Mapping) and outside else hop
+
+
 def lab_share_of_path(sec: Mapping[str, Any]) -> tuple[float, list[str]]:
     """The lab's own p99 on a resumption's path (request + upstream + delivery hops, outside
     latency toxics where there were some) and its parts, as text."""
@@ -405,7 +412,7 @@ def lab_share_of_path(sec: Mapping[str, Any]) -> tuple[float, list[str]]:
     for h in sec.get("hops") or []:
         if not isinstance(h, dict) or h.get("hop") not in MEASURED:
             continue
-        judged = h["outside_toxics"] if h.get("outside_toxics") else h
+        judged = judged_figures(h)
         p99 = judged.get("p99_s")
         if isinstance(p99, int | float) and math.isfinite(p99):
             total += float(p99)
