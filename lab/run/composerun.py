@@ -18,8 +18,9 @@ from typing import Any
 
 from lab.run.compose import prepare_folder
 from lab.run.options import PROXY_NAME, client_origin
+from lab.run.progress import JsonLines
 from lab.run.record import RunRecord
-from lab.run.watch import JsonLines, ToxicOutcomes, Watcher, describe_outcome, start_schedule
+from lab.run.watch import ToxicOutcomes, Watcher, describe_outcome, start_schedule
 from lab.runfolder import RunFolderError, read_run_json
 from lab.scenario import Scenario, load_scenario
 

@@ -52,11 +52,11 @@ from lab.run.options import (
 )
 from lab.run.phases import PhaseDriver, initial_knobs, refusal
 from lab.run.processes import Child, ProcessGroup, StartError
+from lab.run.progress import JsonLines
 from lab.run.record import RunRecord
 from lab.run.serverconf import UnsafeSetting, serve_accepts_config, serve_options, server_config_file
 from lab.run.serverconf import server_settings as make_server_settings
 from lab.run.watch import (
-    JsonLines,
     LoadStopped,
     RunningSchedule,
     ToxicOutcomes,

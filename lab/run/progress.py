@@ -32,9 +32,10 @@ ledgers about once a second)."""
 
 
 @dataclass
-class _Follower:
-    """Follows a JSON-lines file as it grows: hands out the complete lines appended since
-    the last call (a torn last line waits for the next)."""
+class JsonLines:
+    """Follows a JSON-lines file as it grows: the complete lines (or records) appended since
+    the last call (a torn last line waits for the next call; a bad line is skipped; a file
+    that cannot be read yet gives nothing)."""
 
     path: Path
     _offset: int = 0
@@ -44,26 +45,31 @@ class _Follower:
             with self.path.open("rb") as f:
                 f.seek(self._offset)
                 data = f.read()
-        except FileNotFoundError:
+        except OSError:
             return []
         complete = data[: data.rfind(b"\n") + 1]
         self._offset += len(complete)
         return complete.splitlines()
 
-
-@dataclass
-class TapCounter(_Follower):
-    events: int = 0
-    faults: Counter[str] = field(default_factory=Counter)
-
-    def update(self) -> None:
+    def new_records(self) -> list[dict[str, Any]]:
+        out = []
         for line in self.new_lines():
-            if not line:
-                continue
             try:
                 rec = json.loads(line)
             except ValueError:
                 continue
+            if isinstance(rec, dict):
+                out.append(rec)
+        return out
+
+
+@dataclass
+class TapCounter(JsonLines):
+    events: int = 0
+    faults: Counter[str] = field(default_factory=Counter)
+
+    def update(self) -> None:
+        for rec in self.new_records():
             self._count(rec)
 
     def _count(self, rec: dict[str, Any]) -> None:
@@ -79,7 +85,7 @@ class TapCounter(_Follower):
 
 
 @dataclass
-class NemesisCounter(_Follower):
+class NemesisCounter(JsonLines):
     toxics: int = 0
 
     def update(self) -> None:

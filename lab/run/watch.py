@@ -17,44 +17,15 @@
 from __future__ import annotations
 
 import inspect
-import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
-from lab.run.progress import NemesisCounter, ProgressLine, TapCounter, read_progress
+from lab.run.progress import JsonLines, NemesisCounter, ProgressLine, TapCounter, read_progress
 from lab.scenario import Scenario
 
 OUTCOMES: Final = ("ok", "failed", "timeout", "unknown")
-
-
-@dataclass
-class JsonLines:
-    """Follows a JSON-lines file as it grows: the complete records appended since the
-    last call (a torn last line waits for the next call; a bad line is skipped)."""
-
-    path: Path
-    _offset: int = 0
-
-    def new_records(self) -> list[dict[str, Any]]:
-        try:
-            with self.path.open("rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except OSError:
-            return []
-        complete = data[: data.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        out = []
-        for line in complete.splitlines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict):
-                out.append(rec)
-        return out
 
 
 def outcome_record(

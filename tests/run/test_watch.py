@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from lab.run.progress import JsonLines
 from lab.run.watch import (
-    JsonLines,
     StallDetector,
     ToxicOutcomes,
     active_windows,
