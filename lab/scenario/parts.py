@@ -289,18 +289,6 @@ class Scenario:
             stages=tuple((float(s["until"]), int(s["users"]), float(s["spawn_rate"])) for s in self.stages()),
         )
 
-    def serve_args(self) -> list[str]:
-        """Arguments for `lab serve` that this scenario's reference target asks for."""
-        t = self.target
-        args = ["--session-ttl", f"{t.session_ttl:g}", "--delete", t.delete]
-        args += ["--allowed-origins", ",".join(t.allowed_origins)]
-        args += ["--max-streams", str(t.max_streams), "--retry-after", str(t.retry_after)]
-        if t.max_rps:
-            args += ["--max-rps", f"{t.max_rps:g}"]
-        if t.tokens:
-            args += ["--tokens", ",".join(f"{k}={v}" for k, v in sorted(t.tokens.items()))]
-        return args
-
     def to_dict(self) -> dict[str, Any]:
         """The whole scenario as loaded, defaults filled in (run.json `scenario`)."""
         load = asdict(self.load)

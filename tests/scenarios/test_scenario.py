@@ -142,8 +142,12 @@ def test_toxics_schedule_is_plain_data() -> None:
 
 
 def test_serve_args_follow_the_target() -> None:
-    args = load_scenario("old-token").serve_args()
-    assert "--tokens" in args and "alice-token=alice" in args[args.index("--tokens") + 1]
+    # What `lab run` gives a `lab serve` without `--config` (lab.run.serverconf).
+    from lab.run.serverconf import server_settings, settings_as_flags
+
+    args = settings_as_flags(server_settings(load_scenario("old-token").target, admin_token=None))
+    (tokens,) = [a for a in args if a.startswith("--tokens=")]
+    assert "alice-token=alice" in tokens
 
 
 # ---------------------------------------------------------------------- mistakes
