@@ -25,7 +25,7 @@ from lab.checker import client_wire
 from lab.checker.applog import app_logs, app_ref
 from lab.checker.client_delivery import recoveries
 from lab.checker.context import Context
-from lab.checker.explain import at, row_of
+from lab.checker.explain import at, finite_or_none, row_of
 from lab.checker.gate_resume import PERCENTILE, nearest_rank
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 
@@ -76,9 +76,9 @@ def check(ctx: Context) -> GateResult:
         budget={"resume_p99_s": budget, "min_recoveries": need},
         measured={
             "recoveries": n,
-            "p50_s": _finite(nearest_rank(values, 0.5)),
-            "p90_s": _finite(nearest_rank(values, 0.9)),
-            "p99_s": _finite(p99),
+            "p50_s": finite_or_none(nearest_rank(values, 0.5)),
+            "p90_s": finite_or_none(nearest_rank(values, 0.9)),
+            "p99_s": finite_or_none(p99),
             "p99_unbounded": bool(math.isinf(p99)),
             "max_recovered_s": float(finite.max()) if len(finite) else None,
             "never_recovered": int((never & ~censored).sum()),
@@ -95,10 +95,6 @@ def check(ctx: Context) -> GateResult:
         attribution_counts={"unattributed": len(slow)} if failed else {},
         truth_from=TRUTH_FROM,
     )
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
 
 
 def _witness(r: pd.Series, budget: float, ctx: Context) -> Witness:

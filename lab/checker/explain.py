@@ -29,6 +29,11 @@ def row_of(row: Mapping[str, Any] | pd.Series, names: Iterable[str]) -> dict[str
     return {name: scalar(row[name]) for name in names if name in row}
 
 
+def finite_or_none(value: float) -> float | None:
+    """A figure for report.json: infinity and NaN (no value) become null."""
+    return value if math.isfinite(value) else None
+
+
 def short(digest: Any, n: int = 12) -> str:
     return "?" if digest is None or (isinstance(digest, float) and math.isnan(digest)) else str(digest)[:n]
 

@@ -38,7 +38,7 @@ import numpy as np
 import pandas as pd
 
 from lab.checker.context import Context
-from lab.checker.explain import at, client_ref, row_of, tap_ref
+from lab.checker.explain import at, client_ref, finite_or_none, row_of, tap_ref
 from lab.checker.liveness import describe_stuck, never_finished_latencies
 from lab.checker.load import RunData
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
@@ -169,9 +169,9 @@ def check(ctx: Context) -> GateResult:
         budget={"resume_p99_s": budget, "min_recoveries": need},
         measured={
             "recoveries": n,
-            "p50_s": _finite(nearest_rank(values, 0.5)),
-            "p90_s": _finite(nearest_rank(values, 0.9)),
-            "p99_s": _finite(p99),
+            "p50_s": finite_or_none(nearest_rank(values, 0.5)),
+            "p90_s": finite_or_none(nearest_rank(values, 0.9)),
+            "p99_s": finite_or_none(p99),
             "p99_unbounded": bool(math.isinf(p99)),
             "max_recovered_s": float(finite.max()) if len(finite) else None,
             "never_recovered": never,
@@ -196,10 +196,6 @@ def check(ctx: Context) -> GateResult:
         | ({"server": server_count} if server_count else {}),
         notes=tuple(notes),
     )
-
-
-def _finite(value: float) -> float | None:
-    return value if math.isfinite(value) else None
 
 
 def _as_recoveries(stuck: pd.DataFrame) -> pd.DataFrame:
