@@ -126,7 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return ExitCode.PASS
     command = str(args.command)
+    from lab.oslimits import raise_open_files_limit
     from lab.runfolder import RunFolderError
+
+    raise_open_files_limit()  # the processes a run starts inherit it
 
     try:
         return int(func(args))
