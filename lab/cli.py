@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from lab.oslimits import raise_open_files_limit
     from lab.runfolder import RunFolderError
 
-    raise_open_files_limit()  # the processes a run starts inherit it
+    raise_open_files_limit()  # the processes a run starts (mitmdump, Locust) inherit it
 
     try:
         return int(func(args))

@@ -53,7 +53,6 @@ from lab.inbox import InboxDatabase
 from lab.load import sut_user
 from lab.load.settings import LoadSettings, ledger_key, split_budget
 from lab.load.user import WORKER, McpUser, WorkerContext
-from lab.oslimits import raise_open_files_limit
 
 STOP_FILE = "stop-requested"
 """Created in the run folder by `lab run` to end the load gracefully."""
@@ -128,7 +127,6 @@ def _write_json(path: Path, obj: Any) -> None:
 
 @events.init.add_listener  # type: ignore[untyped-decorator]
 def on_init(environment: Environment, **_: Any) -> None:
-    raise_open_files_limit()  # a worker holds a connection per client (compose starts locust directly)
     runner = environment.runner
     settings = SETTINGS
     if settings.by_hand and environment.host:
