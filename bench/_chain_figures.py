@@ -8,7 +8,8 @@ reference server's ledger (`requests`) all keep it, so one request can be follow
 across the chain and its loss put on the segment where it happened:
 
     clients -> proxy    sent by a client, never seen by the tap (the nemesis or mitmdump
-                        never took it: refused, reset, or still queued when the client gave up)
+                        never took it: refused, reset, or still queued when the client gave
+                        up), or seen by the tap only after the client had given up on it
     proxy -> server     seen by the tap, no status, and the server never answered it
     server -> proxy     the server answered it (a `requests` row), the tap has no status:
                         mitmdump never passed the answer on
@@ -111,10 +112,14 @@ class Requests:
     """tap flows the proxy answered itself (a fault's answer)."""
     unanswered: int = 0
     """tap flows with no status: no answer came from upstream."""
+    late: int = 0
+    """of the unanswered, those that reached the proxy after their client had given up."""
     server_answered: int = 0
     """tap flows whose request the server logged with a status (its `requests` table)."""
     lost: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEGMENTS, 0))
     entered: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEGMENTS, 0))
+    to_proxy_p99_s: float | None = None
+    """p99 of tap `t_request` - the client's `started_at` (client to proxy, through the nemesis)."""
     proxy_p99_s: float | None = None
     """p99 of tap `t - t_request` of the answered flows (request in to answer out, at the proxy)."""
     client_p99_s: float | None = None
@@ -137,14 +142,24 @@ class Requests:
         return self.no_answer_at_client / self.sent if self.sent else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class Exchange:
+    """One request in the client ledger (`http_exchanges`)."""
+
+    answered: bool
+    """a response head came back (`status` not NULL)."""
+    started_at: float | None
+    ended_at: float | None
+
+
 @dataclass(slots=True)
 class ClientLedger:
     """One worker's client ledger: what the figures need of it."""
 
-    exchanges: dict[str, bool] = field(default_factory=dict)
-    """x-lab-conn -> whether a response head came back."""
-    call_latency: list[float] = field(default_factory=list)
-    calls: dict[str, int] = field(default_factory=dict)
+    exchanges: dict[str, Exchange] = field(default_factory=dict)
+    """x-lab-conn -> the request as its client saw it."""
+    calls: list[tuple[float, str, float | None]] = field(default_factory=list)
+    """(started_at, outcome, finished_at - started_at) of every call (`operations`)."""
     clients: int = 0
     with_session: int = 0
     first_request: float | None = None
@@ -159,10 +174,10 @@ def read_client(path: Path) -> ClientLedger:
     c = ClientLedger()
     db = _open_ro(path)
     try:
-        for conn, answered in db.execute(
-            "SELECT client_id || ':' || conn_id, status IS NOT NULL FROM http_exchanges"
+        for conn, answered, started, ended in db.execute(
+            "SELECT client_id || ':' || conn_id, status IS NOT NULL, started_at, ended_at FROM http_exchanges"
         ):
-            c.exchanges[str(conn)] = bool(answered)
+            c.exchanges[str(conn)] = Exchange(bool(answered), _float(started), _float(ended))
         row = db.execute("SELECT COUNT(DISTINCT client_id), MIN(started_at) FROM http_exchanges").fetchone()
         c.clients, c.first_request = int(row[0]), row[1]
         c.with_session = int(
@@ -170,13 +185,10 @@ def read_client(path: Path) -> ClientLedger:
                 "SELECT COUNT(DISTINCT client_id) FROM sessions WHERE what = 'established'"
             ).fetchone()[0]
         )
-        c.calls = {
-            str(k): int(n) for k, n in db.execute("SELECT outcome, COUNT(*) FROM operations GROUP BY 1")
-        }
-        c.call_latency = [
-            float(d)
-            for (d,) in db.execute(
-                "SELECT finished_at - started_at FROM operations WHERE outcome = 'ok' AND finished_at IS NOT NULL"
+        c.calls = [
+            (float(started), str(outcome), _float(took))
+            for started, outcome, took in db.execute(
+                "SELECT started_at, outcome, finished_at - started_at FROM operations WHERE started_at IS NOT NULL"
             )
         ]
     finally:
@@ -207,7 +219,10 @@ def read_server_answered(folder: Path) -> set[str] | None:
 class TapFlow:
     status: int | None
     by_proxy: bool
+    t_request: float | None
+    """when the request reached the proxy (absent from older taps)."""
     latency: float | None
+    """`t - t_request`: request in to the answer's head out."""
 
 
 def read_flows(path: Path) -> dict[str, TapFlow]:
@@ -225,10 +240,12 @@ def read_flows(path: Path) -> dict[str, TapFlow]:
                 rec = json.loads(line)
             except ValueError:
                 continue  # the last line of a killed writer
-            status, t, t_req = rec.get("status"), rec.get("t"), rec.get("t_request")
-            latency = t - t_req if isinstance(t, float | int) and isinstance(t_req, float | int) else None
+            status, t, t_req = rec.get("status"), _float(rec.get("t")), _float(rec.get("t_request"))
             flows[str(rec.get("conn"))] = TapFlow(
-                status if isinstance(status, int) else None, rec.get("answered_by") == "proxy", latency
+                status if isinstance(status, int) and not isinstance(status, bool) else None,
+                rec.get("answered_by") == "proxy",
+                t_req,
+                None if t is None or t_req is None else t - t_req,
             )
     return flows
 
@@ -240,50 +257,79 @@ def p99(values: Iterable[float]) -> float | None:
 
 
 def requests(
-    clients: Mapping[str, ClientLedger], flows: Mapping[str, TapFlow], server: set[str] | None
+    clients: Mapping[str, ClientLedger],
+    flows: Mapping[str, TapFlow],
+    server: set[str] | None,
+    start: float | None = None,
+    end: float | None = None,
 ) -> Requests:
-    """Join the three ledgers on x-lab-conn and put each loss on its segment."""
+    """Join the three ledgers on x-lab-conn and put each loss on its segment; only the
+    requests (and calls) a client started in [start, end), when given; a flow whose
+    request is not in a client ledger, by when it reached the proxy."""
+
+    def inside(t: float | None) -> bool:
+        return t is None or ((start is None or t >= start) and (end is None or t < end))
+
     r = Requests(server_ledger=server is not None)
-    answered_latency: list[float] = []
-    for f in flows.values():
-        r.seen += 1
-        if f.status is None:
-            r.unanswered += 1
-        elif f.by_proxy:
-            r.by_proxy += 1
-        else:
-            r.answered += 1
-            if f.latency is not None:
-                answered_latency.append(f.latency)
-    r.proxy_p99_s = p99(answered_latency)
-    if server is not None:
-        for conn, f in flows.items():
-            if f.by_proxy or conn not in server:
-                continue
-            r.server_answered += 1
-            if f.status is None:
-                r.lost["server -> proxy"] += 1
-        r.entered["server -> proxy"] = r.server_answered
-    r.entered["proxy -> server"] = r.seen - r.by_proxy
-    r.lost["proxy -> server"] = r.unanswered - r.lost["server -> proxy"]
+    sent: dict[str, Exchange] = {}
     latency: list[float] = []
     for c in clients.values():
         r.clients += c.clients
         r.with_session += c.with_session
-        latency += c.call_latency
-        for k, n in c.calls.items():
-            r.calls[k] = r.calls.get(k, 0) + n
-        for conn, answered in c.exchanges.items():
-            r.sent += 1
-            r.no_answer_at_client += not answered
-            flow = flows.get(conn)
-            if flow is None:
-                r.lost["clients -> proxy"] += 1
-            elif flow.status is not None:
-                r.entered["proxy -> clients"] += 1
-                r.lost["proxy -> clients"] += not answered
-    r.entered["clients -> proxy"] = r.sent
+        for started, outcome, took in c.calls:
+            if inside(started):
+                r.calls[outcome] = r.calls.get(outcome, 0) + 1
+                if outcome == "ok" and took is not None:
+                    latency.append(took)
+        sent.update((conn, x) for conn, x in c.exchanges.items() if inside(x.started_at))
     r.client_p99_s = p99(latency)
+    r.sent = r.entered["clients -> proxy"] = len(sent)
+    known = {conn for c in clients.values() for conn in c.exchanges}
+    judged = {
+        conn: f for conn, f in flows.items() if conn in sent or (conn not in known and inside(f.t_request))
+    }
+    answered_latency: list[float] = []
+    to_proxy: list[float] = []
+    for conn, f in judged.items():
+        r.seen += 1
+        x = sent.get(conn)
+        if x is not None and x.started_at is not None and f.t_request is not None:
+            to_proxy.append(f.t_request - x.started_at)
+        if f.status is None:
+            r.unanswered += 1
+            if (
+                x is not None
+                and x.ended_at is not None
+                and f.t_request is not None
+                and f.t_request >= x.ended_at
+            ):
+                r.late += 1  # its client had already given up: lost before the proxy
+                r.lost["clients -> proxy"] += 1
+                continue
+        elif f.by_proxy:
+            r.by_proxy += 1
+            continue
+        else:
+            r.answered += 1
+            if f.latency is not None:
+                answered_latency.append(f.latency)
+        r.entered["proxy -> server"] += 1
+        if server is not None and conn in server:
+            r.server_answered += 1
+            r.entered["server -> proxy"] += 1
+            r.lost["server -> proxy"] += f.status is None
+        else:
+            r.lost["proxy -> server"] += f.status is None
+    r.proxy_p99_s = p99(answered_latency)
+    r.to_proxy_p99_s = p99(to_proxy)
+    for conn, x in sent.items():
+        r.no_answer_at_client += not x.answered
+        flow = judged.get(conn)
+        if flow is None:
+            r.lost["clients -> proxy"] += 1
+        elif flow.status is not None:
+            r.entered["proxy -> clients"] += 1
+            r.lost["proxy -> clients"] += not x.answered
     return r
 
 

@@ -110,6 +110,10 @@ def step_scenario(template: dict[str, Any], users: int, args: argparse.Namespace
         wait_min=f"{args.wait_min:g}s",
         wait_max=f"{args.wait_max:g}s",
         open_standalone=True,
+        # A client idle for up to wait_max sends nothing, and the reference server sends
+        # nothing unasked on a standalone stream: the lab would end a healthy step of idle
+        # clients as "traffic stalled" after its default 20 s.
+        stall_timeout=f"{max(20.0, args.wait_max + 30):g}s",
     )
     return doc
 
@@ -264,7 +268,12 @@ class Step:
     code: int | None
     end_reason: str
     verdict: str | None
+    load_s: float | None
+    """seconds from the run's start to the planned end of its load (None: not planned)."""
     requests: Requests
+    """the requests the clients started during the load."""
+    at_stop: Requests
+    """the requests they started after it: the clients leaving (their DELETEs)."""
     processes: list[Process]
     cpus: int | None
     conns: Connections | None
@@ -282,6 +291,12 @@ def measure(
         wall = run["stopped_at"] - run["started_at"]
     clients = read_clients(folder)
     procs, cpus = processes(folder, clients)
+    flows = read_flows(folder / "proxy" / "tap.jsonl")
+    server = read_server_answered(folder)
+    start, duration, stop = run.get("started_at"), load.get("duration"), run.get("stopped_at")
+    end = None
+    if isinstance(start, float) and isinstance(duration, int | float):
+        end = start + duration if not isinstance(stop, float) else min(start + duration, stop)
     return Step(
         folder=folder,
         users=int(load.get("users") or 0),
@@ -290,7 +305,9 @@ def measure(
         code=code,
         end_reason=str(run.get("end_reason") or run.get("status") or "?"),
         verdict=report.get("verdict"),
-        requests=requests(clients, read_flows(folder / "proxy" / "tap.jsonl"), read_server_answered(folder)),
+        load_s=None if end is None else end - start,
+        requests=requests(clients, flows, server, end=end),
+        at_stop=requests(clients, flows, server, start=end) if end is not None else Requests(),
         processes=procs,
         cpus=cpus,
         conns=conns if conns is not None else Connections.read(folder),
@@ -307,7 +324,7 @@ def pct(n: int, d: int) -> str:
 
 def show_step(s: Step) -> None:
     r = s.requests
-    print(f"\n== {s.users} clients, {s.workers} workers: {s.folder}")
+    print(f"\n== {s.users} clients, {s.workers} worker{'s' * (s.workers != 1)}: {s.folder}")
     exit_ = "—" if s.code is None else str(s.code)
     verdict = f", verdict {s.verdict}" if s.verdict else ""
     print(f"exit {exit_}, end {s.end_reason}{verdict}, wall {secs(s.wall)}")
@@ -333,24 +350,37 @@ def show_step(s: Step) -> None:
         drops = ", ".join(f"{k} {v}" for k, v in sorted(c.listen_drops.items())) or "—"
         print(f"peak connections accepted per hop: {hops}; {c.samples} samples")
         print(f"box: TIME_WAIT peak {c.time_wait}; during the step {drops}")
+    planned = "" if s.load_s is None else f" (started in the first {s.load_s:.0f} s, the planned load)"
     print(
-        f"requests: sent {r.sent}, seen by the proxy {r.seen}, answered by the server {r.answered}, "
-        f"unanswered {r.unanswered} ({pct(r.unanswered, r.seen)} of seen)"
+        f"requests{planned}: sent {r.sent}, seen by the proxy {r.seen}, answered by the server "
+        f"{r.answered}, unanswered {r.unanswered} ({pct(r.unanswered, r.seen)} of seen; {r.late} of "
+        "them reached the proxy after their client had given up)"
         + (f", answered by the proxy {r.by_proxy}" if r.by_proxy else "")
     )
     print(
         f"  no answer at the client: {r.no_answer_at_client} ({pct(r.no_answer_at_client, r.sent)} of sent)"
     )
+    stop = s.at_stop
+    print(f"  {'segment':<17} {'lost':>7} {'of':>7} {'share':>7}   after it, clients leaving: lost of share")
     for seg in SEGMENTS:
         if seg == "server -> proxy" and not r.server_ledger:
             print(f"  {seg:<17} — (no server ledger: its losses count under proxy -> server)")
             continue
         print(
-            f"  {seg:<17} lost {r.lost[seg]:>7} of {r.entered[seg]:>7}  {pct(r.lost[seg], r.entered[seg]):>7}"
+            f"  {seg:<17} {r.lost[seg]:>7} {r.entered[seg]:>7} {pct(r.lost[seg], r.entered[seg]):>7}   "
+            f"{stop.lost[seg]:>7} {stop.entered[seg]:>7} {pct(stop.lost[seg], stop.entered[seg]):>7}"
         )
     calls = ", ".join(f"{k} {n}" for k, n in sorted(r.calls.items())) or "none"
     print(f"  clients {r.clients} sent a request, {r.with_session} got a session; calls: {calls}")
-    print(f"  p99 answered at the proxy {secs(r.proxy_p99_s)}, calls at the clients {secs(r.client_p99_s)}")
+    print(
+        f"  p99: client to proxy {secs(r.to_proxy_p99_s)}, answered at the proxy {secs(r.proxy_p99_s)} "
+        f"(request in to answer out), calls at the clients {secs(r.client_p99_s)}"
+    )
+    if stop.sent:
+        print(
+            f"  after the load: sent {stop.sent}, seen {stop.seen}, answered {stop.answered}, "
+            f"unanswered {stop.unanswered}, no answer at the client {stop.no_answer_at_client}"
+        )
 
 
 def _num(value: float | int | None, digits: int = 2) -> str:
@@ -361,8 +391,8 @@ def show_table(steps: list[Step]) -> None:
     print("\n== steps")
     head = (
         f"{'clients':>7} {'wkrs':>4} {'exit':>4} {'wall s':>7} {'sessions':>8} {'sent':>7} {'seen':>7} "
-        f"{'answered':>8} {'unansw':>7} {'no ans %':>8} {'proxy p99':>9} {'call p99':>9} "
-        f"{'conns nem/mitm/srv':>20} {'busiest process':>22} {'KiB/client':>10}"
+        f"{'answered':>8} {'unansw':>7} {'no ans %':>8} {'to proxy':>9} {'proxy p99':>9} {'call p99':>9} "
+        f"{'conns nem/mitm/srv':>20} {'busiest process':>22} {'KiB/client':>10} {'leaving: no ans':>15}"
     )
     print(head)
     for s in steps:
@@ -376,8 +406,9 @@ def show_table(steps: list[Step]) -> None:
             f"{s.users:>7} {s.workers:>4} {'—' if s.code is None else s.code:>4} "
             f"{'—' if s.wall is None else f'{s.wall:.0f}':>7} {r.with_session:>8} {r.sent:>7} {r.seen:>7} "
             f"{r.answered:>8} {r.unanswered:>7} {pct(r.no_answer_at_client, r.sent):>8} "
-            f"{secs(r.proxy_p99_s):>9} {secs(r.client_p99_s):>9} {conns:>20} {busy:>22} "
-            f"{f'{max(kib):.1f}' if kib else '—':>10}"
+            f"{secs(r.to_proxy_p99_s):>9} {secs(r.proxy_p99_s):>9} {secs(r.client_p99_s):>9} {conns:>20} {busy:>22} "
+            f"{f'{max(kib):.1f}' if kib else '—':>10} "
+            f"{pct(s.at_stop.no_answer_at_client, s.at_stop.sent):>15}"
         )
     first = first_to_stop((s.users, s.requests) for s in steps)
     rule = f"more than {LOSS_SHARE:.0%} and at least {LOSS_MIN} of the requests entering it lost"
@@ -386,6 +417,10 @@ def show_table(steps: list[Step]) -> None:
     else:
         seg, users, share = first
         print(f"first hop to stop answering: {seg} at step {users} ({share:.1%} lost; rule: {rule})")
+    leaving = first_to_stop((s.users, s.at_stop) for s in steps)
+    if leaving is not None:
+        seg, users, share = leaving
+        print(f"  after the load (clients leaving), first: {seg} at step {users} ({share:.1%} lost)")
 
 
 def show_box() -> None:

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from _chain_figures import (
     LOSS_MIN,
-    SEGMENTS,
     ClientLedger,
+    Exchange,
     Requests,
     TapFlow,
     count_tcp,
@@ -44,6 +44,7 @@ def test_a_step_scenario_is_the_template_with_the_steps_clients(tmp_path: Path) 
     assert sc.load.hard_timeout >= 2 * sc.load.duration
     assert (sc.load.wait_min, sc.load.wait_max) == (30.0, 90.0)
     assert sc.load.open_standalone
+    assert sc.load.stall_timeout > sc.load.wait_max  # idle clients are not a stall
     assert sc.target.max_streams >= 2 * 6000
     assert sc.load.mix == {**{"churn": 0}, **template["load"]["mix"]}
     assert not sc.faults and not sc.toxics
@@ -70,25 +71,36 @@ def test_count_tcp_counts_the_connections_a_listening_port_accepted() -> None:
 
 
 def test_each_loss_is_put_on_the_segment_where_it_happened() -> None:
+    def sent(answered: bool) -> Exchange:
+        return Exchange(answered, started_at=100.0, ended_at=105.0)
+
     client = ClientLedger(
-        exchanges={"c:1": True, "c:2": False, "c:3": False, "c:4": False, "c:5": False}, clients=1
+        exchanges={f"c:{i}": sent(i == 1) for i in range(1, 7)},
+        clients=1,
     )
     flows = {
-        "c:1": TapFlow(200, False, 0.01),  # answered end to end
+        "c:1": TapFlow(200, False, 100.1, 0.01),  # answered end to end
         # c:2 never reached the proxy
-        "c:3": TapFlow(None, False, None),  # the server never answered
-        "c:4": TapFlow(None, False, None),  # the server answered, the proxy did not pass it on
-        "c:5": TapFlow(202, False, 0.02),  # the proxy passed it on, the client got nothing
+        "c:3": TapFlow(None, False, 100.1, None),  # the server never answered
+        "c:4": TapFlow(None, False, 100.1, None),  # the server answered, the proxy did not pass it on
+        "c:5": TapFlow(202, False, 100.1, 0.02),  # the proxy passed it on, the client got nothing
+        "c:6": TapFlow(None, False, 106.0, None),  # reached the proxy after its client gave up
     }
     r = requests({"worker-0": client}, flows, server={"c:1", "c:4", "c:5"})
-    assert (r.sent, r.seen, r.answered, r.unanswered, r.no_answer_at_client) == (5, 4, 2, 2, 4)
-    assert r.lost == dict.fromkeys(SEGMENTS, 1)
+    assert (r.sent, r.seen, r.answered, r.unanswered, r.late, r.no_answer_at_client) == (6, 5, 2, 3, 1, 5)
+    assert r.lost == {
+        "clients -> proxy": 2,
+        "proxy -> server": 1,
+        "server -> proxy": 1,
+        "proxy -> clients": 1,
+    }
     assert r.entered == {
-        "clients -> proxy": 5,
+        "clients -> proxy": 6,
         "proxy -> server": 4,
         "server -> proxy": 3,
         "proxy -> clients": 2,
     }
+    assert r.to_proxy_p99_s == pytest.approx(6.0)  # c:6's 6 s to reach the proxy
     # Without the server's ledger the two upstream losses cannot be told apart.
     blind = requests({"worker-0": client}, flows, server=None)
     assert blind.lost["proxy -> server"] == 2 and blind.lost["server -> proxy"] == 0
@@ -113,8 +125,9 @@ def test_the_first_segment_to_stop_answering() -> None:
 
 STEP_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)\s", re.M)
 REQUESTS = re.compile(
-    r"requests: sent (\d+), seen by the proxy (\d+), answered by the server (\d+), unanswered (\d+)"
+    r"requests[^:\n]*: sent (\d+), seen by the proxy (\d+), answered by the server (\d+), unanswered (\d+)"
 )
+AFTER = re.compile(r"after the load: sent (\d+), seen (\d+), answered (\d+), unanswered (\d+)")
 
 
 def _table_row(out: str, users: int) -> dict[str, int]:
@@ -161,8 +174,10 @@ def test_one_small_step_through_the_whole_chain(tmp_path: Path) -> None:
     db.close()
     lines = (folder / "proxy" / "tap.jsonl").read_text(encoding="utf-8").splitlines()
     flows = [rec for rec in map(json.loads, lines) if rec.get("type") == "flow"]
-    assert (row["sent"], row["seen"]) == (sent, len(flows))
-    assert row["unanswered"] == sum(1 for f in flows if f["status"] is None)
+    after = AFTER.search(done.stdout)  # the requests of the clients leaving, if any
+    left = [int(v) for v in after.groups()] if after else [0, 0, 0, 0]
+    assert (row["sent"] + left[0], row["seen"] + left[1]) == (sent, len(flows))
+    assert row["unanswered"] + left[3] == sum(1 for f in flows if f["status"] is None)
 
     # A finished run gives the same figures, and the connections saved beside it.
     again = subprocess.run(
