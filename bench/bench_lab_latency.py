@@ -41,8 +41,9 @@ from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-LAB = str(Path(sys.executable).with_name("lab"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _labrun import listening, run_folder, start_run
+
 BIN_S = 5.0
 
 SCENARIO = """# bench/bench_lab_latency.py: gate-100k's shape, no faults
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace, tmp: Path) -> tuple[Path, float, int]:
         env["GEVENT_MAX_BLOCKING_TIME"] = str(args.blocking / 1000.0)
     out = tmp / "results"
     t0 = time.monotonic()
-    proc = subprocess.Popen([LAB, "run", str(scenario), "--out", str(out), "--quiet"], cwd=ROOT, env=env)
+    proc = start_run(scenario, out, env=env)
     probes: dict[str, list[float]] = {}
     prober = threading.Thread(target=probe_layers, args=(out, proc, probes), daemon=True)
     if args.probe:
@@ -108,37 +109,10 @@ def run(args: argparse.Namespace, tmp: Path) -> tuple[Path, float, int]:
     if args.probe:
         prober.join(timeout=5)
         print_probes(probes)
-    (folder,) = [p for p in out.iterdir() if p.is_dir()]
+    folder = run_folder(out)
+    if folder is None:
+        raise SystemExit(f"lab run exited {code} without making a run folder under {out}")
     return folder, wall, code
-
-
-LAYERS = (
-    ("server", "logs/server.log", "lab-serve listening on "),
-    ("mitmproxy", "logs/mitmproxy.log", " listening on "),
-)
-
-
-def _listen(folder: Path) -> dict[str, tuple[str, int]]:
-    """layer -> (host, port), from the parts' ready lines and the nemesis log."""
-    found: dict[str, tuple[str, int]] = {}
-    for layer, log, marker in LAYERS:
-        path = folder / log
-        text = path.read_text(errors="replace") if path.is_file() else ""
-        for line in text.splitlines():
-            if marker in line and "http://" in line:
-                hostport = line.split("http://", 1)[1].split("/", 1)[0]
-                host, _, port = hostport.rpartition(":")
-                found[layer] = (host, int(port))
-                break
-    nemesis = folder / "nemesis.jsonl"
-    if nemesis.is_file():
-        for line in nemesis.read_text(errors="replace").splitlines():
-            rec = json.loads(line) if line.startswith("{") else {}
-            if rec.get("type") == "proxy_created" and isinstance(rec.get("listen"), str):
-                host, _, port = rec["listen"].rpartition(":")
-                found["nemesis"] = (host, int(port))
-                break
-    return found
 
 
 def _first_byte(host: str, port: int) -> float | None:
@@ -157,10 +131,10 @@ def probe_layers(out: Path, proc: subprocess.Popen[bytes], probes: dict[str, lis
     """Every 0.2 s while `lab run` runs (and its load is on): each layer's first byte."""
     listen: dict[str, tuple[str, int]] = {}
     while proc.poll() is None and len(listen) < 3:
-        folders = [p for p in out.iterdir() if p.is_dir()] if out.is_dir() else []
-        listen = _listen(folders[0]) if folders else {}
+        found = run_folder(out)
+        listen = listening(found) if found else {}
         time.sleep(0.5)
-    folder = next((p for p in out.iterdir() if p.is_dir()), None) if out.is_dir() else None
+    folder = run_folder(out)
     while proc.poll() is None and folder is not None and not (folder / "progress.json").is_file():
         time.sleep(0.2)  # the load has not started yet
     while proc.poll() is None and folder is not None and not (folder / "report.json").exists():

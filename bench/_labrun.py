@@ -1,0 +1,87 @@
+"""What the benches that drive a whole `lab run` share: starting it on a scenario they
+wrote, finding the run folder it makes, and the port each part of the chain listens on.
+
+The chain a run builds is clients -> nemesis -> mitmdump (the addon) -> reference server;
+every part listens on a port the OS picked (port 0), so a bench learns them from the run
+folder once the parts say they are up: the server's and mitmdump's ready lines in their
+logs, the nemesis's `proxy_created` record in nemesis.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LAB = str(Path(sys.executable).with_name("lab"))
+
+HOPS = ("nemesis", "mitmproxy", "server")
+"""The chain's listening parts, nearest the clients first."""
+
+READY_LINES = (
+    ("server", "logs/server.log", "lab-serve listening on "),
+    ("mitmproxy", "logs/mitmproxy.log", " listening on "),
+)
+
+
+def start_run(
+    scenario: Path, out: Path, *, env: Mapping[str, str] | None = None, report: bool = True
+) -> subprocess.Popen[bytes]:
+    """`lab run SCENARIO --out OUT --quiet` (and `--no-report` unless `report`), from the
+    repository's root; the caller waits for it (and may watch the run folder meanwhile)."""
+    argv = [LAB, "run", str(scenario), "--out", str(out), "--quiet"]
+    if not report:
+        argv.append("--no-report")
+    return subprocess.Popen(argv, cwd=ROOT, env=None if env is None else dict(env))
+
+
+def run_folder(out: Path) -> Path | None:
+    """The run folder `lab run --out OUT` made (the first, by name), None before it exists."""
+    if not out.is_dir():
+        return None
+    folders = sorted(p for p in out.iterdir() if p.is_dir())
+    return folders[0] if folders else None
+
+
+def listening(folder: Path) -> dict[str, tuple[str, int]]:
+    """part -> (host, port) of each part of the chain that has said it listens (so far)."""
+    found: dict[str, tuple[str, int]] = {}
+    for part, log, marker in READY_LINES:
+        path = folder / log
+        try:
+            text = path.read_text(errors="replace")
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if marker in line and "http://" in line:
+                hostport = _hostport(line.split("http://", 1)[1].split("/", 1)[0])
+                if hostport is not None:
+                    found[part] = hostport
+                break
+    try:
+        lines = (folder / "nemesis.jsonl").read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line still being written
+        if (
+            isinstance(rec, dict)
+            and rec.get("type") == "proxy_created"
+            and isinstance(rec.get("listen"), str)
+        ):
+            hostport = _hostport(rec["listen"])
+            if hostport is not None:
+                found["nemesis"] = hostport
+            break
+    return found
+
+
+def _hostport(text: str) -> tuple[str, int] | None:
+    host, _, port = text.rpartition(":")
+    return (host, int(port)) if port.isdigit() else None
