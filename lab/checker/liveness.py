@@ -18,15 +18,20 @@
   are reported, next to the gates, never as a gate.
 - **Toxic windows that never closed**: a nemesis `toxic_outcome` record of a removal
   that `failed` or whose outcome is `unknown` (noted).
+- **Unanswered requests**, when they are many (`lab.checker.unanswered`): how many, and
+  the hop that dropped most of them (noted; the section "Unanswered requests by hop" has
+  the figures, and the verdict names a saturated lab part).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import numpy as np
 import pandas as pd
 
+from lab.checker import unanswered
 from lab.checker.context import Context, split_conn
 from lab.checker.explain import at, present
 from lab.checker.model import Collapse, Liveness
@@ -53,6 +58,8 @@ def summary(ctx: Context) -> Liveness:
         )
     if stuck is None:
         notes.append("calls without an outcome not checked: no proxy tap shows the calls made")
+    with contextlib.suppress(Exception):  # the section reports its own error
+        notes += _unanswered(ctx)
     return Liveness(
         calls_without_outcome=None if counted is None else len(counted),
         clients_stuck=clients,
@@ -255,6 +262,19 @@ def collapses(ctx: Context) -> list[Collapse]:
             )
         i = j + 1
     return out
+
+
+def _unanswered(ctx: Context) -> list[str]:
+    f = unanswered.findings(ctx)
+    lost = unanswered.counted(f)
+    sent = len(f.rows)
+    if not unanswered.many(lost, sent):
+        return []
+    hop = str(lost["hop"].value_counts().idxmax())
+    return [
+        f"{len(lost):,} of {sent:,} requests went unanswered, most at {hop.replace('_to_', ' → ')} "
+        f"({unanswered.HOPS[hop].split(': ', 1)[-1]}): see *Unanswered requests by hop*"
+    ]
 
 
 def _unclosed_toxics(ctx: Context) -> list[str]:
