@@ -106,7 +106,9 @@ def sections(ctx: Context, gates: tuple[GateResult, ...]) -> tuple[dict[str, Jso
         (
             "unanswered",
             lambda: unanswered.section(
-                ctx, lab_limits.unanswered_limit_json(lab_limits.unanswered_limit(ctx), ctx.origin)
+                ctx,
+                lab_limits.unanswered_limit_json(lim := lab_limits.unanswered_limit(ctx), ctx.origin),
+                None if lim is None else list(lim.reasons),
             ),
         ),
         ("lab_latency", lambda: lab_latency.section(ctx)),

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from lab.checker import processes, unanswered
+from lab.checker import processes, request_hops
 from lab.checker.context import Context
 from lab.checker.gate_resume import nearest_rank, run_latencies, server_violations
 from lab.checker.liveness import never_finished_latencies
@@ -226,7 +226,7 @@ def qualify_resume(ctx: Context, result: GateResult) -> GateResult:
 
 # ---------------------------------------------------------------------------- unanswered requests
 
-LAB_HOPS = (unanswered.CLIENT_TO_PROXY, unanswered.SERVER_TO_PROXY, unanswered.PROXY_TO_CLIENT)
+LAB_HOPS = (request_hops.CLIENT_TO_PROXY, request_hops.SERVER_TO_PROXY, request_hops.PROXY_TO_CLIENT)
 """Hops only the lab's own parts sit on (the worker, the nemesis, mitmdump)."""
 PROXY_PARTS = ("mitmproxy", BOX)
 """Saturated, these make `proxy_to_server` losses the lab's too: mitmdump's upstream
@@ -237,8 +237,9 @@ TOUCH_SLACK_S = 1.0
 
 @dataclass(frozen=True, slots=True)
 class UnansweredLimit:
-    """Many requests went unanswered on the lab's hops while parts of the lab were
-    saturated: the verdict names the parts and the reasons."""
+    """Many requests went unanswered: the lab parts saturated meanwhile, and whether the
+    requests lost on the hops those parts carry are many themselves (`applies`: the
+    verdict then names the parts and the reasons)."""
 
     unanswered: int
     """The lab's unanswered requests (`rows`)."""
@@ -249,6 +250,7 @@ class UnansweredLimit:
     parts: tuple[str, ...]
     start: float
     end: float
+    applies: bool
     rows: pd.DataFrame
     """The requests left without an answer on those hops (closed early ones too: a request
     the client gave up on at its exit after a few seconds was as stuck), not by fault:
@@ -263,19 +265,20 @@ class UnansweredLimit:
 
 
 def unanswered_limit(ctx: Context) -> UnansweredLimit | None:
-    """The lab's limit on the run's unanswered requests, or None: they were few, or no
-    lab part was saturated while they went unanswered (CPU or open fds per `limit`, or
-    connections that failed before the proxy outside any toxic)."""
+    """The lab's part in the run's unanswered requests, or None when they were few. It
+    `applies` when a lab part was saturated while they went unanswered (CPU or open fds
+    per `limit`, or connections that failed before the proxy outside any toxic) and the
+    requests lost on the hops the lab carries were many."""
     return ctx.cached("unanswered_limit", lambda: _unanswered_limit(ctx))
 
 
 def _unanswered_limit(ctx: Context) -> UnansweredLimit | None:
-    f = unanswered.findings(ctx)
-    lost = unanswered.counted(f)
+    f = request_hops.findings(ctx)
+    lost = request_hops.counted(f)
     sent = len(f.rows)
-    if not unanswered.many(lost, sent):
+    if not request_hops.many(lost, sent):
         return None
-    span = unanswered.window(lost)
+    span = request_hops.window(lost)
     assert span is not None
     lim = limit(ctx, *span)
     reasons: list[str] = []
@@ -283,28 +286,25 @@ def _unanswered_limit(ctx: Context) -> UnansweredLimit | None:
     if lim is not None:
         reasons += [s.short(lim.cpus) for s in lim.saturated]
         parts += lim.names
-    conn = unanswered.connection_errors(f.rows)
-    if unanswered.many(conn, sent):
+    conn = request_hops.connection_errors(f.rows)
+    if request_hops.many(conn, sent):
         first = first_hop(ctx)
         causes = ", ".join(f"{k} {v:,}" for k, v in conn["error"].value_counts().items())
         reasons.append(f"{first}: {len(conn):,} connections failed before the proxy ({causes})")
         parts.append(first)
-    if not reasons:
-        return None
-    hops = LAB_HOPS + ((unanswered.PROXY_TO_SERVER,) if any(p in PROXY_PARTS for p in parts) else ())
+    hops = LAB_HOPS + ((request_hops.PROXY_TO_SERVER,) if any(p in PROXY_PARTS for p in parts) else ())
     ours = lost[lost["hop"].isin(hops)]
-    if not unanswered.many(ours, sent):
-        return None
     counts = ours["hop"].value_counts()
     stuck = f.rows[f.rows["hop"].isin(hops) & ~f.rows["by_fault"]]
     return UnansweredLimit(
         unanswered=len(ours),
         sent=sent,
-        by_hop={h: int(counts.get(h, 0)) for h in unanswered.HOPS},
+        by_hop={h: int(counts.get(h, 0)) for h in request_hops.HOPS},
         reasons=tuple(reasons),
         parts=tuple(dict.fromkeys(parts)),
         start=span[0],
         end=span[1],
+        applies=bool(reasons) and request_hops.many(ours, sent),
         rows=stuck,
     )
 
@@ -317,7 +317,8 @@ def first_hop(ctx: Context) -> str:
 
 
 def unanswered_limit_json(lim: UnansweredLimit | None, origin: float | None) -> dict[str, JsonValue] | None:
-    if lim is None:
+    """report.json `unanswered.lab_limit`: null unless the lab's limit applies."""
+    if lim is None or not lim.applies:
         return None
     zero = origin or 0.0
     return {
@@ -340,7 +341,7 @@ def qualify_unanswered(ctx: Context, result: GateResult) -> GateResult:
     if result.verdict is Verdict.PASS:
         return result
     lim = unanswered_limit(ctx)
-    if lim is None:
+    if lim is None or not lim.applies:
         return result
     text = lim.text()
     if result.verdict is not Verdict.FAIL or server_violations(result):

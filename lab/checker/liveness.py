@@ -18,7 +18,7 @@
   are reported, next to the gates, never as a gate.
 - **Toxic windows that never closed**: a nemesis `toxic_outcome` record of a removal
   that `failed` or whose outcome is `unknown` (noted).
-- **Unanswered requests**, when they are many (`lab.checker.unanswered`): how many, and
+- **Unanswered requests**, when they are many (`lab.checker.request_hops`): how many, and
   the hop that dropped most of them (noted; the section "Unanswered requests by hop" has
   the figures, and the verdict names a saturated lab part).
 """
@@ -31,7 +31,7 @@ import itertools
 import numpy as np
 import pandas as pd
 
-from lab.checker import unanswered
+from lab.checker import request_hops
 from lab.checker.context import Context, split_conn
 from lab.checker.explain import at, present
 from lab.checker.model import Collapse, Liveness
@@ -265,15 +265,15 @@ def collapses(ctx: Context) -> list[Collapse]:
 
 
 def _unanswered(ctx: Context) -> list[str]:
-    f = unanswered.findings(ctx)
-    lost = unanswered.counted(f)
+    f = request_hops.findings(ctx)
+    lost = request_hops.counted(f)
     sent = len(f.rows)
-    if not unanswered.many(lost, sent):
+    if not request_hops.many(lost, sent):
         return []
     hop = str(lost["hop"].value_counts().idxmax())
     return [
         f"{len(lost):,} of {sent:,} requests went unanswered, most at {hop.replace('_to_', ' → ')} "
-        f"({unanswered.HOPS[hop].split(': ', 1)[-1]}): see *Unanswered requests by hop*"
+        f"({request_hops.HOPS[hop].split(': ', 1)[-1]}): see *Unanswered requests by hop*"
     ]
 
 
