@@ -271,10 +271,12 @@ def _unanswered(ctx: Context) -> list[str]:
     if not request_hops.many(lost, sent):
         return []
     hop = str(lost["hop"].value_counts().idxmax())
-    return [
-        f"{len(lost):,} of {sent:,} requests went unanswered, most at {hop.replace('_to_', ' → ')} "
-        f"({request_hops.HOPS[hop].split(': ', 1)[-1]}): see *Unanswered requests by hop*"
-    ]
+    where = (
+        f"most at {hop.replace('_to_', ' → ')} ({request_hops.HOPS[hop].split(': ', 1)[-1]})"
+        if hop in request_hops.HOPS
+        else "where, not known (no proxy tap)"
+    )
+    return [f"{len(lost):,} of {sent:,} requests went unanswered, {where}: see *Unanswered requests by hop*"]
 
 
 def _unclosed_toxics(ctx: Context) -> list[str]:

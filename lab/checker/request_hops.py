@@ -162,7 +162,7 @@ def _findings(ctx: Context) -> Findings:
         if name not in rows.columns:
             rows[name] = np.nan if name not in ("flow", "answered_by", "end_reason") else None
     rows["at_proxy"] = rows["flow"].notna()
-    conn = _conn_text(rows)
+    conn = _key(rows)
     rows["server_status"] = (
         conn.map(server).astype("float64") if server is not None else pd.Series(np.nan, index=rows.index)
     )
@@ -254,11 +254,10 @@ def _tap_flows(tap: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def _key(frame: pd.DataFrame) -> pd.Series:
-    return frame["client_id"].astype(str) + ":" + frame["conn_id"].astype(str)
-
-
-def _conn_text(rows: pd.DataFrame) -> pd.Series:
-    return _key(rows) if len(rows) else pd.Series([], index=rows.index, dtype="object")
+    """`x-lab-conn` as written: "<client_id>:<conn_id>" (a plain comprehension: several
+    times faster than adding pandas string columns)."""
+    keys = [f"{c}:{n}" for c, n in zip(frame["client_id"].tolist(), frame["conn_id"].tolist(), strict=True)]
+    return pd.Series(keys, index=frame.index, dtype="object")
 
 
 def _server_answers(server: dict[str, pd.DataFrame] | None) -> dict[str, float] | None:
