@@ -169,17 +169,13 @@ def _findings(ctx: Context) -> Findings:
     rows["hop"] = _hops(rows, client_known) if tap is not None else _no_hops(rows)
     rows["by_fault"] = _by_fault(rows, _toxic_windows(ctx))
     waited = rows["ended_at"] - rows["started_at"]
+    # Without the client's own word, the tap's: the client went away (`client_gone`).
+    closers = CLOSED_BY_CLIENT if client_known else frozenset({"client_gone"})
     rows["closed_early"] = (
         (rows["hop"] != ANSWERED)
-        & rows["error"].isin(CLOSED_BY_CLIENT)
+        & rows["error"].isin(closers)
         & (waited < ctx.budgets.resume_p99_s).fillna(False)
     )
-    if not client_known:  # the tap's own "client_gone" before the budget: the client left early
-        rows["closed_early"] = (
-            (rows["hop"] != ANSWERED)
-            & (rows["error"] == "client_gone")
-            & (waited < ctx.budgets.resume_p99_s).fillna(False)
-        )
     rows["unanswered"] = (rows["hop"] != ANSWERED) & ~rows["by_fault"] & ~rows["closed_early"]
     origin = ctx.origin
     if origin is None and len(rows) and rows["started_at"].notna().any():
