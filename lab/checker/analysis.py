@@ -8,8 +8,10 @@ to some scenarios, the lab's own limits, and the report's sections beside the ga
                                 the lab's limits on gate 5 (a failure caused by a
                                 saturated lab process is inconclusive, naming it:
                                 `lab.checker.lab_limits`) and the lab's own latency
-                                (a warning in gate 5's notes: `lab.checker.lab_latency`);
-                                report.json's sections (`lab_latency`, `phases`,
+                                (a warning in gate 5's notes: `lab.checker.lab_latency`),
+                                and requests gone unanswered on the lab's hops while a
+                                lab part was saturated (`lab_limits.qualify_unanswered`);
+                                report.json's sections (`unanswered`, `lab_latency`, `phases`,
                                 `capacity`, `rollout`, `processes`); and, in a
                                 capacity ramp that passed its knee, gates 5 and 6 judged
                                 up to the first step past the knee (the steps beyond are
@@ -34,6 +36,7 @@ from lab.checker import (
     lab_limits,
     phases,
     processes,
+    unanswered,
 )
 from lab.checker.context import Context
 from lab.checker.model import GateResult, JsonValue
@@ -78,7 +81,10 @@ def qualify(ctx: Context, gates: tuple[GateResult, ...]) -> tuple[GateResult, ..
     out = []
     for g in gates:
         if g.number == gate_resume.NUMBER:
-            # On an error the gate's own verdict stands; the report lists the process figures.
+            # On an error the gate's own verdict stands; the report lists the process figures
+            # and the unanswered requests (their section reports its own error).
+            with contextlib.suppress(Exception):
+                g = lab_limits.qualify_unanswered(ctx, g)
             with contextlib.suppress(Exception):
                 g = lab_limits.qualify_resume(ctx, g)
             # The lab's own latency, when it is a sizeable share of the budget: a warning
@@ -91,12 +97,20 @@ def qualify(ctx: Context, gates: tuple[GateResult, ...]) -> tuple[GateResult, ..
 
 
 def sections(ctx: Context, gates: tuple[GateResult, ...]) -> tuple[dict[str, JsonValue], list[str]]:
-    """(report.json sections, problems in computing them): `lab_latency`, `phases`,
+    """(report.json sections, problems in computing them): `unanswered`, `lab_latency`, `phases`,
     `capacity` (null without ramp phases), `rollout` (null without rollout knobs),
     `processes`."""
     out: dict[str, JsonValue] = {}
     problems: list[str] = []
     makers: list[tuple[str, Callable[[], JsonValue]]] = [
+        (
+            "unanswered",
+            lambda: unanswered.section(
+                ctx,
+                lab_limits.unanswered_limit_json(lim := lab_limits.unanswered_limit(ctx), ctx.origin),
+                None if lim is None else list(lim.reasons),
+            ),
+        ),
         ("lab_latency", lambda: lab_latency.section(ctx)),
         ("phases", lambda: list(phases.section(ctx))),
         ("capacity", lambda: capacity.section(ctx, gates)),

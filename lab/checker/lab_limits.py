@@ -22,12 +22,21 @@ import math
 from dataclasses import dataclass, replace
 
 import numpy as np
+import pandas as pd
 
-from lab.checker import processes
+from lab.checker import processes, request_hops
 from lab.checker.context import Context
-from lab.checker.gate_resume import run_latencies, server_violations
-from lab.checker.model import Evidence, GateResult, Verdict
-from lab.checker.processes import BOX, SATURATED_CPU, SATURATED_SHARE, ProcessSamples, Saturation
+from lab.checker.gate_resume import nearest_rank, run_latencies, server_violations
+from lab.checker.liveness import never_finished_latencies
+from lab.checker.model import Evidence, GateResult, JsonValue, Verdict
+from lab.checker.processes import (
+    BOX,
+    FDS_NEAR_LIMIT,
+    SATURATED_CPU,
+    SATURATED_SHARE,
+    ProcessSamples,
+    Saturation,
+)
 
 WORKER_CPU_AIM = 0.7
 """A worker sized to use at most this share of a core leaves room for bursts."""
@@ -45,7 +54,7 @@ class LabLimit:
 
     @property
     def names(self) -> list[str]:
-        return [s.part for s in self.saturated]
+        return list(dict.fromkeys(s.part for s in self.saturated))
 
     def text(self) -> str:
         parts = "; ".join(processes.describe(s, self.cpus) for s in self.saturated)
@@ -147,10 +156,7 @@ def limit_json(lim: LabLimit | None) -> dict[str, object] | None:
         return None
     return {
         "processes": lim.names,
-        "saturated": [
-            {"part": x.part, "share": round(x.share, 3), "cpu_mean": round(x.cpu_mean, 3)}
-            for x in lim.saturated
-        ],
+        "saturated": [processes.saturation_json(x) for x in lim.saturated],
         "workers_needed": lim.workers_needed,
         "basis": lim.basis,
         "text": lim.text(),
@@ -160,7 +166,8 @@ def limit_json(lim: LabLimit | None) -> dict[str, object] | None:
 def lab_evidence(lim: LabLimit) -> Evidence:
     return Evidence(
         "lab not saturated",
-        f"no lab process at >= {SATURATED_CPU:.0%} of a core in >= {SATURATED_SHARE:.0%} of the samples",
+        f"no lab process at >= {SATURATED_CPU:.0%} of a core in >= {SATURATED_SHARE:.0%} of the samples, "
+        f"nor with open fds at >= {FDS_NEAR_LIMIT:.0%} of its limit",
         ", ".join(lim.names),
         False,
         lim.text(),
@@ -215,3 +222,211 @@ def qualify_resume(ctx: Context, result: GateResult) -> GateResult:
         evidence=(*result.evidence, evidence),
         notes=(*result.notes, text),
     )
+
+
+# ---------------------------------------------------------------------------- unanswered requests
+
+LAB_HOPS = (request_hops.CLIENT_TO_PROXY, request_hops.SERVER_TO_PROXY, request_hops.PROXY_TO_CLIENT)
+"""Hops only the lab's own parts sit on (the worker, the nemesis, mitmdump)."""
+PROXY_PARTS = ("mitmproxy", BOX)
+"""Saturated, these make `proxy_to_server` losses the lab's too: mitmdump's upstream
+connection, or a machine the target shares with the lab."""
+TOUCH_SLACK_S = 1.0
+"""A request that failed this long before a loss was detected still caused it."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnansweredLimit:
+    """Many requests went unanswered: the lab parts saturated meanwhile, and whether the
+    requests lost on the hops those parts carry are many themselves (`applies`: the
+    verdict then names the parts and the reasons)."""
+
+    unanswered: int
+    """The lab's unanswered requests (`rows`)."""
+    sent: int
+    by_hop: dict[str, int]
+    reasons: tuple[str, ...]
+    """`nemesis: 19,870 of 20,000 file descriptors`, `mitmproxy: CPU 0.98 core`, ..."""
+    parts: tuple[str, ...]
+    start: float
+    end: float
+    applies: bool
+    rows: pd.DataFrame
+    """The requests left without an answer on those hops (closed early ones too: a request
+    the client gave up on at its exit after a few seconds was as stuck), not by fault:
+    client_id, started_at, ended_at, hop, ..."""
+
+    def text(self) -> str:
+        hops = ", ".join(f"{h.replace('_to_', ' → ')} {n:,}" for h, n in self.by_hop.items() if n)
+        return (
+            f"limited by the lab ({', '.join(self.parts)}): {self.unanswered:,} of {self.sent:,} requests went "
+            f"unanswered in the lab's part of the chain ({hops}) while {'; '.join(self.reasons)}"
+        )
+
+
+def unanswered_limit(ctx: Context) -> UnansweredLimit | None:
+    """The lab's part in the run's unanswered requests, or None when they were few. It
+    `applies` when a lab part was saturated while they went unanswered (CPU or open fds
+    per `limit`, or connections that failed before the proxy outside any toxic) and the
+    requests lost on the hops the lab carries were many."""
+    return ctx.cached("unanswered_limit", lambda: _unanswered_limit(ctx))
+
+
+def _unanswered_limit(ctx: Context) -> UnansweredLimit | None:
+    f = request_hops.findings(ctx)
+    lost = request_hops.counted(f)
+    sent = len(f.rows)
+    if not request_hops.many(lost, sent):
+        return None
+    span = request_hops.window(lost)
+    assert span is not None
+    lim = limit(ctx, *span)
+    reasons: list[str] = []
+    parts: list[str] = []
+    if lim is not None:
+        reasons += [s.short(lim.cpus) for s in lim.saturated]
+        parts += lim.names
+    conn = request_hops.connection_errors(f.rows)
+    if request_hops.many(conn, sent):
+        first = first_hop(ctx)
+        causes = ", ".join(f"{k} {v:,}" for k, v in conn["error"].value_counts().items())
+        reasons.append(f"{first}: {len(conn):,} connections failed before the proxy ({causes})")
+        parts.append(first)
+    hops = LAB_HOPS + ((request_hops.PROXY_TO_SERVER,) if any(p in PROXY_PARTS for p in parts) else ())
+    ours = lost[lost["hop"].isin(hops)]
+    counts = ours["hop"].value_counts()
+    stuck = f.rows[f.rows["hop"].isin(hops) & ~f.rows["by_fault"]]
+    return UnansweredLimit(
+        unanswered=len(ours),
+        sent=sent,
+        by_hop={h: int(counts.get(h, 0)) for h in request_hops.HOPS},
+        reasons=tuple(reasons),
+        parts=tuple(dict.fromkeys(parts)),
+        start=span[0],
+        end=span[1],
+        applies=bool(reasons) and request_hops.many(ours, sent),
+        rows=stuck,
+    )
+
+
+def first_hop(ctx: Context) -> str:
+    """The part the clients connect to: the nemesis when the run started one."""
+    procs = (ctx.data.run or {}).get("processes")
+    names = {p.get("name") for p in procs if isinstance(p, dict)} if isinstance(procs, list) else set()
+    return "nemesis" if "nemesis" in names or not names else "mitmproxy"
+
+
+def unanswered_limit_json(lim: UnansweredLimit | None, origin: float | None) -> dict[str, JsonValue] | None:
+    """report.json `unanswered.lab_limit`: null unless the lab's limit applies."""
+    if lim is None or not lim.applies:
+        return None
+    zero = origin or 0.0
+    return {
+        "parts": list(lim.parts),
+        "reasons": list(lim.reasons),
+        "unanswered": lim.unanswered,
+        "by_hop": dict(lim.by_hop),
+        "start_s": round(lim.start - zero, 3),
+        "end_s": round(lim.end - zero, 3),
+        "text": lim.text(),
+    }
+
+
+def qualify_unanswered(ctx: Context, result: GateResult) -> GateResult:
+    """Gate 5 failed while many requests went unanswered on the lab's hops with a lab part
+    saturated: if the recoveries those requests did not touch would pass (or there are
+    none), the failure is the lab's — inconclusive, naming the parts and reasons. A wire
+    violation by the server stays a failure. Otherwise (and for a gate that did not
+    fail) the finding is a note."""
+    if result.verdict is Verdict.PASS:
+        return result
+    lim = unanswered_limit(ctx)
+    if lim is None or not lim.applies:
+        return result
+    text = lim.text()
+    if result.verdict is not Verdict.FAIL or server_violations(result):
+        return replace(result, notes=(*result.notes, text))
+    lat = _gate5_latencies(ctx)
+    touched = _touched(lat, lim.rows)
+    rest = lat[~touched]["latency"].to_numpy(dtype="float64")
+    budget = ctx.budgets.resume_p99_s
+    rest_p99 = nearest_rank(rest, 0.99)
+    if len(rest) and rest_p99 >= budget:
+        return replace(
+            result,
+            notes=(
+                *result.notes,
+                f"{text}; without the {int(touched.sum())} recoveries they touched the p99 is still "
+                f"{'never' if math.isinf(rest_p99) else f'{rest_p99:.3f} s'}: the failure stands",
+            ),
+        )
+    without = (
+        "no recovery is left without them"
+        if not len(rest)
+        else f"without the {int(touched.sum())} recoveries they touched the p99 is {rest_p99:.3f} s"
+    )
+    full = f"{text}; {without}: the latency measured is the lab's, not the target's"
+    evidence = Evidence(
+        "lab not saturated",
+        "no lab part saturated while requests went unanswered on its hops",
+        ", ".join(lim.parts),
+        False,
+        full,
+    )
+    return replace(
+        result,
+        verdict=Verdict.INCONCLUSIVE,
+        summary=f"{result.summary}; {text}",
+        evidence=(*result.evidence, evidence),
+        notes=(*result.notes, full),
+    )
+
+
+def _gate5_latencies(ctx: Context) -> pd.DataFrame:
+    """Gate 5's counted recoveries (client_id, lost_at, end, latency): the client's and the
+    calls that never got an outcome, censored ones left out."""
+    lat = run_latencies(ctx)
+    lat = lat[~lat["censored"]]
+    frame = pd.DataFrame(
+        {
+            "client_id": lat["client_id"].astype(str).to_numpy(),
+            "lost_at": lat["lost_at"].astype("float64").to_numpy(),
+            "latency": lat["latency"].astype("float64").to_numpy(),
+        }
+    )
+    stuck = never_finished_latencies(ctx)
+    if len(stuck):
+        frame = pd.concat(
+            [
+                frame,
+                pd.DataFrame(
+                    {
+                        "client_id": stuck["client_id"].astype(str).to_numpy(),
+                        "lost_at": stuck["started_at"].astype("float64").to_numpy(),
+                        "latency": math.inf,
+                    }
+                ),
+            ],
+            ignore_index=True,
+        )
+    frame["end"] = frame["lost_at"] + frame["latency"]
+    return frame
+
+
+def _touched(lat: pd.DataFrame, lost: pd.DataFrame) -> np.ndarray:
+    """Per recovery: did one of its client's unanswered requests overlap it (sent before
+    it ended, given up no earlier than TOUCH_SLACK_S before the loss)?"""
+    if not len(lat) or not len(lost):
+        return np.zeros(len(lat), dtype=bool)
+    req = pd.DataFrame(
+        {
+            "client_id": lost["client_id"].astype(str).to_numpy(),
+            "sent": lost["started_at"].to_numpy(dtype="float64"),
+            "gave_up": lost["ended_at"].fillna(lost["started_at"]).to_numpy(dtype="float64"),
+        }
+    )
+    pairs = lat.reset_index(drop=True).reset_index(names="i").merge(req, on="client_id", how="inner")
+    hit = pairs[(pairs["sent"] <= pairs["end"]) & (pairs["gave_up"] >= pairs["lost_at"] - TOUCH_SLACK_S)]
+    out = np.zeros(len(lat), dtype=bool)
+    out[hit["i"].unique()] = True
+    return out

@@ -18,15 +18,20 @@
   are reported, next to the gates, never as a gate.
 - **Toxic windows that never closed**: a nemesis `toxic_outcome` record of a removal
   that `failed` or whose outcome is `unknown` (noted).
+- **Unanswered requests**, when they are many (`lab.checker.request_hops`): how many, and
+  the hop that dropped most of them (noted; the section "Unanswered requests by hop" has
+  the figures, and the verdict names a saturated lab part).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import numpy as np
 import pandas as pd
 
+from lab.checker import request_hops
 from lab.checker.context import Context, split_conn
 from lab.checker.explain import at, present
 from lab.checker.model import Collapse, Liveness
@@ -53,6 +58,8 @@ def summary(ctx: Context) -> Liveness:
         )
     if stuck is None:
         notes.append("calls without an outcome not checked: no proxy tap shows the calls made")
+    with contextlib.suppress(Exception):  # the section reports its own error
+        notes += _unanswered(ctx)
     return Liveness(
         calls_without_outcome=None if counted is None else len(counted),
         clients_stuck=clients,
@@ -255,6 +262,21 @@ def collapses(ctx: Context) -> list[Collapse]:
             )
         i = j + 1
     return out
+
+
+def _unanswered(ctx: Context) -> list[str]:
+    f = request_hops.findings(ctx)
+    lost = request_hops.counted(f)
+    sent = len(f.rows)
+    if not request_hops.many(lost, sent):
+        return []
+    hop = str(lost["hop"].value_counts().idxmax())
+    where = (
+        f"most at {hop.replace('_to_', ' → ')} ({request_hops.HOPS[hop].split(': ', 1)[-1]})"
+        if hop in request_hops.HOPS
+        else "where, not known (no proxy tap)"
+    )
+    return [f"{len(lost):,} of {sent:,} requests went unanswered, {where}: see *Unanswered requests by hop*"]
 
 
 def _unclosed_toxics(ctx: Context) -> list[str]:

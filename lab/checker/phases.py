@@ -407,7 +407,7 @@ def metrics_json(m: Metrics) -> dict[str, JsonValue]:
         "clients_max": m.clients_max,
         "faults": dict(m.faults),
         "lab_cpu_peak": dict(m.lab_cpu_peak),
-        "lab_saturated": [s.part for s in m.lab_saturated],
+        "lab_saturated": list(dict.fromkeys(s.part for s in m.lab_saturated)),
     }
 
 

@@ -5,12 +5,16 @@ warnings in the parts' logs.
 
 A lab process running flat out measures itself: a knee, or a latency gate that fails,
 while a Locust worker or mitmdump uses >= 90 % of a core most of the time, is a limit of
-the lab, not of the target (`lab.checker.lab_limits` says so in the verdict). The
-reference server is the *target*, not the lab: its saturation is the target's.
+the lab, not of the target (`lab.checker.lab_limits` says so in the verdict). So is one
+that runs out of file descriptors: at its soft RLIMIT_NOFILE (the sample's `fd_limit`) a
+process can neither accept nor open a connection, and the requests it should carry go
+unanswered. The reference server is the *target*, not the lab: its saturation is the
+target's.
 
     samples(ctx) -> ProcessSamples        the file, loaded once per check (cached)
     summary(s, start, end) -> rows        per process: CPU mean/p95/max, RSS, fds, threads
-    saturated(s, start, end) -> list      lab processes (or the box) saturated in [start, end)
+    saturated(s, start, end) -> list      lab processes (or the box) saturated in [start, end):
+                                          by CPU, or with open fds near their limit
     cpu_peaks(s, start, end) -> dict      part -> highest CPU in [start, end)
 """
 
@@ -39,6 +43,13 @@ SATURATED_CPU = 0.9
 """A process using at least this many cores in a sample is saturated then (Locust warns at 90 %)."""
 SATURATED_SHARE = 0.5
 """Saturated over a stretch of time: in at least this share of its samples there ("most of it")."""
+FDS_NEAR_LIMIT = 0.8
+"""A process whose open fds reached this share of its soft limit in any sample of a stretch
+ran out of them there: sampled once a second, a peak between two samples is not seen, and
+a process at its limit refuses connections at once (accept fails with EMFILE)."""
+CPU = "cpu"
+FDS = "fds"
+"""Why a process is saturated (`Saturation.reason`)."""
 TARGET_PARTS = ("server",)
 """Parts that are the target, not the lab (the reference server and its descendants)."""
 BOX = "box"
@@ -68,6 +79,23 @@ class Saturation:
     """The share of its samples in the stretch at or above the threshold."""
     cpu_mean: float
     """Its mean CPU in the stretch (cores; for the box: all processes together)."""
+    reason: str = CPU
+    """`cpu` (>= SATURATED_CPU of a core most of the time) or `fds` (open fds reached
+    FDS_NEAR_LIMIT of its soft limit)."""
+    fds: int | None = None
+    """For `fds`: the most open fds in a sample of the stretch."""
+    fd_limit: int | None = None
+    """For `fds`: the soft RLIMIT_NOFILE in force at that sample."""
+
+    def short(self, cpus: int | None) -> str:
+        """`nemesis: 19,870 of 20,000 file descriptors`, `mitmproxy: CPU 0.98 core`."""
+        if self.reason == FDS:
+            return f"{self.part}: {self.fds or 0:,} of {self.fd_limit or 0:,} file descriptors"
+        if self.part == BOX:
+            return f"box: {self.cpu_mean:.2f} of {cpus} cores busy ({self.share:.0%} of samples >= {SATURATED_CPU:.0%})"
+        return (
+            f"{self.part}: CPU {self.cpu_mean:.2f} core ({self.share:.0%} of samples >= {SATURATED_CPU:.0%})"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +103,8 @@ class ProcessSamples:
     status: str
     """ok | missing | error"""
     frame: pd.DataFrame
-    """t, part, pid, cpu, rss, fds, threads (one row per process per sample)."""
+    """t, part, pid, cpu, rss, fds, fd_limit, threads (one row per process per sample;
+    fd_limit NaN where the file does not say)."""
     cpus: int | None = None
     interval_s: float | None = None
     error: str | None = None
@@ -89,7 +118,7 @@ class ProcessSamples:
         return self.status == "ok" and len(self.frame) > 0
 
 
-COLUMNS = ["t", "part", "pid", "cpu", "rss", "fds", "threads"]
+COLUMNS = ["t", "part", "pid", "cpu", "rss", "fds", "fd_limit", "threads"]
 
 
 def empty_frame() -> pd.DataFrame:
@@ -112,7 +141,7 @@ def load_samples(run_dir: Path) -> ProcessSamples:
         return ProcessSamples("error", empty_frame(), error=e.message, warnings=warnings)
     rows = frames.frames["sample"]
     frame = empty_frame() if not len(rows) else rows.reindex(columns=COLUMNS)
-    for name in ("t", "cpu", "rss", "fds", "threads", "pid"):
+    for name in ("t", "cpu", "rss", "fds", "fd_limit", "threads", "pid"):
         frame[name] = pd.to_numeric(frame[name], errors="coerce").astype("float64")
     frame["part"] = frame["part"].astype("object")
     host = frames.frames["host"]
@@ -183,7 +212,8 @@ def summary(
     s: ProcessSamples, start: float | None = None, end: float | None = None
 ) -> list[dict[str, JsonValue]]:
     """Per process (part) in [start, end): samples, CPU mean/p95/max (cores), the share
-    of samples saturated, peak RSS (bytes), fds and threads; lab processes first by name."""
+    of samples saturated, peak RSS (bytes), fds (and the soft limit at that peak) and
+    threads; lab processes first by name."""
     f = window(s, start, end)
     rows: list[dict[str, JsonValue]] = []
     for part, g in f.groupby("part", sort=True):
@@ -200,10 +230,22 @@ def summary(
                 "saturated_share": _round(float((cpu >= SATURATED_CPU).mean())) if len(cpu) else None,
                 "rss_max": _int(g["rss"].max()),
                 "fds_max": _int(g["fds"].max()),
+                "fd_limit": _fd_limit_at_peak(g),
                 "threads_max": _int(g["threads"].max()),
             }
         )
     return rows
+
+
+def _fd_limit_at_peak(g: pd.DataFrame) -> int | None:
+    """The soft fd limit of the sample with the most open fds (None when not recorded)."""
+    known = g[g["fds"].notna() & g["fd_limit"].notna()]
+    if not len(known):
+        return None
+    at_peak = known["fd_limit"].to_numpy(dtype="float64")[
+        int(np.argmax(known["fds"].to_numpy(dtype="float64")))
+    ]
+    return _int(float(at_peak))
 
 
 def _round(value: float) -> float:
@@ -225,9 +267,11 @@ def saturated(
     """The lab processes (not the target) that used >= `threshold` cores in at least
     `share` of their samples in [start, end), most saturated first; and `box` when all
     processes together used >= `threshold` of every core that often (the lab and the
-    target then compete for the machine)."""
+    target then compete for the machine); then the lab processes whose open fds reached
+    FDS_NEAR_LIMIT of their soft limit in a sample there (reason `fds`)."""
     f = window(s, start, end)
     out: list[Saturation] = []
+    near: list[Saturation] = []
     for part, g in f.groupby("part", sort=True):
         if not is_lab(str(part)):
             continue
@@ -235,12 +279,37 @@ def saturated(
         hit = float((cpu >= threshold).mean()) if len(cpu) else 0.0
         if len(cpu) and hit >= share:
             out.append(Saturation(str(part), hit, float(cpu.mean())))
+        fd = fd_pressure(g)
+        if fd is not None:
+            near.append(fd)
     per_tick = box_cpu(s, start, end)
     if s.cpus and len(per_tick):
         hit = float((per_tick >= threshold * s.cpus).mean())
         if hit >= share:
             out.append(Saturation(BOX, hit, float(per_tick.mean())))
-    return sorted(out, key=lambda x: (-x.share, x.part))
+    return sorted(out, key=lambda x: (-x.share, x.part)) + sorted(near, key=lambda x: x.part)
+
+
+def fd_pressure(g: pd.DataFrame) -> Saturation | None:
+    """One process's samples: `fds` saturation when its open fds reached FDS_NEAR_LIMIT of
+    the soft limit in force (None if never, or the limit was not recorded)."""
+    known = g[g["fds"].notna() & (g["fd_limit"] > 0)]
+    if not len(known):
+        return None
+    ratio = known["fds"].to_numpy(dtype="float64") / known["fd_limit"].to_numpy(dtype="float64")
+    near = ratio >= FDS_NEAR_LIMIT
+    if not near.any():
+        return None
+    peak = known.iloc[int(np.argmax(ratio))]
+    cpu = g["cpu"].dropna().to_numpy(dtype="float64")
+    return Saturation(
+        str(peak["part"]),
+        float(near.mean()),
+        float(cpu.mean()) if len(cpu) else 0.0,
+        FDS,
+        int(peak["fds"]),
+        int(peak["fd_limit"]),
+    )
 
 
 def box_cpu(s: ProcessSamples, start: float | None, end: float | None) -> np.ndarray:
@@ -270,6 +339,12 @@ def cpu_peaks(s: ProcessSamples, start: float | None, end: float | None) -> dict
 
 
 def describe(sat: Saturation, cpus: int | None) -> str:
+    if sat.reason == FDS:
+        return (
+            f"{sat.part} had {sat.fds or 0:,} file descriptors open of its limit of {sat.fd_limit or 0:,} "
+            f"(>= {FDS_NEAR_LIMIT:.0%} in {sat.share:.0%} of its samples): it could not accept or open "
+            "connections"
+        )
     if sat.part == BOX:
         return (
             f"the box ({cpus} cores, shared by the run's processes and any other work on it) was busy "
@@ -303,9 +378,21 @@ def section(s: ProcessSamples) -> dict[str, JsonValue]:
             if s.host is None or not len(s.host) or s.host["load1"].isna().all()
             else _round(float(s.host["load1"].max())),
         },
-        "saturated": [
-            {"part": x.part, "share": _round(x.share), "cpu_mean": _round(x.cpu_mean)} for x in whole
-        ],
+        "saturated": [saturation_json(x) for x in whole],
         "locust_cpu_warnings": [{"part": w.part, "count": w.count, "first": w.first} for w in s.warnings],
         "notes": list(s.notes),
     }
+
+
+def saturation_json(x: Saturation) -> dict[str, JsonValue]:
+    """report.json's form of one saturated process: part, reason, share, cpu_mean, and for
+    `fds` the peak open fds and the limit."""
+    out: dict[str, JsonValue] = {
+        "part": x.part,
+        "reason": x.reason,
+        "share": _round(x.share),
+        "cpu_mean": _round(x.cpu_mean),
+    }
+    if x.reason == FDS:
+        out |= {"fds": x.fds, "fd_limit": x.fd_limit}
+    return out

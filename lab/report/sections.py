@@ -1,5 +1,5 @@
-"""The report's sections beside the gates — the lab's own latency, phases, capacity,
-rollout, the lab's own processes — as plain blocks of lines and tables, built from the report.json document
+"""The report's sections beside the gates — unanswered requests by hop, the lab's own
+latency, phases, capacity, rollout, the lab's own processes — as plain blocks of lines and tables, built from the report.json document
 alone, so report.md and report.html show exactly the same thing.
 
     blocks(doc) -> [Block]    each: id, title, lines, tables (caption, columns, rows)
@@ -359,6 +359,11 @@ def processes_block(doc: Mapping[str, Any]) -> Block | None:
             f"max {box['cpu_max']:.2f} of {pr.get('cpus')}{load}."
         )
     for s in pr.get("saturated") or []:
+        if s.get("reason") == "fds":
+            lines.append(
+                f"Out of file descriptors: {s['part']} ({s['fds']:,} open of its limit of {s['fd_limit']:,})."
+            )
+            continue
         what = "of every core" if s["part"] == "box" else "of a core"
         lines.append(
             f"Saturated over the run: {s['part']} (>= 90 % {what} in {s['share']:.0%} of its samples)."
@@ -374,7 +379,7 @@ def processes_block(doc: Mapping[str, Any]) -> Block | None:
         "CPU max",
         "saturated",
         "RSS max",
-        "fds max",
+        "fds max (of limit)",
         "threads max",
     ]
     rows = [
@@ -387,7 +392,7 @@ def processes_block(doc: Mapping[str, Any]) -> Block | None:
             _num(p.get("cpu_max"), "{:.2f}"),
             _pct(p.get("saturated_share")),
             "—" if p.get("rss_max") is None else f"{p['rss_max'] / MIB:.0f} MiB",
-            _num(p.get("fds_max")),
+            _num(p.get("fds_max")) + (f" of {p['fd_limit']}" if p.get("fd_limit") else ""),
             _num(p.get("threads_max")),
         ]
         for p in pr.get("parts") or []
@@ -396,7 +401,11 @@ def processes_block(doc: Mapping[str, Any]) -> Block | None:
 
 
 def blocks(doc: Mapping[str, Any]) -> list[Block]:
+    # Imported here: that module builds on this one's Block, Table and cell helpers.
+    from lab.report.unanswered_block import unanswered_block
+
     made = (
+        unanswered_block(doc),
         lab_latency_block(doc),
         phases_block(doc),
         capacity_block(doc),

@@ -9,19 +9,21 @@ plus itself, from Linux's /proc, and the checker reads the samples
 
 One JSON object per line (schema `mcpLabProcesses.v1`, docs/ledgers.md):
 
-    {"type": "monitor", "t", "schema", "interval_s", "cpus", "clk_tck", "page_size"}   first line
-    {"type": "sample", "t", "part", "pid", "cpu", "rss", "fds", "threads"}            one per process per tick
-    {"type": "host", "t", "cpu", "cpus", "load1"}                                     the whole machine, per tick
+    {"type": "monitor", "t", "schema", "interval_s", "cpus", "clk_tck", "page_size"}     first line
+    {"type": "sample", "t", "part", "pid", "cpu", "rss", "fds", "fd_limit", "threads"}  one per process per tick
+    {"type": "host", "t", "cpu", "cpus", "load1"}                                       the whole machine, per tick
 
 `cpu` is the cores the process used over the interval since its previous sample (since
 it started, for its first sample): 0.93 = 93 % of one core; `rss` bytes; `fds` open file
-descriptors and `threads` its threads (null when /proc does not say). `part` is the
-name the process has in run.json (`server`, `mitmproxy`, `nemesis`, `master`,
-`worker-<n>`, ...); a descendant of a part is `<part>/<its command name>`; `lab run`
-itself is `lab-run`. The `host` record is the whole machine: the cores busy over the
+descriptors, `fd_limit` its soft limit on them (RLIMIT_NOFILE: a process at its limit
+cannot accept or open a connection) and `threads` its threads (null when /proc does not
+say; `fd_limit` null too when unlimited; files written before it was added lack it).
+`part` is the name the process has in run.json (`server`, `mitmproxy`, `nemesis`,
+`master`, `worker-<n>`, ...); a descendant of a part is `<part>/<its command name>`; `lab
+run` itself is `lab-run`. The `host` record is the whole machine: the cores busy over the
 interval (every program on it, the run's and anyone else's: a box shared with other work
-slows every part of the run) and the 1-minute load average. Lines are written whole and flushed every tick, so an interrupted
-run keeps every sample taken.
+slows every part of the run) and the 1-minute load average. Lines are written whole and
+flushed every tick, so an interrupted run keeps every sample taken.
 """
 
 from __future__ import annotations
@@ -100,6 +102,32 @@ def _fds(pid: int, proc: Path) -> int | None:
         return None
 
 
+def read_fd_limit(pid: int, proc: Path = PROC) -> int | None:
+    """The soft limit on open files of a process (/proc/<pid>/limits, "Max open files"):
+    None if unlimited, gone or unreadable."""
+    try:
+        text = (proc / str(pid) / "limits").read_text()
+    except OSError:
+        return None
+    return parse_fd_limit(text)
+
+
+def parse_fd_limit(text: str) -> int | None:
+    """The soft "Max open files" of a /proc/<pid>/limits text (proc(5): a header line,
+    then one limit per line, the name in the first 26 columns)."""
+    for line in text.splitlines():
+        if line.startswith("Max open files"):
+            fields = line[len("Max open files") :].split()
+            return int(fields[0]) if fields and fields[0].isdigit() else None
+    return None
+
+
+FD_LIMIT_RECHECK = 0.8
+"""A process's limit is read once; again only when its open fds reach this share of the
+limit read: a process that raised its own limit after it was first read (Locust does at
+start) is then not taken for one about to run out."""
+
+
 def _uptime_ticks(clk_tck: int, proc: Path) -> float | None:
     try:
         return float((proc / "uptime").read_text().split()[0]) * clk_tck
@@ -123,6 +151,8 @@ class Sampler:
         """(pid, start ticks) -> (time, cpu ticks) of its previous sample."""
         self._host: tuple[float, int, int] | None = None
         """(time, busy ticks, total ticks) of the machine at the previous sample."""
+        self._fd_limits: dict[tuple[int, int], int | None] = {}
+        """(pid, start ticks) -> its soft RLIMIT_NOFILE, read once (see FD_LIMIT_RECHECK)."""
 
     def header(self, now: float, interval: float) -> dict[str, Any]:
         return {
@@ -161,6 +191,7 @@ class Sampler:
             else:
                 cpu = 0.0
             self._last[key] = (now, st.cpu_ticks)
+            fds = _fds(st.pid, self.proc)
             out.append(
                 {
                     "type": "sample",
@@ -169,12 +200,23 @@ class Sampler:
                     "pid": st.pid,
                     "cpu": round(max(cpu, 0.0), 3),
                     "rss": _rss(st.pid, self.page_size, self.proc),
-                    "fds": _fds(st.pid, self.proc),
+                    "fds": fds,
+                    "fd_limit": self._fd_limit(key, fds),
                     "threads": st.threads,
                 }
             )
         self._last = {k: v for k, v in self._last.items() if k in alive}
+        self._fd_limits = {k: v for k, v in self._fd_limits.items() if k in alive}
         return out
+
+    def _fd_limit(self, key: tuple[int, int], fds: int | None) -> int | None:
+        """The process's soft RLIMIT_NOFILE: read the first time it is seen, and again
+        while its open fds are near the limit last read (FD_LIMIT_RECHECK)."""
+        known = key in self._fd_limits
+        limit = self._fd_limits.get(key)
+        if not known or (limit is not None and fds is not None and fds >= FD_LIMIT_RECHECK * limit):
+            limit = self._fd_limits[key] = read_fd_limit(key[0], self.proc)
+        return limit
 
     def host(self, now: float | None = None) -> dict[str, Any] | None:
         """The machine's busy cores since the previous call (None the first time, or if

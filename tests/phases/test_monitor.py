@@ -80,7 +80,7 @@ def test_monitor_writes_the_contract_and_stops(tmp_path: Path, parts: list[subpr
     assert hosts and all(0 <= r["cpu"] <= r["cpus"] + 0.5 for r in hosts)  # a busy loop runs: some is busy
     assert max(r["cpu"] for r in hosts) > 0.1
     assert parts_seen == {"worker-0", "lab-run"}
-    assert set(samples[0]) == {"type", "t", "part", "pid", "cpu", "rss", "fds", "threads"}
+    assert set(samples[0]) == {"type", "t", "part", "pid", "cpu", "rss", "fds", "fd_limit", "threads"}
     count = len(lines)
     time.sleep(0.5)
     assert len(path.read_text().splitlines()) == count  # stopped: nothing more is written
