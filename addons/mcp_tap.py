@@ -58,6 +58,9 @@ class TapFlow:
     pipe: SsePipe | None = None
     held: bool = False
     head_written: bool = False
+    flow: http.HTTPFlow | None = None
+    """The flow itself, while it is open: a flow still open when the proxy stops gets its
+    `flow` record then (status null), so that its request is known, not only its end."""
 
 
 class McpTap:
@@ -104,7 +107,9 @@ class McpTap:
             announce("mcp_tap")
 
     def done(self) -> None:
-        for flow_id in list(self.flows):
+        for flow_id, st in list(self.flows.items()):
+            if st.flow is not None:
+                self._head(st.flow, st)
             self._end(flow_id, "proxy_stopped")
         self.flush()
         if self.file is not None:
@@ -132,7 +137,7 @@ class McpTap:
                     del self.flows[old]
             req = flow.request
             facts = read_request(flow.id, req.method, req.path, req.headers, req.raw_content, self.redactor)
-            st = self.flows[flow.id] = TapFlow(facts)
+            st = self.flows[flow.id] = TapFlow(facts, flow=flow)
         return st.facts
 
     # ------------------------------------------------------------------ hooks

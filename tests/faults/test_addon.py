@@ -728,3 +728,17 @@ async def test_event_type_and_retry_survive_reframing(tmp_path: Path) -> None:
         (None, None, 1000, "", False),
     ]
     assert [s["retry"] for s in h.tap(type="sent")] == [250, 1000]
+
+
+async def test_a_flow_still_waiting_for_its_answer_when_the_proxy_stops_gets_its_flow_record(
+    tmp_path: Path,
+) -> None:
+    # Without its `flow` record, a request the upstream never answered before the proxy
+    # stopped would be known only by its end: its connection, and so its client, unknown.
+    h = Harness(tmp_path, [])
+    waiting = h.request(h.flow("POST", conn="c9:1", body=call("echo")))
+    h.done()
+    heads = [r for r in h.tap(type="flow") if r["flow"] == waiting.id]
+    assert len(heads) == 1 and heads[0]["status"] is None and heads[0]["conn"] == "c9:1"
+    ends = [r for r in h.tap(type="flow_end") if r["flow"] == waiting.id]
+    assert [e["reason"] for e in ends] == ["proxy_stopped"]
