@@ -16,7 +16,7 @@ the nemesis costs the nemesis, mitmdump and the server.
 `--all-addons` passes mitmdump an option the lab does not set (`anticache=true`, its
 default value), which makes the addon keep mitmdump's default addons: the cost before
 `mcp_faults_io.drop_inert_addons`, side by side with it when run twice. Prints figures
-only; these are what a capacity plan divides the box's cores by (docs/capacity.md).
+only; these are what a capacity plan divides the box's cores by (docs/architecture.md).
 """
 
 from __future__ import annotations

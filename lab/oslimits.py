@@ -5,7 +5,8 @@ the upstream's), a Locust worker one per connection and one per SQLite file: tho
 clients need thousands of descriptors, and many systems start processes with a soft limit
 of 1,024 under a hard limit far above it. Raising the soft limit to the hard one is what
 any unprivileged process may do; past the hard limit only the machine's owner can go
-(docs/capacity.md says what this box allows).
+(docs/architecture.md, "How many clients the whole chain holds", says what this box
+allows).
 """
 
 from __future__ import annotations
