@@ -24,8 +24,6 @@ Every transition of a session or a stream is in `_states`.
 
 from __future__ import annotations
 
-import random
-
 from lab.client._acceptance import ConnectionView, InboxStore
 from lab.client._calls import Calling
 from lab.client._commands import CallHandle, Effects, Headers, Output, Purpose
@@ -34,8 +32,8 @@ from lab.client._handshake import Handshake
 from lab.client._http import Connections
 from lab.client._leaving import Leaving
 from lab.client._model import Call, Stream
-from lab.client._reconnect import ReconnectBudget, parse_retry_after
-from lab.client._reconnector import Kind, Reconnector, Target
+from lab.client._reconnect import RandomSource, ReconnectBudget, parse_retry_after
+from lab.client._reconnector import Handler, Kind, Reconnector, Target
 from lab.client._states import Machine, Role, State
 from lab.client._streams import Streaming
 from lab.wire import jsonrpc
@@ -55,7 +53,7 @@ class ClientCore:
         inbox: InboxStore,
         budget: ReconnectBudget,
         redactor: Redactor,
-        rng: random.Random,
+        rng: RandomSource,
     ) -> None:
         self.config = config
         self.inbox = inbox
@@ -81,15 +79,6 @@ class ClientCore:
         self.calling = Calling(self)
         self.streaming = Streaming(self)
         self.leaving = Leaving(self)
-        self.reconnector.handlers.update(
-            {
-                Kind.RESUME: self.streaming.resume_handler(),
-                Kind.RESEND: self.calling.handler(),
-                Kind.REOPEN: self.streaming.reopen_handler(),
-                Kind.REINITIALIZE: self.handshake.handler(),
-                Kind.DELETE: self.leaving.handler(),
-            }
-        )
 
     # ------------------------------------------------------------------ what the application does
 
@@ -245,6 +234,16 @@ class ClientCore:
         return self.fx.take()
 
     # ------------------------------------------------------------------ shared by the parts
+
+    def reconnect_handlers(self) -> dict[Kind, Handler]:
+        """What each kind of reconnect does, for the reconnector (it asks on first use)."""
+        return {
+            Kind.RESUME: self.streaming.resume_handler(),
+            Kind.RESEND: self.calling.handler(),
+            Kind.REOPEN: self.streaming.reopen_handler(),
+            Kind.REINITIALIZE: self.handshake.handler(),
+            Kind.DELETE: self.leaving.handler(),
+        }
 
     def session_usable(self) -> bool:
         return self.session.state in (State.SESSION_ACTIVE, State.DELETE_REQUESTED)

@@ -151,8 +151,17 @@ class Reconnector:
     def __init__(self, core: ClientCore) -> None:
         self.core = core
         self._losses: dict[tuple[Target, str], Loss] = {}
-        self.handlers: dict[Kind, Handler] = {}
-        """Filled by the core: each kind's handler lives with what it reconnects."""
+        self._handlers: dict[Kind, Handler] | None = None
+
+    @property
+    def handlers(self) -> dict[Kind, Handler]:
+        """Each kind's handler, which lives with what it reconnects (the core's
+        `reconnect_handlers`). Made on first use: five handlers of bound methods, ~1.5 KiB
+        that a client which never loses anything does not need (a Locust worker holds
+        thousands of those)."""
+        if self._handlers is None:
+            self._handlers = self.core.reconnect_handlers()
+        return self._handlers
 
     def get(self, target: Target, name: str = "") -> Loss | None:
         return self._losses.get((target, name))

@@ -5,6 +5,11 @@ Written against `threading`, so under Locust (gevent monkey-patches the process)
 real threads. The core is not thread-safe, so every call into it holds one lock (free
 under gevent, where nothing preempts).
 
+Memory is what bounds the clients one Locust worker holds, so a driver keeps little:
+no thread of its own (the process clock, `lab.drivers.clock`, runs every driver's
+timers), a raw greenlet per open connection under gevent, and no idle connection beyond
+its keep-alive (`KEEPALIVE_S`). docs/architecture.md gives the per-client breakdown.
+
 Why httpx, measured by `bench/bench_client_io.py` under gevent on this 2-core machine:
 geventhttpclient (Locust's FastHttpUser) reads ~3x more events/s flat out, but holds
 small events back until its buffer fills — a 150-byte event every 100 ms reached the
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import _thread
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -26,20 +32,61 @@ import httpx
 
 from lab.client import ClientCore, Notice, SendRequest
 from lab.drivers.base import READ_IDLE_TIMEOUT, DriverBase
+from lab.drivers.clock import process_clock
 from lab.wire.client_ledger import Record
 
-__all__ = ["READ_IDLE_TIMEOUT", "SyncDriver", "default_client"]
+__all__ = ["KEEPALIVE_S", "READ_IDLE_TIMEOUT", "SyncDriver", "close_idle_connections", "default_client"]
+
+KEEPALIVE_S = 2.0
+"""Seconds an idle kept-alive connection stays open (the driver closes it within a second
+after). A request on a kept-alive connection costs mitmdump with the fault addon about
+3 ms of CPU, one on a new connection 6-8 ms (an initialize POST, measured); but an idle
+connection holds a descriptor here and two in every proxy of the chain, and httpcore
+closes an expired one only when the client sends its next request. A mostly idle client
+(a call every 5-15 s) would hold its POST connection beside its GET stream all the time
+while reusing it almost never (httpx's default keep-alive is 5 s). Two seconds keeps the
+reuse of busy clients (calls less than 2 s apart) and leaves an idle client one
+connection, its GET stream (bench/bench_worker_capacity.py)."""
 
 
-def default_client(verify: ssl.SSLContext | bool = True, pool: int = 32) -> httpx.Client:
+def default_client(
+    verify: ssl.SSLContext | bool = True, pool: int = 32, keepalive: float = KEEPALIVE_S
+) -> httpx.Client:
     """One client's HTTP pool: small (httpcore scans its pool on every request, so one pool
     shared by thousands of open streams would make each request cost more); pass one TLS
     context shared by the process as `verify`, building one per client is slow."""
     return httpx.Client(
         verify=verify,
         timeout=httpx.Timeout(connect=5.0, read=READ_IDLE_TIMEOUT, write=10.0, pool=60.0),
-        limits=httpx.Limits(max_connections=pool, max_keepalive_connections=4),
+        limits=httpx.Limits(max_connections=pool, max_keepalive_connections=4, keepalive_expiry=keepalive),
     )
+
+
+IDLE_CHECK_S = 1.0
+"""While a driver has idle connections, it looks this often whether to close them."""
+
+
+def close_idle_connections(client: httpx.Client) -> int:
+    """Close the client's idle connections whose keep-alive has run out (or that the server
+    closed); returns how many idle ones are left open. (httpcore does this only when the
+    pool is next used: a client that stays idle would keep them open until then.)
+
+    Safe against a request taking the connection meanwhile: the pool never hands out an
+    expired connection, and one handed out just before it expired but not yet started is
+    refused by the closed connection and retried by httpcore on a new one. (`has_expired`
+    polls the socket, which under gevent may yield: hence `is_idle` again right before
+    closing.) A client whose transport is not httpx's own is left alone."""
+    transport = getattr(client, "_transport", None)
+    if not isinstance(transport, httpx.HTTPTransport):
+        return 0
+    left = 0
+    for conn in transport._pool.connections:
+        if conn.is_idle():
+            if conn.has_expired() and conn.is_idle():
+                conn.close()
+            elif conn.is_idle():
+                left += 1
+    return left
 
 
 class SyncDriver(DriverBase):
@@ -62,11 +109,13 @@ class SyncDriver(DriverBase):
         self._timer_started = False
         """The timer starts with the first `call`: making a driver starts nothing, so a
         Locust user killed while it is being built leaves nothing behind."""
+        self.wake_at: float | None = None
+        """The process clock's: when it wakes this driver to run the core's timers."""
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if not self._timer_started and not self._stopped:
             self._timer_started = True
-            _spawn(self._timer_loop)
+            process_clock().schedule(self, 0.0)
         with self._lock:
             return super().call(fn, *args, **kwargs)
 
@@ -106,6 +155,13 @@ class SyncDriver(DriverBase):
     def _signal(self) -> None:
         self._changed.set()
         self._changed = threading.Event()
+        if self._timer_started and not self._stopped:
+            # The core may have moved its next wake-up earlier (a loss to reconnect, a
+            # stream to watch): the clock learns it now. Every change of the core comes
+            # through here, so a driver with nothing due is not woken at all.
+            wake = self.core.next_wakeup()
+            if wake is not None:
+                process_clock().schedule(self, wake - time.time())
 
     def _run(self, cmd: SendRequest) -> None:
         conn_id = cmd.conn_id
@@ -113,23 +169,29 @@ class SyncDriver(DriverBase):
             if conn_id in self._closed:
                 return  # closed before it was sent: it must not go out at all
         try:
-            request = self.client.build_request(
-                cmd.method, self.url, headers=list(cmd.headers), content=cmd.body
+            resp = self.client.send(
+                self.client.build_request(cmd.method, self.url, headers=list(cmd.headers), content=cmd.body),
+                stream=True,
             )
-            resp = self.client.send(request, stream=True)
         except (httpx.HTTPError, OSError) as e:
             with self._lock:
                 self._lost(conn_id, e)
             return
+        # This frame lives as long as the stream does: keep in it only what reading needs
+        # (the request went out; `resp.request` has its own copy).
+        del cmd
         with self._lock:
             if conn_id in self._closed:
                 resp.close()
+                self._released()
                 return
             self._responses[conn_id] = resp
         try:
             with self._lock:
-                headers = list(resp.headers.multi_items())
-                if not self._feed(self.core.response_head, conn_id, resp.status_code, headers):
+                # (No local for the header list: this frame lives as long as the stream.)
+                if not self._feed(
+                    self.core.response_head, conn_id, resp.status_code, resp.headers.multi_items()
+                ):
                     return
             for chunk in resp.iter_raw():
                 with self._lock:
@@ -144,21 +206,56 @@ class SyncDriver(DriverBase):
             with self._lock:
                 self._responses.pop(conn_id, None)
             resp.close()
+            self._released()
 
-    def _timer_loop(self) -> None:
-        """Run the core's timers (backoff, budget, Retry-After, silent streams) when due."""
-        while True:
-            with self._lock:
-                if self._stopped:
-                    return  # nothing more may reach the core (its inbox may be closing)
-                sleep = self._due()
-                changed = self._changed
-            if sleep is not None:
-                changed.wait(sleep)
+    def _released(self) -> None:
+        """A response is over: its connection may sit idle in the pool from now on."""
+        if self._timer_started and not self._stopped:
+            process_clock().schedule(self, IDLE_CHECK_S)
+
+    def on_clock(self) -> None:
+        """Called by the process clock: run the core's timers (backoff, budget, Retry-After,
+        silent streams) if they are due, else ask for the time they will be; close the
+        idle connections whose keep-alive ran out, and look again in a second while some
+        are left."""
+        with self._lock:
+            if self._stopped:
+                return  # nothing more may reach the core (its inbox may be closing)
+            wake = self.core.next_wakeup()
+            now = time.time()
+            if wake is not None and now >= wake:
+                self._after(self.core.tick(now))  # its signal asks for the next wake-up
+            elif wake is not None:
+                process_clock().schedule(self, wake - now)
+        if close_idle_connections(self.client):  # outside the lock: it may yield (gevent)
+            process_clock().schedule(self, IDLE_CHECK_S)
 
 
 def _spawn(fn: Callable[..., None], *args: Any) -> None:
     """Run `fn` in a new thread (a greenlet under gevent) without waiting for it to start:
     `threading.Thread.start` blocks until the thread runs, a switch at which Locust can
-    kill the caller half-way through carrying out the core's commands."""
-    _thread.start_new_thread(fn, args)
+    kill the caller half-way through carrying out the core's commands.
+
+    Under gevent, a raw greenlet: gevent's `Greenlet` (what a patched `_thread` makes)
+    keeps the stack it was spawned from and its arguments for as long as it runs, about
+    2 KiB for each open stream. An exception escaping either kind is printed by gevent's
+    hub the same way."""
+    if not _spawner:
+        _spawner.append(_choose_spawner())
+    _spawner[0](fn, *args)
+
+
+_spawner: list[Callable[..., Any]] = []
+
+
+def _choose_spawner() -> Callable[..., Any]:
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is not None and monkey.is_module_patched("threading"):
+        import gevent
+
+        return gevent.spawn_raw  # type: ignore[no-any-return]
+
+    def start(fn: Callable[..., None], *args: Any) -> None:
+        _thread.start_new_thread(fn, args)
+
+    return start

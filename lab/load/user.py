@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import random
 import ssl
 import time
 from typing import Any
@@ -35,7 +34,7 @@ from lab.client import (
 )
 from lab.drivers.sync import SyncDriver, default_client
 from lab.inbox import InboxDatabase
-from lab.load.settings import LoadSettings, token_for
+from lab.load.settings import LoadSettings, rng_for, token_for
 from lab.wire.client_ledger import EventRejected, ReconnectAttempt, Record, Recovery
 from lab.wire.redact import Redactor
 
@@ -113,7 +112,7 @@ class McpClient:
             inbox=ctx.db.inbox(self.client_id),
             budget=ctx.budget,
             redactor=ctx.redactor,
-            rng=random.Random(f"{s.seed}/{self.client_id}"),
+            rng=rng_for(s, self.client_id),
         )
         self.finished: dict[str, CallFinished] = {}
         self.sessions = 0

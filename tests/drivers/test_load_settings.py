@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from lab.load.settings import LoadSettings, stable_index, token_for
+from lab.load.settings import LoadSettings, rng_for, stable_index, token_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -90,3 +91,16 @@ def test_a_settings_file_that_cannot_be_read_is_named(tmp_path: Path) -> None:
         timeout=60,
     )
     assert out.returncode != 0 and f"LAB_LOCUST_SETTINGS={bad}" in out.stderr
+
+
+def test_a_clients_jitter_is_seeded_by_the_run_and_its_id_and_made_on_first_draw() -> None:
+    s = LoadSettings(url="u", run_dir="r", seed=7)
+    rng = rng_for(s, "w0-u3")
+    assert rng._rng is None  # an idle client never draws: no generator state held for it
+    same = random.Random("7/w0-u3")  # what each client was given before: the same draws
+    assert [rng.random() for _ in range(5)] == [same.random() for _ in range(5)]
+    assert rng_for(s, "w0-u4").random() != random.Random("7/w0-u3").random()
+    assert (
+        rng_for(LoadSettings(url="u", run_dir="r", seed=8), "w0-u3").random()
+        != random.Random("7/w0-u3").random()
+    )

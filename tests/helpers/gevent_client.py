@@ -2,7 +2,9 @@
 
     python -m tests.helpers.gevent_client URL DB
 
-Prints one JSON line: what happened, for the test to check.
+Prints one JSON line: what happened, for the test to check; `idle_sockets` is how many
+connections the client holds once its session is up and it has sat idle past its
+keep-alive (the standalone GET stream alone, if idle connections are closed).
 """
 
 from __future__ import annotations
@@ -11,12 +13,12 @@ from gevent import monkey
 
 monkey.patch_all()
 
+import contextlib  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import random  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-
-import httpx  # noqa: E402
 
 from lab.client import (  # noqa: E402
     BackoffPolicy,
@@ -29,9 +31,19 @@ from lab.client import (  # noqa: E402
     ReconnectBudget,
     State,
 )
-from lab.drivers.sync import SyncDriver  # noqa: E402
+from lab.drivers.sync import IDLE_CHECK_S, SyncDriver, default_client  # noqa: E402
 from lab.inbox import InboxDatabase  # noqa: E402
 from lab.wire.redact import Redactor  # noqa: E402
+
+KEEPALIVE = 0.3
+
+
+def sockets() -> int:
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # the listing's own descriptor, gone by now
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    return n
 
 
 def main() -> None:
@@ -45,10 +57,14 @@ def main() -> None:
         redactor=Redactor(b"g" * 32),
         rng=random.Random(1),
     )
-    with httpx.Client(timeout=10.0) as http:
+    before = sockets()
+    with default_client(keepalive=KEEPALIVE) as http:
         driver = SyncDriver(core, url, http, on_records=db.record, on_notice=notices.append)
         driver.call(core.connect)
         assert driver.wait_for(lambda: core.state is State.SESSION_ACTIVE, 10)
+        assert driver.wait_for(lambda: any(k.startswith("get:") for k in core.streams), 10)
+        time.sleep(KEEPALIVE + IDLE_CHECK_S + 0.7)
+        idle_sockets = sockets() - before
         outcomes = []
         for tool, args in (
             ("echo", {"text": "x"}),
@@ -67,7 +83,16 @@ def main() -> None:
     time.sleep(0.1)
     db.close()
     leave = [str(n.receipt) for n in notices if isinstance(n, LeaveFinished)]
-    print(json.dumps({"outcomes": outcomes, "leave": leave, "gevent": "gevent" in sys.modules}))
+    print(
+        json.dumps(
+            {
+                "outcomes": outcomes,
+                "leave": leave,
+                "gevent": "gevent" in sys.modules,
+                "idle_sockets": idle_sockets,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":
