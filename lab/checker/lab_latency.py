@@ -55,7 +55,7 @@ from lab.checker.gate_resume import nearest_rank, run_latencies, server_violatio
 from lab.checker.lab_hops import delivery_delays, request_delays, upstream_delays
 from lab.checker.liveness import never_finished_latencies
 from lab.checker.load import MissingInput
-from lab.checker.model import Evidence, GateResult, JsonValue, Verdict
+from lab.checker.model import Evidence, GateResult, JsonValue, Verdict, made_inconclusive
 
 WARN_SHARE = 0.10
 """A hop whose p99 is over this share of the resume budget distorts gate 5."""
@@ -437,18 +437,10 @@ def qualify_resume(ctx: Context, result: GateResult) -> GateResult:
             f"({', '.join(parts)}), {own / budget:.0%} of the {budget:g} s budget (at least "
             f"{DOMINATES_SHARE:.0%} is the lab's to answer for, not the target's)"
         )
-        result = replace(
-            result,
-            verdict=Verdict.INCONCLUSIVE,
-            summary=f"{result.summary}; {text}",
-            evidence=(
-                *result.evidence,
-                Evidence(
-                    "lab latency", f"< {DOMINATES_SHARE:.0%} of the budget", f"{own:.3f} s", False, text
-                ),
-            ),
-            notes=(*result.notes, text),
+        evidence = Evidence(
+            "lab latency", f"< {DOMINATES_SHARE:.0%} of the budget", f"{own:.3f} s", False, text
         )
+        result = made_inconclusive(result, evidence, text)
     resume = sec.get("resume")
     net = ""
     if isinstance(resume, dict) and resume.get("joined"):

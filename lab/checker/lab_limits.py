@@ -28,7 +28,7 @@ from lab.checker import processes, request_hops
 from lab.checker.context import Context
 from lab.checker.gate_resume import nearest_rank, run_latencies, server_violations
 from lab.checker.liveness import never_finished_latencies
-from lab.checker.model import Evidence, GateResult, JsonValue, Verdict
+from lab.checker.model import Evidence, GateResult, JsonValue, Verdict, made_inconclusive
 from lab.checker.processes import (
     BOX,
     FDS_NEAR_LIMIT,
@@ -215,13 +215,7 @@ def qualify_resume(ctx: Context, result: GateResult) -> GateResult:
     evidence = Evidence(
         "lab not saturated", "slow recoveries not during a saturated lab process", names, False, text
     )
-    return replace(
-        result,
-        verdict=Verdict.INCONCLUSIVE,
-        summary=f"{result.summary}; {text}",
-        evidence=(*result.evidence, evidence),
-        notes=(*result.notes, text),
-    )
+    return made_inconclusive(result, evidence, text)
 
 
 # ---------------------------------------------------------------------------- unanswered requests
@@ -373,13 +367,7 @@ def qualify_unanswered(ctx: Context, result: GateResult) -> GateResult:
         False,
         full,
     )
-    return replace(
-        result,
-        verdict=Verdict.INCONCLUSIVE,
-        summary=f"{result.summary}; {text}",
-        evidence=(*result.evidence, evidence),
-        notes=(*result.notes, full),
-    )
+    return made_inconclusive(result, evidence, text, full)
 
 
 def _gate5_latencies(ctx: Context) -> pd.DataFrame:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from lab.exitcodes import ExitCode
 
@@ -277,3 +277,18 @@ class RunReport:
     client: ClientInfo | None = None
     expectations: tuple[Expectation, ...] = ()
     """The baseline's known failures as this run found them (lab.checker.baseline)."""
+
+
+def made_inconclusive(
+    result: GateResult, evidence: Evidence, said: str, note: str | None = None
+) -> GateResult:
+    """`result` turned INCONCLUSIVE by a finding: `said` appended to its summary, the unmet
+    `evidence` to its evidence, and `note` (default: `said`) to its notes. One way for every
+    "limited by the lab" qualification to demote a gate."""
+    return replace(
+        result,
+        verdict=Verdict.INCONCLUSIVE,
+        summary=f"{result.summary}; {said}",
+        evidence=(*result.evidence, evidence),
+        notes=(*result.notes, said if note is None else note),
+    )
