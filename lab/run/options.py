@@ -5,6 +5,7 @@ clients, the load-ended file the Locust master writes."""
 from __future__ import annotations
 
 import json
+import random
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,11 +56,50 @@ def load_ended(run_dir: Path) -> str | None:
     return str(doc.get("reason")) if isinstance(doc, dict) else None
 
 
-def free_port() -> int:
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_LISTEN_PORT = 10000
+"""Below this are the well-known and registered services a developer's machine may run."""
+
+
+def ephemeral_range(path: Path = EPHEMERAL_RANGE_FILE) -> tuple[int, int]:
+    """The ports the kernel hands to outgoing connections and to `bind(0)` (Linux's
+    default where the file cannot be read)."""
+    try:
+        low, high = (int(x) for x in path.read_text(encoding="ascii").split())
+    except (OSError, ValueError):
+        return 32768, 60999
+    return low, high
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(rng: random.Random | None = None, ephemeral: tuple[int, int] | None = None) -> int:
+    """A port for a part to listen on that the part binds later, in another process.
+
+    Not from `bind(0)`: that port is one of the kernel's ephemeral ones, so between our
+    check and the part's bind any outgoing connection on the machine, or another
+    `bind(0)`, may take it (a Locust master then died with "Address already in use"
+    while other runs' clients were connecting). A random free port below the ephemeral
+    range is never handed out by the kernel; only another process choosing the same one
+    at the same moment could take it."""
+    rng = rng or random.Random()
+    low, _high = ephemeral or ephemeral_range()
+    if low - LOWEST_LISTEN_PORT >= 1000:
+        for _ in range(50):
+            port = rng.randrange(LOWEST_LISTEN_PORT, low)
+            if _bindable(port):
+                return port
+    with socket.socket() as s:  # no room below the range, or all of it taken: the kernel's choice
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        chosen: int = s.getsockname()[1]
+        return chosen
 
 
 def is_loopback(url: str) -> bool:

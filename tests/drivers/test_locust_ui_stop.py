@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -21,17 +20,12 @@ import httpx
 import pytest
 
 from lab.load.settings import LoadSettings
+from lab.run.options import free_port
 from tests.livesrv import LEDGER_KEY, ROOT, reference_server, stop
 
 pytestmark = pytest.mark.live
 LOCUST = str(Path(sys.executable).with_name("locust"))
 LOCUSTFILE = str(ROOT / "lab" / "load" / "locustfile.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager

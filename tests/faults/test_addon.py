@@ -601,13 +601,10 @@ async def test_14_a_405_is_recorded_as_it_came(tmp_path: Path) -> None:
 
 async def test_14_no_answer_is_minus_one(tmp_path: Path) -> None:
     # A real call to a port nothing listens on: the async client gives -1, it does not raise.
-    import socket
-
     from lab.faults.kinds.base import HttpCall
+    from lab.run.options import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     status = await mcp_faults_io.http_call(HttpCall("DELETE", "127.0.0.1", port, "/mcp", (), 0.5))
     assert status == -1
 

@@ -7,13 +7,13 @@ the comparisons run against the embedded nemesis alone and the real-server cases
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from lab.nemesis.client import ToxiproxyClient, wait_until_up
+from lab.run.options import free_port
 from tests.livesrv import stop
 
 ENV = "LAB_TOXIPROXY_SERVER"
@@ -30,16 +30,11 @@ def real_server_binary() -> Path | None:
     return path
 
 
-def _free_port() -> int:
-    with socket.create_server(("127.0.0.1", 0)) as s:
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def running_real_toxiproxy(binary: Path, log: Path, *, seed: int = 1) -> Iterator[str]:
     """`toxiproxy-server` on 127.0.0.1 (its API URL), stopped by PID at the end; its
     output goes to `log`."""
-    port = _free_port()
+    port = free_port()
     with log.open("w") as out:
         proc = subprocess.Popen(
             [str(binary), "-host", "127.0.0.1", "-port", str(port), "-seed", str(seed)],

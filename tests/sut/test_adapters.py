@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from lab.run.options import free_port
 from lab.sut.host import (
     AdapterProcess,
     AdapterUnavailable,
@@ -28,10 +28,7 @@ ADAPTERS = ["python-sdk", "typescript-sdk"]
 
 
 def closed_port_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    return f"http://127.0.0.1:{port}/mcp"  # nothing listens there any more
+    return f"http://127.0.0.1:{free_port()}/mcp"  # nothing listens there
 
 
 @pytest.mark.parametrize("name", ADAPTERS)
