@@ -51,8 +51,11 @@ from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 from lab.client import ReconnectBudget
 from lab.inbox import InboxDatabase
 from lab.load import sut_user
+from lab.load.locust_spawn import cache_default_args
 from lab.load.settings import LoadSettings, ledger_key, split_budget
 from lab.load.user import WORKER, McpUser, WorkerContext
+
+cache_default_args()  # a spawn message no longer builds ~60 argument parsers (lab.load.locust_spawn)
 
 STOP_FILE = "stop-requested"
 """Created in the run folder by `lab run` to end the load gracefully."""
