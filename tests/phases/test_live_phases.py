@@ -51,7 +51,7 @@ def test_a_recovery_phase_that_keeps_the_storm_on_fails_gate_7(tmp_path: Path) -
         assert "events_per_s" in {w["row"]["metric"] for w in g7["witnesses"]}
     phases = {p["name"]: p for p in report["phases"]}
     assert phases["storm"]["status_4xx"] > 0 and phases["recovery"]["status_4xx"] > 0  # 429s, still
-    assert phases["storm"]["knobs"] == {"max_rps": 8}
+    assert phases["storm"]["knobs"] == {"max_rps": 3}
     # Every report shows the lab's processes, from processes.jsonl.
     parts = {p["part"] for p in report["processes"]["parts"]}
     assert {"server", "mitmproxy", "nemesis", "master", "worker-0", "lab-run"} <= parts

@@ -129,10 +129,12 @@ def test_ledgers_show_every_part_of_the_protocol(
                 saw_404 += 1
                 later = [e for e in exchanges if e[0] >= ended]  # the core re-initializes at once
                 assert later and later[0][2] == "initialize" and later[0][4] == 0, later[:3]
-    assert saw_404 > 0
+    assert saw_404 > 0, "no request that carried a session got a 404 (expiry_race)"
     server = sqlite3.connect(folder / "server" / "ledger.sqlite")
-    assert server.execute("SELECT COUNT(*) FROM sessions WHERE end_reason = 'deleted'").fetchone()[0] > 0
-    assert server.execute("SELECT COUNT(*) FROM events_sent WHERE replay = 1").fetchone()[0] > 0
+    deleted = server.execute("SELECT COUNT(*) FROM sessions WHERE end_reason = 'deleted'").fetchone()[0]
+    assert deleted > 0, "the server ended no session by DELETE"
+    replayed = server.execute("SELECT COUNT(*) FROM events_sent WHERE replay = 1").fetchone()[0]
+    assert replayed > 0, "the server replayed no event to a resume"
     tap = [json.loads(line) for line in (folder / "proxy" / "tap.jsonl").read_text().splitlines()]
     fired = {f["fault"] for rec in tap if rec["type"] == "flow" for f in rec.get("faults") or ()}
     fired |= {rec.get("fault") for rec in tap if rec["type"] in ("forwarded", "dropped", "fault")}
