@@ -2,7 +2,8 @@
 addon, and the TCP nemesis, on new and on kept-alive connections.
 
     .venv/bin/python bench/bench_hop_cost.py [--requests 2000] [--concurrency 20] [--rounds 2]
-                                             [--all-addons]
+                                             [--all-addons] [--idle-streams N] [--idle-seconds S]
+                                             [--keepalive SECONDS]
 
 Starts `lab serve`, mitmdump with addons/mcp_faults.py (empty plan, tap on) in front of
 it, and `lab nemesis` with one proxy in front of mitmdump. Then, for each entry point
@@ -15,8 +16,14 @@ the nemesis costs the nemesis, mitmdump and the server.
 
 `--all-addons` passes mitmdump an option the lab does not set (`anticache=true`, its
 default value), which makes the addon keep mitmdump's default addons: the cost before
-`mcp_faults_io.drop_inert_addons`, side by side with it when run twice. Prints figures
-only; these are what a capacity plan divides the box's cores by (docs/architecture.md).
+`mcp_faults_io.drop_inert_addons`, side by side with it when run twice.
+
+`--idle-streams N` then opens N sessions, each with its standalone GET stream, through
+the nemesis, holds them `--idle-seconds`, and prints each process's CPU per 1,000 idle
+streams and per SSE keep-alive comment the server sent (`--keepalive`, the server's
+seconds of silence before one; 0 sends none): what a mostly idle client costs the chain
+when it does nothing at all. Prints figures only; these are what a capacity plan divides
+the box's cores by (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -78,18 +85,24 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def http_head(port: int, first_line: str, *headers: str) -> bytes:
+    lines = [first_line, f"host: 127.0.0.1:{port}", "origin: http://127.0.0.1:3000", *headers]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
 def request(port: int, keep_alive: bool) -> bytes:
-    head = [
-        "POST /mcp HTTP/1.1",
-        f"host: 127.0.0.1:{port}",
-        "content-type: application/json",
-        "accept: application/json, text/event-stream",
-        "origin: http://127.0.0.1:3000",
-        f"content-length: {len(BODY)}",
-    ]
-    if not keep_alive:
-        head.append("connection: close")
-    return ("\r\n".join(head) + "\r\n\r\n").encode() + BODY
+    close = () if keep_alive else ("connection: close",)
+    return (
+        http_head(
+            port,
+            "POST /mcp HTTP/1.1",
+            "content-type: application/json",
+            "accept: application/json, text/event-stream",
+            f"content-length: {len(BODY)}",
+            *close,
+        )
+        + BODY
+    )
 
 
 async def one_client(port: int, count: int, keep_alive: bool, latencies: list[float]) -> None:
@@ -115,6 +128,72 @@ async def one_client(port: int, count: int, keep_alive: bool, latencies: list[fl
         writer.close()
 
 
+def get_stream(port: int, session: str) -> bytes:
+    return http_head(
+        port,
+        "GET /mcp HTTP/1.1",
+        "accept: text/event-stream",
+        f"mcp-session-id: {session}",
+        "mcp-protocol-version: 2025-06-18",
+    )
+
+
+async def idle_stream(port: int, opened: list[int], comments: list[int], stop: asyncio.Event) -> None:
+    """One session and its standalone GET stream, held open until `stop`; counts the
+    keep-alive comments that arrive (an SSE comment line starts with ':')."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request(port, keep_alive=False))
+    head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+    session = next(
+        h.split(":", 1)[1].strip() for h in head.split("\r\n") if h.lower().startswith("mcp-session-id:")
+    )
+    writer.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(get_stream(port, session))
+    await reader.readuntil(b"\r\n\r\n")
+    opened[0] += 1
+    read = asyncio.ensure_future(reader.read(65536))
+    halt = asyncio.ensure_future(stop.wait())
+    while True:
+        done, _ = await asyncio.wait({read, halt}, return_when=asyncio.FIRST_COMPLETED)
+        if halt in done:
+            read.cancel()
+            break
+        chunk = read.result()
+        if not chunk:
+            halt.cancel()
+            break
+        comments[0] += chunk.count(b"\n:")
+        read = asyncio.ensure_future(reader.read(65536))
+    writer.close()
+
+
+async def hold_idle(port: int, n: int, seconds: float, pids: dict[str, int]) -> None:
+    opened, comments, stop = [0], [0], asyncio.Event()
+    tasks = []
+    for i in range(n):  # 100 at a time: the handshakes are not what is measured
+        tasks.append(asyncio.ensure_future(idle_stream(port, opened, comments, stop)))
+        if i % 100 == 99:
+            await asyncio.sleep(0.2)
+    while opened[0] < n and not any(t.done() for t in tasks):
+        await asyncio.sleep(0.2)
+    await asyncio.sleep(2)  # the last handshakes' work settles
+    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    c0, t0 = comments[0], time.perf_counter()
+    await asyncio.sleep(seconds)
+    wall, sent = time.perf_counter() - t0, comments[0] - c0
+    cost = {name: cpu_seconds(pid) - before[name] for name, pid in pids.items()}
+    stop.set()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    print(
+        f"{opened[0]} idle streams held {wall:.0f} s through the nemesis; {sent} keep-alive comments ({sent / wall:.0f}/s)"
+    )
+    print(f"{'process':9} {'cores':>6} {'cores per 1,000 streams':>24} {'ms per comment':>15}")
+    for name, cpu in cost.items():
+        per_comment = f"{cpu / sent * 1e3:15.3f}" if sent else f"{'-':>15}"
+        print(f"{name:9} {cpu / wall:6.3f} {cpu / wall / opened[0] * 1000:24.3f} {per_comment}")
+
+
 async def drive(port: int, total: int, concurrency: int, keep_alive: bool) -> list[float]:
     latencies: list[float] = []
     per = max(1, total // concurrency)
@@ -128,6 +207,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--all-addons", action="store_true")
+    ap.add_argument("--idle-streams", type=int, default=0, help="then hold this many idle streams (0: skip)")
+    ap.add_argument("--idle-seconds", type=float, default=30.0)
+    ap.add_argument("--keepalive", type=float, default=10.0, help="the server's keep-alive (s; 0: none)")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-hop-cost-"))
     env = {**os.environ, "LAB_LEDGER_KEY": "ab" * 32}
@@ -144,6 +226,8 @@ def main() -> None:
                 str(tmp / "ledger.sqlite"),
                 "--max-streams",
                 "100000",
+                "--keepalive",
+                str(a.keepalive),
             ],
             "listening on",
             env,
@@ -195,6 +279,10 @@ def main() -> None:
                     f"{med(r[1] for r in rows) * 1e3:7.1f} {med(r[2] for r in rows) * 1e3:7.1f}   {costs}",
                     flush=True,
                 )
+        if a.idle_streams:
+            asyncio.run(
+                hold_idle(nemesis_port, a.idle_streams, a.idle_seconds, {n: p.pid for n, p in parts.items()})
+            )
     finally:
         for p in parts.values():
             p.terminate()
