@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Final, Literal
@@ -66,6 +66,11 @@ LOCAL: Final = Site(
 )
 
 COMPOSE_RESULTS: Final = "/results/compose"
+COMPOSE_OPEN_FILES: Final = 65_536
+"""The open-files limit of every compose part a client's connection passes through. A
+proxy holds two descriptors per connection and a mostly idle client about one
+connection: one process under a 20,000 limit ran out at ~9,000 clients
+(docs/architecture.md); 65,536 leaves each proxy room for ~30,000."""
 TOXIPROXY_IMAGE: Final = "ghcr.io/shopify/toxiproxy:2.12.0"
 COMPOSE: Final = Site(
     name="compose",
@@ -96,6 +101,8 @@ class Part:
     """compose: an image of its own (None: the lab's image, which runs every lab part)."""
     volumes: tuple[str, ...] = ()
     """compose: extra mounts `host:container[:ro]` (every lab part mounts ./results)."""
+    open_files: int | None = None
+    """compose: the container's open-files limit, soft and hard (None: the engine's default)."""
 
 
 def tcp_probe(port: int) -> tuple[str, ...]:
@@ -314,4 +321,6 @@ def compose_parts(scenario: str, workers: str, tokens: str, admin_token: str) ->
     )
     mst = master(site, run, port=p["master"], workers=workers)
     wrk = worker(site, run, master_host="master", master_port=p["master"])
-    return [prepare, srv, proxy, toxiproxy, toxics, mst, wrk, report(site, run)]
+    parts = [prepare, srv, proxy, toxiproxy, toxics, mst, wrk, report(site, run)]
+    on_the_path = {srv.name, proxy.name, toxiproxy.name, wrk.name}  # where the clients' connections go
+    return [replace(q, open_files=COMPOSE_OPEN_FILES) if q.name in on_the_path else q for q in parts]

@@ -119,6 +119,8 @@ def service(part: topology.Part) -> dict[str, Any]:
         svc["healthcheck"] = {"test": test, "interval": "1s", "timeout": "5s", "retries": 120}
     if part.expose:
         svc["expose"] = [str(p) for p in part.expose]
+    if part.open_files is not None:
+        svc["ulimits"] = {"nofile": {"soft": part.open_files, "hard": part.open_files}}
     if part.needs:
         svc["depends_on"] = {name: {"condition": CONDITIONS[cond]} for name, cond in part.needs}
     if part.name == "report":

@@ -71,6 +71,17 @@ def test_the_topology_is_all_there(services: dict[str, dict[str, Any]]) -> None:
     assert services["report"]["profiles"] == ["report"]
 
 
+def test_every_part_on_the_clients_path_may_hold_tens_of_thousands_of_connections(
+    services: dict[str, dict[str, Any]],
+) -> None:
+    # Two descriptors per connection in each proxy: one process under a 20,000 limit ran out
+    # at ~9,000 clients; compose sets the limit rather than take the engine's default.
+    for name in ("worker", "toxiproxy", "mitmproxy", "server"):
+        nofile = services[name].get("ulimits", {}).get("nofile")
+        assert nofile == {"soft": 65536, "hard": 65536}, (name, nofile)
+    assert "ulimits" not in services["report"]  # a one-shot reader of files needs no more
+
+
 def test_health_checks_and_dependency_conditions(services: dict[str, dict[str, Any]]) -> None:
     for name, svc in services.items():
         if name in ONE_SHOT:
