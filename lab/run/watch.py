@@ -10,8 +10,11 @@
   removed, or that it never was removed (`ended: false`, `end` = the end of the run).
 - **Stalls.** No event sent by the server (tap) and no call completed OK for
   `stall_after` seconds while clients are active ends the run as incomplete
-  ("traffic stalled"), naming what was in place then. Failed or timed-out calls are not
-  progress: a target that stopped answering fails calls until the clients give up.
+  ("traffic stalled"), naming what was in place then and which of the lab's own processes
+  were at their limits meanwhile (CPU, file descriptors: `processes.jsonl`, when `lab run`
+  wrote one), so a chain that choked on itself is not taken for a target that stopped.
+  Failed or timed-out calls are not progress: a target that stopped answering fails calls
+  until the clients give up.
 """
 
 from __future__ import annotations
@@ -178,6 +181,23 @@ def active_windows(windows: list[dict[str, Any]], now: float) -> list[str]:
     ]
 
 
+STALL_LOOKBACK_S: Final = 30.0
+"""A stall's quiet seconds and this many before them are searched for the lab's limits: a
+proxy that ran out of descriptors just before the traffic stopped is the likely cause."""
+
+
+def lab_limits(run_dir: Path, start: float, end: float) -> list[str]:
+    """What the checker would call saturated among the lab's processes (and the box) in
+    [start, end), from the run's `processes.jsonl`, one phrase each; [] without the file
+    (compose) or when nothing was."""
+    from lab.checker import processes  # pandas: loaded only when a run stalls
+
+    samples = processes.load_samples(run_dir)  # never raises: a damaged file is "error", not present
+    if not samples.present:
+        return []
+    return [processes.describe(x, samples.cpus) for x in processes.saturated(samples, start, end)]
+
+
 class Watcher:
     """One look a second at a running run's files: prints the progress line and says when
     the run must end on its own account (event target reached, a toxic removal failed,
@@ -215,10 +235,16 @@ class Watcher:
             active = self.outcomes.in_place() + [
                 w for w in active_windows(self.windows, now) if not w.startswith("toxic:")
             ]
+            limits = lab_limits(self.run_dir, now - idle - STALL_LOOKBACK_S, now)
             return (
                 text,
                 f"traffic stalled: no event sent and no call completed for {idle:.0f}s with {users} clients "
-                f"active; in place then: {', '.join(active) or 'no toxic, no fault window'}",
+                f"active; in place then: {', '.join(active) or 'no toxic, no fault window'}"
+                + (
+                    f"; the lab's own processes at their limits meanwhile: {'; '.join(limits)}"
+                    if limits
+                    else ""
+                ),
                 False,
             )
         target = self.sc.load.event_target

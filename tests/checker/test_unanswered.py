@@ -24,6 +24,7 @@ from lab.checker.verdict import judge_dir
 from lab.report.markdown import render
 from lab.report.outputs import report_run
 from tests.checker.builders import Sim, clean_run
+from tests.helpers.process_samples import samples, write_samples
 
 BUDGET_S = 5.0
 
@@ -127,39 +128,6 @@ def collapse(sim: Sim, n: int = 30, hop: str = "client_to_proxy", error: str = "
         never_recovered(sim, f"c{i}", start + i * 0.1 + 20.0)
     sim.t = start + 60.0
     return start
-
-
-def write_samples(run_dir: Path, samples: list[dict[str, Any]]) -> None:
-    head = {
-        "type": "monitor",
-        "t": samples[0]["t"],
-        "schema": "mcpLabProcesses.v1",
-        "interval_s": 1.0,
-        "cpus": 2,
-    }
-    lines = [head, *samples]
-    (run_dir / "processes.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines), encoding="utf-8")
-
-
-def samples(start: float, end: float, **parts: tuple[float, int, int | None]) -> list[dict[str, Any]]:
-    """Once a second over [start, end): per part (cpu, fds, fd_limit)."""
-    out = []
-    for sec in range(int(end - start)):
-        for n, (part, (cpu, fds, limit)) in enumerate(parts.items()):
-            out.append(
-                {
-                    "type": "sample",
-                    "t": start + sec + 0.5,
-                    "part": part,
-                    "pid": 100 + n,
-                    "cpu": cpu,
-                    "rss": 50_000_000,
-                    "fds": fds,
-                    "fd_limit": limit,
-                    "threads": 2,
-                }
-            )
-    return out
 
 
 CALM = {"mitmproxy": (0.3, 200, 20_000), "worker-0": (0.4, 120, 20_000), "server": (0.2, 80, 20_000)}

@@ -18,10 +18,14 @@ from lab.run.progress import JsonLines
 from lab.run.watch import (
     StallDetector,
     ToxicOutcomes,
+    Watcher,
     active_windows,
+    lab_limits,
     outcome_record,
     real_fault_windows,
 )
+from lab.scenario import load_scenario
+from tests.helpers.process_samples import samples, write_samples
 from tests.livesrv import LAB, wait_for_line
 
 HERE = Path(__file__).resolve().parent
@@ -104,6 +108,42 @@ def test_the_stall_detector_fires_on_silence_with_clients_and_not_otherwise() ->
     calls = StallDetector(after=5.0)
     for t in range(20):  # only completed calls move (a quiet tool mix): not a stall
         assert calls.observe(float(t), events=0, calls_ok=t, clients=2) is None
+
+
+def write_run(run_dir: Path, t0: float, seconds: int, *, exhausted: str | None, at: int) -> None:
+    """processes.jsonl of a quiet run: `exhausted` (a part) holds all its descriptors from
+    second `at` on; every CPU figure is low."""
+    calm = {part: (0.05, 300, 20_000) for part in ("server", "mitmproxy", "nemesis", "worker-0")}
+    spent = calm | ({exhausted: (0.05, 20_000, 20_000)} if exhausted else {})
+    write_samples(run_dir, samples(t0, t0 + at, **calm) + samples(t0 + at, t0 + seconds, **spent))
+
+
+def test_the_lab_limits_of_a_stall_name_a_proxy_out_of_descriptors_and_nothing_else(tmp_path: Path) -> None:
+    write_run(tmp_path, 1000.0, 60, exhausted="nemesis", at=40)
+    (hit,) = lab_limits(tmp_path, 1030.0, 1060.0)
+    assert hit.startswith("nemesis had 20,000 file descriptors open of its limit of 20,000"), hit
+    assert lab_limits(tmp_path, 1000.0, 1035.0) == []  # before it ran out
+    write_run(tmp_path, 1000.0, 60, exhausted="server", at=40)
+    assert lab_limits(tmp_path, 1030.0, 1060.0) == []  # the target's limits are the target's
+    assert lab_limits(tmp_path / "nowhere", 0.0, 2e9) == []  # compose: no processes.jsonl
+
+
+def test_a_stall_while_a_proxy_was_out_of_descriptors_says_so(tmp_path: Path) -> None:
+    sc = load_scenario(HERE.parent / "robustness" / "stall.toml")  # stalls after 4 quiet seconds
+    t0 = 1000.0
+    (tmp_path / "progress.json").write_text(json.dumps({"users": 4, "calls_ok": 7}))
+    watcher = Watcher(tmp_path, sc, t0, ToxicOutcomes(JsonLines(tmp_path / "nemesis.jsonl")))
+    reasons = {}
+    for exhausted in (None, "mitmproxy"):
+        write_run(tmp_path, t0, 30, exhausted=exhausted, at=10)
+        watcher.stall = StallDetector(sc.load.stall_timeout)
+        found = [watcher.tick(t0 + 20 + i)[1] for i in range(6)]
+        reasons[exhausted] = next(r for r in found if r is not None)
+    assert reasons[None].startswith("traffic stalled: no event sent") and "limits" not in reasons[None]
+    assert reasons["mitmproxy"].startswith(
+        reasons[None] + "; the lab's own processes at their limits meanwhile: "
+    )
+    assert "mitmproxy had 20,000 file descriptors open" in reasons["mitmproxy"]
 
 
 def test_active_windows() -> None:
