@@ -51,6 +51,7 @@ from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 from lab.client import ReconnectBudget
 from lab.inbox import InboxDatabase
 from lab.load import sut_user
+from lab.load.clock import start_the_clock
 from lab.load.locust_spawn import cache_default_args
 from lab.load.settings import LoadSettings, ledger_key, split_budget
 from lab.load.user import WORKER, McpUser, WorkerContext
@@ -217,6 +218,13 @@ def _init_master(environment: Environment, runner: MasterRunner, run_dir: Path) 
 
     @events.test_start.add_listener  # type: ignore[untyped-decorator]
     def on_test_start(environment: Environment, **_: Any) -> None:
+        # The run's zero is now (lab.load.clock): the plan and `lab run` learn it, and
+        # the first user is spawned once both hold it. Runs before Locust resets the
+        # shape's clock, so the shape counts from the same moment. Once: a restart from
+        # the web UI is not a new run.
+        if not started:
+            start = start_the_clock(run_dir, SETTINGS.plan_file, time.time())
+            gevent.sleep(max(0.0, start - time.time()))
         started.append(time.time())
 
     @events.test_stop.add_listener  # type: ignore[untyped-decorator]

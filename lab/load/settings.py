@@ -77,6 +77,9 @@ class LoadSettings:
     stages: tuple[tuple[float, int, float], ...] = ()
     """The load shape: (until seconds, users, spawn rate) — reach `users` by `until`.
     Empty: Locust's -u/-r/-t decide."""
+    plan_file: str = ""
+    """The fault plan the proxy's addon reads: the master sets its clock when the load
+    starts (lab.load.clock). Empty: no plan to set (compose, by hand)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)

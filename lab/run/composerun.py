@@ -2,7 +2,8 @@
 
 - `prepare`: one-shot. A fresh run folder (an earlier one is moved aside), then its
   inputs: the fault plan, the Locust settings, an empty `nemesis.jsonl`, run.json.
-- `watch`: long-running, until the scenario's horizon. The toxics schedule through the
+- `watch`: long-running, until the scenario's horizon, counted from when the Locust
+  master starts the load (it says so in `load-started.json`). The toxics schedule through the
   Toxiproxy API, every add/remove and its outcome in `nemesis.jsonl`; the same watch as
   `lab run` (stall, failed removal, event target: it then asks the Locust master to stop
   through the run folder's `stop-requested`); and run.json completed at the end.
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.run.compose import prepare_folder
-from lab.run.options import PROXY_NAME, client_origin
+from lab.run.options import PROXY_NAME, client_origin, load_started
 from lab.run.progress import JsonLines
 from lab.run.record import RunRecord
 from lab.run.watch import ToxicOutcomes, Watcher, describe_outcome, start_schedule
@@ -44,6 +45,7 @@ def prepare(sc: Scenario, out: Path, *, client_url: str, workers: int, tokens: d
             origin=client_origin(sc.target.allowed_origins),
             tokens=tuple(sorted(tokens.items())),
             workers=workers,
+            plan_file=str(out / "proxy" / "plan.json"),
         )
         (out / "locust-settings.json").write_text(settings.to_json(), encoding="utf-8")
         (out / "nemesis.jsonl").touch()
@@ -53,9 +55,34 @@ def prepare(sc: Scenario, out: Path, *, client_url: str, workers: int, tokens: d
     return moved
 
 
-def watch(run_dir: Path, toxiproxy: str, *, say: Any = print, poll: float = 1.0) -> int:
+LOAD_START_WAIT = 180.0
+"""Seconds `watch` waits for the Locust master to start the load: containers start, and
+the compose master waits up to 60 s for its workers."""
+
+
+def wait_for_load_start(run_dir: Path, within: float, *, poll: float = 0.05) -> float | None:
+    """When the Locust master starts the load (lab.load.clock), once it has said so
+    within `within` s; None if it has not."""
+    deadline = time.monotonic() + within
+    while True:
+        at = load_started(run_dir)
+        if at is not None or time.monotonic() >= deadline:
+            return at
+        time.sleep(poll)
+
+
+def watch(
+    run_dir: Path,
+    toxiproxy: str,
+    *,
+    say: Any = print,
+    poll: float = 1.0,
+    load_start_wait: float = LOAD_START_WAIT,
+) -> int:
     """Carry out a prepared compose run's toxics and watch it until its horizon; complete
-    run.json. 0 when the run ended complete, 2 when not."""
+    run.json. 0 when the run ended complete, 2 when not. The scenario's times count from
+    the moment the Locust master starts the load, as in `lab run`; if it does not say so
+    within `load_start_wait` s, from `prepare`."""
     from lab.nemesis.client import ToxiproxyClient, wait_until_up
     from lab.nemesis.log import NemesisLog
 
@@ -71,6 +98,11 @@ def watch(run_dir: Path, toxiproxy: str, *, say: Any = print, poll: float = 1.0)
     (run_dir / "nemesis.jsonl").touch()
     client = ToxiproxyClient(toxiproxy, log=NemesisLog(run_dir / "nemesis.jsonl"))
     wait_until_up(client, within=60.0)
+    at = wait_for_load_start(run_dir, load_start_wait)
+    if at is None:
+        say(f"lab watch: the load did not start within {load_start_wait:.0f} s; times count from prepare")
+    else:
+        record.run_start = at
     outcomes = ToxicOutcomes(JsonLines(run_dir / "nemesis.jsonl"))
     schedule = start_schedule(sc, client, PROXY_NAME, record.run_start, run_dir / "nemesis.jsonl")
     outcomes.runner = schedule.runner if schedule is not None else None

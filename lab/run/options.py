@@ -1,6 +1,6 @@
 """What a run is given (`RunOptions`), how it fails to be made (`RunError`), and the small
 facts `lab run` and compose share: the nemesis proxy's name, a legal Origin for the
-clients, the load-ended file the Locust master writes."""
+clients, the load-started and load-ended files the Locust master writes."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from lab.load.clock import LOAD_STARTED_FILE
 from lab.scenario import Scenario
 
 PROXY_NAME = "mcp"
@@ -54,6 +55,16 @@ def load_ended(run_dir: Path) -> str | None:
     except (OSError, ValueError):
         return None
     return str(doc.get("reason")) if isinstance(doc, dict) else None
+
+
+def load_started(run_dir: Path) -> float | None:
+    """When the Locust master says the load starts (epoch s; lab.load.clock), once it has."""
+    try:
+        doc = json.loads((run_dir / LOAD_STARTED_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    at = doc.get("at") if isinstance(doc, dict) else None
+    return float(at) if isinstance(at, int | float) and not isinstance(at, bool) else None
 
 
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")

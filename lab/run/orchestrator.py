@@ -49,6 +49,7 @@ from lab.run.options import (
     free_port,
     is_loopback,
     load_ended,
+    load_started,
 )
 from lab.run.phases import PhaseDriver, initial_knobs, refusal
 from lab.run.processes import Child, ProcessGroup, StartError
@@ -71,6 +72,11 @@ from lab.runfolder import (
     mark_abandoned_runs,
     write_secret,
 )
+
+WORKER_WAIT = 30
+"""Seconds the Locust master waits for its workers before it starts with those it has."""
+LOAD_START_WAIT = WORKER_WAIT + 30.0
+"""Seconds `lab run` waits for the master to start the load (lab.load.clock)."""
 
 
 class Run:
@@ -347,11 +353,12 @@ class Run:
         self.client_url = f"http://{proxy.listen}{parts.path or '/mcp'}"
         self.record.client_url = self.client_url
 
-        # Load: Locust master + workers. The run's clock starts here.
+        # Load: Locust master + workers. The run's clock starts when the master starts the
+        # load (lab.load.clock); until then, from the launch.
         settings = write_secret(self.dir, "locust-settings.json", self._load_settings().to_json())
         master_port = free_port()
         self.record.run_start = time.time()
-        self.record.write_plan(plan, self.record.run_start)  # the addon re-reads it: windows count from here
+        self.record.write_plan(plan, self.record.run_start)
         ui_port = free_port() if self.opts.ui else None
         if ui_port is not None:
             self.say(f"Locust web UI: http://127.0.0.1:{ui_port}")
@@ -359,7 +366,12 @@ class Run:
         # Orphaned Locust processes are killed outright (see lab.run.processes).
         self.master = self._start(
             topology.master(
-                site, run, port=master_port, workers=str(self.workers), ui_port=ui_port, worker_wait=30
+                site,
+                run,
+                port=master_port,
+                workers=str(self.workers),
+                ui_port=ui_port,
+                worker_wait=WORKER_WAIT,
             ),
             env=env,
             death_signal=signal.SIGKILL,
@@ -374,12 +386,35 @@ class Run:
                 death_signal=signal.SIGKILL,
                 env={**env, "LAB_WORKER_INDEX": str(i)},
             )
+        self._wait_for_the_load(LOAD_START_WAIT)
         self._start_toxics(proxy_name)
+
+    def _wait_for_the_load(self, limit: float) -> None:
+        """Until the master starts the load (its workers connected) and says when: the
+        run's zero, from which the toxics, the phases and the run's own clock count, as the
+        fault plan's and the load shape's do. Returns early when a part dies, on an
+        interrupt or after `limit` s, the run start left at the launch: the monitor then
+        tells what happened, as it would have."""
+        assert self.group is not None
+        deadline = time.monotonic() + limit
+        said = False
+        while time.monotonic() < deadline and not self._interrupted.is_set():
+            at = load_started(self.dir)
+            if at is not None:
+                self.record.run_start = at
+                return
+            if any(c.died() for c in self.group.children if c.essential or c is self.master):
+                return
+            if not said and time.time() - self.record.run_start > 5:
+                said = True
+                self.say("lab run: waiting for the Locust workers to connect and the load to start")
+            time.sleep(0.05)
 
     def _load_settings(self) -> LoadSettings:
         settings = self.sc.load_settings(self.client_url, str(self.dir))
         return replace(
             settings,
+            plan_file=str(self.dir / "proxy" / "plan.json"),
             origin=client_origin(self.sc.target.allowed_origins),
             tokens=self.client_tokens,
             workers=self.workers,

@@ -98,6 +98,22 @@ def test_two_workers_split_the_budget(short_run: tuple[Path, subprocess.Complete
     assert any(s["workers"] == 2 and s["shares"] == [5.0, 5.0] for s in splits), splits
 
 
+def test_the_runs_clock_starts_with_the_load(
+    short_run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    # Fault windows (the addon's plan), toxics, phases and the load shape all count from
+    # run.json's started_at, which is when the master started the load, not when the
+    # processes were launched: on a busy box that was seconds earlier, and a fault window
+    # of the first seconds fell before the first request (lab.load.clock).
+    folder, _ = short_run
+    start = json.loads((folder / "run.json").read_text())["started_at"]
+    tap = [json.loads(line) for line in (folder / "proxy" / "tap.jsonl").read_text().splitlines()]
+    plans = [rec for rec in tap if rec["type"] == "plan"]
+    assert plans[-1]["run_start"] == start, [p["run_start"] - start for p in plans]
+    first = min(rec["t_request"] for rec in tap if rec["type"] == "flow")
+    assert start <= first < start + 2.0, f"the first request came {first - start:.2f} s after the run start"
+
+
 def test_ledgers_show_every_part_of_the_protocol(
     short_run: tuple[Path, subprocess.CompletedProcess[str]],
 ) -> None:

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from lab.load.clock import start_the_clock
+from lab.run.composerun import wait_for_load_start
 from lab.run.progress import JsonLines
 from lab.run.watch import (
     StallDetector,
@@ -151,6 +153,12 @@ def test_active_windows() -> None:
     assert active_windows(w, 15.0) == ["cut_stream (r)"] and active_windows(w, 25.0) == []
 
 
+def test_a_compose_run_counts_from_the_load_start_once_the_master_says_it(tmp_path: Path) -> None:
+    assert wait_for_load_start(tmp_path, within=0.1, poll=0.01) is None  # no master: prepare's time
+    start_the_clock(tmp_path, "", now=1234.0, settle=0.5)
+    assert wait_for_load_start(tmp_path, within=0.1, poll=0.01) == 1234.5
+
+
 # ---------------------------------------------------------------------------- live
 
 
@@ -185,6 +193,7 @@ def test_lab_watch_carries_out_the_toxics_and_completes_run_json(
     run = tmp_path / "compose"
     prep = [LAB, "prepare", str(HERE / "toxics.toml"), "--out", str(run), "--client-url", "http://x:1/mcp"]
     subprocess.run(prep, check=True, capture_output=True, timeout=60)
+    start_the_clock(run, "", time.time(), settle=0.0)  # what the Locust master does
     proc = subprocess.run(
         [LAB, "watch", str(run), "--toxiproxy", api], capture_output=True, text=True, timeout=60
     )
@@ -208,9 +217,10 @@ def test_lab_watch_ends_the_run_incomplete_when_a_removal_fails(
 ) -> None:
     api, nem = nemesis
     run = tmp_path / "compose"
-    # The toxic stays 24 s, not 1: the schedule counts from `lab prepare`, and on a loaded
-    # box `lab watch` may start many seconds late and then add and remove at once, before
-    # the nemesis is stopped below (seen with 8 s in CI).
+    # The toxic stays 24 s, not 1: the schedule counts from the load's start (said here,
+    # right after `lab prepare`), and on a loaded box `lab watch` may start many seconds
+    # late and then add and remove at once, before the nemesis is stopped below (seen
+    # with 8 s in CI).
     scenario = tmp_path / "toxics-long.toml"
     text = (HERE / "toxics.toml").read_text(encoding="utf-8")
     scenario.write_text(
@@ -219,6 +229,7 @@ def test_lab_watch_ends_the_run_incomplete_when_a_removal_fails(
     )
     prep = [LAB, "prepare", str(scenario), "--out", str(run), "--client-url", "http://x:1/mcp"]
     subprocess.run(prep, check=True, capture_output=True, timeout=60)
+    start_the_clock(run, "", time.time(), settle=0.0)  # what the Locust master does
     watch = subprocess.Popen(
         [LAB, "watch", str(run), "--toxiproxy", api],
         stdout=subprocess.PIPE,

@@ -1,0 +1,59 @@
+"""The run's clock starts when the load does.
+
+A scenario's times (fault windows, toxics' `at`, phases, the duration) count from one
+moment, the run start. Locust's load shape counts from the moment its master starts the
+test, once the workers have connected, which is seconds after `lab run` launched the
+processes (two here; more on a busy box, or when a client under test starts a process of
+its own). So the run start is that moment: when the master starts the test it
+
+1. picks `start = now + SETTLE_S`,
+2. rewrites the fault plan with `run_start = start` (the addon re-reads it within its poll,
+   0.2 s by default),
+3. writes `load-started.json` `{"at": start}` (`lab run` waits for it, then starts the
+   toxics, the phases and its own clock from `at`),
+4. waits until `start` before the first user is spawned.
+
+Pure file work, no Locust import: the master's `test_start` hook calls `start_the_clock`
+and sleeps the time it returns (lab/load/locustfile.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from lab.faults.plan import PlanError, parse_plan
+
+LOAD_STARTED_FILE = "load-started.json"
+"""`{"at": epoch s}`: when the load starts, the run's zero (read by lab.run.options.load_started)."""
+SETTLE_S = 0.5
+"""Between the files and the first user: the addon's plan poll (0.2 s) and `lab run`'s
+poll of load-started.json (0.05 s) both fit, so faults, toxics and phases at 0 s are in
+place when the first request comes."""
+log = logging.getLogger(__name__)
+
+
+def _replace_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def start_the_clock(run_dir: Path, plan_file: str, now: float, settle: float = SETTLE_S) -> float:
+    """Set the run start to `now + settle` in the fault plan (if `plan_file`) and in
+    `run_dir/load-started.json`; return it. A plan that cannot be read or written is
+    logged and left as it is: the addon keeps the clock it has (the one `lab run` wrote
+    when it launched the processes), which shifts windows but loses no record."""
+    start = now + settle
+    if plan_file:
+        path = Path(plan_file)
+        try:
+            plan = parse_plan(path.read_text(encoding="utf-8"), name=str(path))
+            _replace_atomically(path, replace(plan, run_start=start).to_json())
+        except (OSError, PlanError) as e:
+            log.error("the fault plan keeps its clock: %s", e)
+    _replace_atomically(run_dir / LOAD_STARTED_FILE, json.dumps({"at": start}))
+    return start
