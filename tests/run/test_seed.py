@@ -27,6 +27,7 @@ def prepared(tmp_path: Path, name: str, scenario: str) -> dict[str, Any]:
     plan.pop("run_start")
     settings = json.loads((out / "locust-settings.json").read_text())
     settings.pop("run_dir")
+    settings.pop("plan_file")  # in the run folder, like run_dir
     return {"plan": plan, "settings": settings}
 
 
