@@ -7,8 +7,9 @@ under gevent, where nothing preempts).
 
 Memory is what bounds the clients one Locust worker holds, so a driver keeps little:
 no thread of its own (the process clock, `lab.drivers.clock`, runs every driver's
-timers), a raw greenlet per open connection under gevent, and no idle connection beyond
-its keep-alive (`KEEPALIVE_S`). docs/architecture.md gives the per-client breakdown.
+timers), a raw greenlet per open connection under gevent reading a few frames deep
+(`lab.drivers.body`), and no idle connection beyond its keep-alive (`KEEPALIVE_S`).
+docs/architecture.md gives the per-client breakdown.
 
 Why httpx, measured by `bench/bench_client_io.py` under gevent on this 2-core machine:
 geventhttpclient (Locust's FastHttpUser) reads ~3x more events/s flat out, but holds
@@ -25,13 +26,14 @@ import ssl
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 
 from lab.client import ClientCore, Notice, SendRequest
 from lab.drivers.base import READ_IDLE_TIMEOUT, DriverBase
+from lab.drivers.body import body_reader
 from lab.drivers.clock import process_clock
 from lab.wire.client_ledger import Record
 
@@ -198,7 +200,10 @@ class SyncDriver(DriverBase):
             # 46.6 -> 44.0 KiB per user at 4,000 users).
             resp.headers = httpx.Headers()
             resp.request.headers = httpx.Headers()
-            for chunk in resp.iter_raw():
+            # Read a few frames deep where httpx allows it (lab.drivers.body): an idle
+            # stream's blocked reader then keeps a smaller stack.
+            read = body_reader(resp) or _next_of(resp.iter_raw())
+            while (chunk := read()) is not None:
                 with self._lock:
                     if not self._feed(self.core.response_data, conn_id, chunk):
                         return
@@ -234,6 +239,11 @@ class SyncDriver(DriverBase):
                 process_clock().schedule(self, wake - now)
         if close_idle_connections(self.client):  # outside the lock: it may yield (gevent)
             process_clock().schedule(self, IDLE_CHECK_S)
+
+
+def _next_of(chunks: Iterator[bytes]) -> Callable[[], bytes | None]:
+    """`iter_raw()` as a reader: its next chunk, None at the end."""
+    return lambda: next(chunks, None)
 
 
 def _spawn(fn: Callable[..., None], *args: Any) -> None:
