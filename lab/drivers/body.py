@@ -4,15 +4,15 @@
 `iter_raw`, its bound stream, its transport's stream, httpcore's pool stream, its
 connection stream, `_receive_response_body`). A reader blocked in `recv` for minutes (an
 idle GET stream) keeps every one of them: under gevent, greenlet saves the C stack each
-nested generator adds, and with thousands of idle clients that is the largest part of a
-client's memory after Locust's own (bench/bench_worker_capacity.py: ~43 -> ~39-40 KiB per
-Locust user at 4,000 users).
+nested generator adds, the largest single part of an idle client's memory
+(bench/bench_worker_capacity.py --users: 43.7-43.8 -> 41.1-41.4 KiB per Locust user at
+4,000 users).
 
 `body_reader(resp)` reads the same bytes the same way httpcore does: from the response's
 `HTTP11Connection`, one h11 event at a time (`_receive_event`, which reads the socket when
 h11 needs data), stopping at the message's end, with httpcore's errors turned into httpx's
-(as httpx maps them), so a failure has the same class and message as through
-`iter_raw` (lab.drivers.causes reads both). Closing the response afterwards is unchanged:
+(as httpx maps them), so a failure has the same class, message and cause
+(lab.drivers.causes) as through `iter_raw`. Closing the response afterwards is unchanged:
 a finished message leaves the connection reusable, an unfinished one closes it.
 
 These are httpx's and httpcore's private parts (httpx is pinned to 0.28). Where they are
