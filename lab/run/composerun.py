@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.run.compose import prepare_folder
-from lab.run.options import PROXY_NAME, client_origin, load_started
+from lab.run.options import PROXY_NAME, client_origin, wait_for_load_start
 from lab.run.progress import JsonLines
 from lab.run.record import RunRecord
 from lab.run.watch import ToxicOutcomes, Watcher, describe_outcome, start_schedule
@@ -58,17 +58,6 @@ def prepare(sc: Scenario, out: Path, *, client_url: str, workers: int, tokens: d
 LOAD_START_WAIT = 180.0
 """Seconds `watch` waits for the Locust master to start the load: containers start, and
 the compose master waits up to 60 s for its workers."""
-
-
-def wait_for_load_start(run_dir: Path, within: float, *, poll: float = 0.05) -> float | None:
-    """When the Locust master starts the load (lab.load.clock), once it has said so
-    within `within` s; None if it has not."""
-    deadline = time.monotonic() + within
-    while True:
-        at = load_started(run_dir)
-        if at is not None or time.monotonic() >= deadline:
-            return at
-        time.sleep(poll)
 
 
 def watch(

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import random
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -65,6 +67,19 @@ def load_started(run_dir: Path) -> float | None:
         return None
     at = doc.get("at") if isinstance(doc, dict) else None
     return float(at) if isinstance(at, int | float) and not isinstance(at, bool) else None
+
+
+def wait_for_load_start(
+    run_dir: Path, within: float, *, poll: float = 0.05, give_up: Callable[[], bool] = lambda: False
+) -> float | None:
+    """When the Locust master starts the load, once it has said so within `within` s;
+    None if it has not, or as soon as `give_up()` (asked every `poll` s) says to stop."""
+    deadline = time.monotonic() + within
+    while True:
+        at = load_started(run_dir)
+        if at is not None or time.monotonic() >= deadline or give_up():
+            return at
+        time.sleep(poll)
 
 
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")

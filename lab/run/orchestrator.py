@@ -49,7 +49,7 @@ from lab.run.options import (
     free_port,
     is_loopback,
     load_ended,
-    load_started,
+    wait_for_load_start,
 )
 from lab.run.phases import PhaseDriver, initial_knobs, refusal
 from lab.run.processes import Child, ProcessGroup, StartError
@@ -395,20 +395,21 @@ class Run:
         fault plan's and the load shape's do. Returns early when a part dies, on an
         interrupt or after `limit` s, the run start left at the launch: the monitor then
         tells what happened, as it would have."""
-        assert self.group is not None
-        deadline = time.monotonic() + limit
-        said = False
-        while time.monotonic() < deadline and not self._interrupted.is_set():
-            at = load_started(self.dir)
-            if at is not None:
-                self.record.run_start = at
-                return
-            if any(c.died() for c in self.group.children if c.essential or c is self.master):
-                return
-            if not said and time.time() - self.record.run_start > 5:
-                said = True
+        group, launched = self.group, time.time()
+        assert group is not None
+        said: list[bool] = []
+
+        def give_up() -> bool:
+            if not said and time.time() - launched > 5:
+                said.append(True)
                 self.say("lab run: waiting for the Locust workers to connect and the load to start")
-            time.sleep(0.05)
+            return self._interrupted.is_set() or any(
+                c.died() for c in group.children if c.essential or c is self.master
+            )
+
+        at = wait_for_load_start(self.dir, limit, give_up=give_up)
+        if at is not None:
+            self.record.run_start = at
 
     def _load_settings(self) -> LoadSettings:
         settings = self.sc.load_settings(self.client_url, str(self.dir))

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from lab.load.clock import start_the_clock
-from lab.run.composerun import wait_for_load_start
+from lab.run.options import wait_for_load_start
 from lab.run.progress import JsonLines
 from lab.run.watch import (
     StallDetector,
