@@ -4,9 +4,9 @@ folder whose owner died marked *abandoned* by whoever looks at it next.
 - `create_run_folder(root, scenario)` makes `<root>/<UTC time to the millisecond>-<scenario>-<random>`
   exclusively (`mkdir` without `exist_ok`): two runs started in one second, in one
   results root, each get their own folder, and no run ever writes into another's.
-- `write_run_json(folder, record)` replaces run.json atomically (a temporary file, then
-  `os.replace`); when the disk is full or the folder unwritable it removes the temporary
-  file and raises `RunFolderError` (one line, no traceback wanted).
+- `write_run_json(folder, record)` replaces run.json atomically (`replace_file`: a
+  temporary file, then `os.replace`); when the disk is full or the folder unwritable it
+  removes the temporary file and raises `RunFolderError` (one line, no traceback wanted).
 - run.json carries `status` (`running`, `finished`, `abandoned`) and `owner` (the PID and
   process start time of the `lab run` that writes it). `mark_abandoned(folder)` turns a
   `running` run.json whose owner is gone into `abandoned` (`complete: false`), so a run
@@ -81,16 +81,23 @@ def drop_secrets(folder: Path) -> None:
     shutil.rmtree(folder / SECRETS_DIR, ignore_errors=True)
 
 
-def write_run_json(folder: Path, record: dict[str, Any]) -> None:
-    """Replace `<folder>/run.json` atomically; RunFolderError if it cannot be written."""
-    tmp = folder / f"{RUN_FILE}.tmp"
+def replace_file(path: Path, text: str) -> None:
+    """Replace `path` with `text` atomically (`<name>.tmp` beside it, then `os.replace`), so
+    a reader never sees half a file; when it cannot be written (disk full, permissions) the
+    temporary file is removed and RunFolderError says which file and why."""
+    tmp = path.with_name(f"{path.name}.tmp")
     try:
-        tmp.write_text(json.dumps(record, indent=2, default=str), encoding="utf-8")
-        os.replace(tmp, folder / RUN_FILE)
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
     except OSError as e:
         with contextlib.suppress(OSError):
             tmp.unlink()
-        raise RunFolderError(f"cannot write {folder / RUN_FILE}: {e.strerror or e}") from None
+        raise RunFolderError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def write_run_json(folder: Path, record: dict[str, Any]) -> None:
+    """Replace `<folder>/run.json` atomically; RunFolderError if it cannot be written."""
+    replace_file(folder / RUN_FILE, json.dumps(record, indent=2, default=str))
 
 
 def read_run_json(folder: Path) -> dict[str, Any] | None:

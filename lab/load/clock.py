@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import replace
 from pathlib import Path
 
 from lab.faults.plan import PlanError, parse_plan
+from lab.runfolder import RunFolderError, replace_file
 
 LOAD_STARTED_FILE = "load-started.json"
 """`{"at": epoch s}`: when the load starts, the run's zero (read by lab.run.options.load_started)."""
@@ -34,12 +34,6 @@ SETTLE_S = 0.5
 poll of load-started.json (0.05 s) both fit, so faults, toxics and phases at 0 s are in
 place when the first request comes."""
 log = logging.getLogger(__name__)
-
-
-def _replace_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def start_the_clock(run_dir: Path, plan_file: str, now: float, settle: float = SETTLE_S) -> float:
@@ -52,8 +46,8 @@ def start_the_clock(run_dir: Path, plan_file: str, now: float, settle: float = S
         path = Path(plan_file)
         try:
             plan = parse_plan(path.read_text(encoding="utf-8"), name=str(path))
-            _replace_atomically(path, replace(plan, run_start=start).to_json())
-        except (OSError, PlanError) as e:
+            replace_file(path, replace(plan, run_start=start).to_json())
+        except (OSError, PlanError, RunFolderError) as e:
             log.error("the fault plan keeps its clock: %s", e)
-    _replace_atomically(run_dir / LOAD_STARTED_FILE, json.dumps({"at": start}))
+    replace_file(run_dir / LOAD_STARTED_FILE, json.dumps({"at": start}))
     return start

@@ -55,6 +55,7 @@ from lab.load.clock import start_the_clock
 from lab.load.locust_spawn import cache_default_args
 from lab.load.settings import LoadSettings, ledger_key, split_budget
 from lab.load.user import WORKER, McpUser, WorkerContext
+from lab.runfolder import replace_file
 
 cache_default_args()  # a spawn message no longer builds ~60 argument parsers (lab.load.locust_spawn)
 
@@ -124,9 +125,7 @@ if not any((SETTINGS.mix.read, SETTINGS.mix.stream, SETTINGS.mix.write)):
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj), encoding="utf-8")
-    os.replace(tmp, path)
+    replace_file(path, json.dumps(obj))
 
 
 @events.init.add_listener  # type: ignore[untyped-decorator]

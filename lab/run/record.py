@@ -10,7 +10,6 @@ replaced by placeholders wherever they would appear (the scenario, process argvs
 from __future__ import annotations
 
 import json
-import os
 import platform
 import secrets
 import time
@@ -20,7 +19,7 @@ from typing import Any
 
 from lab import __version__
 from lab.run.processes import redact_argv
-from lab.runfolder import RunFolderError, owner, write_run_json
+from lab.runfolder import owner, replace_file, write_run_json
 from lab.scenario import Scenario
 
 SCHEMA = "mcpLabRun.v1"
@@ -105,13 +104,7 @@ class RunRecord:
 
     def write_plan(self, path: Path, run_start: float) -> None:
         """The fault plan for the addon, replaced atomically (RunFolderError if it cannot be)."""
-        tmp = path.with_suffix(".tmp")
-        try:
-            tmp.write_text(self.sc.fault_plan_json(run_start), encoding="utf-8")
-            os.replace(tmp, path)
-        except OSError as e:
-            tmp.unlink(missing_ok=True)
-            raise RunFolderError(f"cannot write {path}: {e.strerror or e}") from None
+        replace_file(path, self.sc.fault_plan_json(run_start))
 
     def scenario_json(self) -> dict[str, Any]:
         """The scenario as loaded, its bearer tokens replaced by placeholders."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import sys
 import threading
@@ -22,7 +21,7 @@ from pathlib import Path
 from types import FrameType
 
 from lab.exitcodes import ExitCode
-from lab.runfolder import RunFolderError, create_run_folder
+from lab.runfolder import create_run_folder, replace_file
 from lab.scenario import Scenario
 from lab.selftest.cases import Case
 from lab.selftest.execute import CaseRun, Children, run_case
@@ -114,18 +113,7 @@ class Selftest:
         doc = as_json(
             rows, started_at=started, wall_s=wall, code=code, event_ids=ids, scenario=name, folder=folder
         )
-        _write_atomic(folder / "selftest.json", json.dumps(doc, indent=2) + "\n")
-        _write_atomic(
+        replace_file(folder / "selftest.json", json.dumps(doc, indent=2) + "\n")
+        replace_file(
             folder / "selftest.md", markdown(rows, wall_s=wall, code=code, event_ids=ids, scenario=name)
         )
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise RunFolderError(f"cannot write {path}: {e.strerror or e}") from None
