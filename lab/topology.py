@@ -66,6 +66,9 @@ LOCAL: Final = Site(
 )
 
 COMPOSE_RESULTS: Final = "/results/compose"
+PLAN_FILE: Final = "proxy/plan.json"
+"""The fault plan in a run folder: written by `lab run` (or `lab prepare`), read by the
+addon, its clock set by the Locust master when the load starts."""
 COMPOSE_OPEN_FILES: Final = 65_536
 """The open-files limit of every compose part a client's connection passes through. A
 proxy holds two descriptors per connection and a mostly idle client about one
@@ -148,7 +151,7 @@ def fault_proxy(site: Site, run_dir: str, upstream: str, options: Mapping[str, s
     argv = mitmdump_argv(
         upstream,
         options={
-            "mcpfaults_plan": f"{run_dir}/proxy/plan.json",
+            "mcpfaults_plan": f"{run_dir}/{PLAN_FILE}",
             "mcpfaults_tap": f"{run_dir}/proxy/tap.jsonl",
             **options,
         },

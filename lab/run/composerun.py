@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from lab import topology
 from lab.run.compose import prepare_folder
 from lab.run.options import PROXY_NAME, client_origin, wait_for_load_start
 from lab.run.progress import JsonLines
@@ -39,13 +40,14 @@ def prepare(sc: Scenario, out: Path, *, client_url: str, workers: int, tokens: d
     try:
         for sub in ("clients", "server", "proxy", "logs"):
             (out / sub).mkdir(exist_ok=True)
-        record.write_plan(out / "proxy" / "plan.json", record.run_start)
+        plan = out / topology.PLAN_FILE
+        record.write_plan(plan, record.run_start)
         settings = replace(
             sc.load_settings(client_url, str(out)),
             origin=client_origin(sc.target.allowed_origins),
             tokens=tuple(sorted(tokens.items())),
             workers=workers,
-            plan_file=str(out / "proxy" / "plan.json"),
+            plan_file=str(plan),
         )
         (out / "locust-settings.json").write_text(settings.to_json(), encoding="utf-8")
         (out / "nemesis.jsonl").touch()

@@ -321,7 +321,7 @@ class Run:
         upstream = f"{parts.scheme}://{parts.netloc}"
 
         # The fault layer: mitmdump with the addon, in reverse mode in front of the target.
-        plan = self.dir / "proxy" / "plan.json"
+        plan = self.dir / topology.PLAN_FILE
         self.record.write_plan(plan, time.time())
         options = {
             "mcpfaults_poll": "0.2",
@@ -415,7 +415,7 @@ class Run:
         settings = self.sc.load_settings(self.client_url, str(self.dir))
         return replace(
             settings,
-            plan_file=str(self.dir / "proxy" / "plan.json"),
+            plan_file=str(self.dir / topology.PLAN_FILE),
             origin=client_origin(self.sc.target.allowed_origins),
             tokens=self.client_tokens,
             workers=self.workers,
