@@ -381,7 +381,7 @@ def _order(part: str) -> tuple[int, str]:
 def processes(folder: Path, clients: Mapping[str, ClientLedger]) -> tuple[list[Process], int | None]:
     """Per process over the run (run.json's start to stop): CPU mean and max (cores), peak
     RSS and fds; for workers their clients and RSS before them. Also the box's cores."""
-    from lab.checker.processes import load_samples, summary, window
+    from lab.checker.health.processes import load_samples, summary, window
 
     s = load_samples(folder)
     start, stop = _run_window(folder)

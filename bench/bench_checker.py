@@ -42,8 +42,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from lab.checker.context import Context, parse_budgets  # noqa: E402
-from lab.checker.load import load_run  # noqa: E402
-from lab.checker.verdict import GATES, judge, run_gate  # noqa: E402
+from lab.checker.inputs.load import load_run  # noqa: E402
+from lab.checker.judge.verdict import GATES, judge, run_gate  # noqa: E402
 from lab.inbox import connect  # noqa: E402
 from lab.wire.client_ledger import RECORD_TYPES  # noqa: E402
 

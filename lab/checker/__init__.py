@@ -26,7 +26,7 @@ The API (everything else is internal):
     verdict.py   runs the gates, gives the run's verdict
 """
 
-from lab.checker.records import gate_check, judge_records, run_data_from_records
-from lab.checker.verdict import judge, judge_dir
+from lab.checker.inputs.records import gate_check, judge_records, run_data_from_records
+from lab.checker.judge.verdict import judge, judge_dir
 
 __all__ = ["gate_check", "judge", "judge_dir", "judge_records", "run_data_from_records"]

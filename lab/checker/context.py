@@ -19,7 +19,7 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
-from lab.checker.load import RunData
+from lab.checker.inputs.load import RunData
 from lab.checker.model import Evidence, Scalar
 
 SPEC_DEFAULTS: dict[str, float | int] = {

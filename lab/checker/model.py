@@ -272,11 +272,11 @@ class RunReport:
     faults_not_applicable: tuple[NotApplicable, ...] = ()
     liveness: Liveness | None = None
     sections: Mapping[str, JsonValue] = field(default_factory=dict)
-    """Report sections beside the gates (`lab.checker.analysis`): `phases`, `capacity`,
+    """Report sections beside the gates (`lab.checker.judge.sections`): `phases`, `capacity`,
     `rollout`, `processes`, as report.json writes them."""
     client: ClientInfo | None = None
     expectations: tuple[Expectation, ...] = ()
-    """The baseline's known failures as this run found them (lab.checker.baseline)."""
+    """The baseline's known failures as this run found them (lab.checker.judge.baseline)."""
 
 
 def made_inconclusive(

@@ -36,7 +36,7 @@ EXPECTED_TEXT = {
     "fixed": "fixed: remove it from the baseline (the run fails until it is removed)",
     "unseen": "in the baseline, but inconclusive here: nothing learned",
 }
-"""How the report words each baseline status (lab.checker.baseline)."""
+"""How the report words each baseline status (lab.checker.judge.baseline)."""
 
 
 def gate_document(g: GateResult, expected: str | None = None) -> dict[str, JsonValue]:
@@ -130,7 +130,7 @@ def document(report: RunReport, figures: Sequence[Mapping[str, str]] = ()) -> di
         ],
         "problems": [{"path": p.path, "message": p.message} for p in report.problems],
         "notes": list(report.notes),
-        # Beside the gates (lab.checker.analysis): phases, capacity, rollout, processes.
+        # Beside the gates (lab.checker.judge.sections): phases, capacity, rollout, processes.
         **dict(report.sections),
         "figures": [dict(f) for f in figures],
         "checker": {

@@ -75,7 +75,7 @@ def _write_text(path: Path, text: str) -> None:
 def _report_run(
     run_dir: Path, *, witness_limit: int, figures: bool, quiet: bool, out: TextIO, err: TextIO
 ) -> int:
-    from lab.checker.verdict import judge_dir
+    from lab.checker.judge.verdict import judge_dir
     from lab.report import document, junit, markdown
     from lab.report.evidence import raw_rows
     from lab.report.html import liveness_lines, render

@@ -1,5 +1,5 @@
 """The report's section "Unanswered requests by hop" (report.json `unanswered`,
-`lab.checker.unanswered`), as a block of lines and tables for report.md and report.html.
+`lab.checker.health.unanswered`), as a block of lines and tables for report.md and report.html.
 Always shown: zeros included, and "no requests" said as such (never "all answered")."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ a failed latency gate found while a Locust worker or mitmdump runs flat out is t
 limit. So `lab run` samples every process it started (and everything those started:
 each part runs in a session of its own, so its descendants share the part's session ID)
 plus itself, from Linux's /proc, and the checker reads the samples
-(`lab.checker.processes`).
+(`lab.checker.health.processes`).
 
 One JSON object per line (schema `mcpLabProcesses.v1`, docs/ledgers.md):
 

@@ -9,7 +9,7 @@ and a ramp that stops itself one step past its knee.
   sessions have been idle past the TTL.
 - **Until the knee** (`load.until_knee`): at the end of each ramp step the step's
   budget criteria are measured from the live client ledgers with the checker's own pure
-  functions (`lab.checker.phases.measure_frames`, `lab.checker.capacity.step_misses`);
+  functions (`lab.checker.timeline.phases.measure_frames`, `lab.checker.timeline.capacity.step_misses`);
   the first step that breaks one ends the run (complete, `end_reason` "past the knee:
   ..."). Gates 1–4 are not evaluated live (the report still judges them per step).
 
@@ -34,9 +34,9 @@ from typing import IO, Any
 import httpx
 import pandas as pd
 
-from lab.checker import capacity
-from lab.checker.load import RunData
-from lab.checker.phases import PhaseSpec, measure_frames
+from lab.checker.inputs.load import RunData
+from lab.checker.timeline import capacity
+from lab.checker.timeline.phases import PhaseSpec, measure_frames
 from lab.run.probe import Probe
 from lab.scenario import Scenario
 

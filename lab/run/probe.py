@@ -14,7 +14,7 @@ rollout's last promise is about. The probe plays that client, through the whole 
     come_back_late()  once the sessions have been idle past their TTL: resume each old
                       cursor again (the documented rejection: 404, the session is gone)
 
-It judges nothing: `lab.checker.gate_rollout` reads what the wire shows. Its own account
+It judges nothing: `lab.checker.rules.rollout` reads what the wire shows. Its own account
 of each move goes to `phases.jsonl` (type `probe`). Requests carry `x-lab-conn:
 probe-<n>:<k>`; no raw session ID is ever written.
 """

@@ -86,7 +86,7 @@ class ClientUnderTest:
 
 def resolve(spec: str | None, scenario: Scenario, baseline: Path | None) -> ClientUnderTest:
     """The run's client and its known failures (ClientRefused when it cannot run here)."""
-    from lab.checker.baseline import KNOWN_IDS, unknown_ids
+    from lab.checker.judge.baseline import KNOWN_IDS, unknown_ids
 
     chosen = spec or scenario.load.client
     command = None

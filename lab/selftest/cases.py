@@ -27,7 +27,7 @@ GATES: tuple[tuple[int, str], ...] = (
     (5, "resume_p99"),
     (6, "reconnect_qps"),
 )
-"""The checker's gates, in the order of the gate table (lab.checker.verdict.GATES)."""
+"""The checker's gates, in the order of the gate table (lab.checker.judge.verdict.GATES)."""
 
 
 @dataclass(frozen=True, slots=True)

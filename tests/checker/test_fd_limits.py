@@ -1,6 +1,6 @@
 """A lab process near its file-descriptor limit is saturated: the process monitor records
 each process's soft RLIMIT_NOFILE (`fd_limit`, lab/run/monitor.py) and the checker names
-a lab process whose open fds reached 80 % of it (`lab.checker.processes`). Real processes,
+a lab process whose open fds reached 80 % of it (`lab.checker.health.processes`). Real processes,
 with a real (lowered) limit."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.checker.processes import FDS, load_samples, saturated, summary
+from lab.checker.health.processes import FDS, load_samples, saturated, summary
 from lab.run.monitor import SCHEMA, Sampler, parse_fd_limit
 
 LIMIT = 64

@@ -8,7 +8,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from lab.checker.context import Budgets
-from lab.checker.load import RunData, load_run
+from lab.checker.inputs.load import RunData, load_run
 from lab.report.figures import FIGURES, FigureSpec, draw_all
 from lab.report.series import active_clients, events_per_second
 from tests.checker.builders import T0, clean_run

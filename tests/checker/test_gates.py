@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from lab.checker.judge.verdict import judge_dir
 from lab.checker.model import Attribution, GateResult, RunReport, Verdict
-from lab.checker.verdict import judge_dir
 from lab.wire.event_ids import message_digest
 from tests.checker.builders import T0, Event, Sim, Stream, clean_run
 

@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import pytest
 
 from lab.checker.context import Context, parse_budgets
-from lab.checker.jsonl import LINE, LedgerError, read_jsonl
-from lab.checker.load import load_run
+from lab.checker.inputs.jsonl import LINE, LedgerError, read_jsonl
+from lab.checker.inputs.load import load_run
+from lab.checker.inputs.schemas import TAP_RECORDS, TAP_SCHEMA
+from lab.checker.judge.verdict import judge_dir, run_gate
 from lab.checker.model import Verdict
-from lab.checker.schemas import TAP_RECORDS, TAP_SCHEMA
-from lab.checker.verdict import judge_dir, run_gate
 from tests.checker.builders import clean_run
 
 

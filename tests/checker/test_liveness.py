@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lab.checker.judge.verdict import judge_dir
 from lab.checker.model import Attribution, GateResult, RunReport, Verdict
-from lab.checker.verdict import judge_dir
 from tests.checker.builders import Sim, clean_run
 
 

@@ -278,7 +278,7 @@ def test_a_read_only_run_folder_exits_4(tmp_path: Path) -> None:
 def test_a_crash_inside_lab_report_exits_4_with_one_line_naming_the_log(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lab.checker import verdict
+    from lab.checker.judge import verdict
 
     run_dir = clean_run().sim.write(tmp_path / "run")
 

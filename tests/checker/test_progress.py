@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from lab.checker.judge.verdict import judge_dir
 from lab.checker.model import Verdict
-from lab.checker.verdict import judge_dir
 from lab.run.progress import SETTLE_S, ProgressLine, TapCounter
 from tests.checker.builders import Sim, clean_run
 

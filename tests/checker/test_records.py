@@ -9,17 +9,11 @@ from typing import Any
 
 import pytest
 
-from lab.checker import (
-    gate_check,
-    gate_cross_stream,
-    gate_duplicates,
-    judge,
-    judge_records,
-    run_data_from_records,
-)
-from lab.checker.jsonl import LedgerError
+from lab.checker import gate_check, judge, judge_records, run_data_from_records
+from lab.checker.inputs.jsonl import LedgerError
+from lab.checker.judge.verdict import judge_dir
 from lab.checker.model import Verdict
-from lab.checker.verdict import judge_dir
+from lab.checker.rules import cross_stream, duplicates
 from lab.client import DedupKey, InboxReceipt
 from lab.wire.client_ledger import HttpExchange, Recovery
 from tests.checker.builders import Sim, clean_run
@@ -102,7 +96,7 @@ def test_one_gate_on_records_as_the_client_core_holds_them() -> None:
     rows["inbox"] = receipts
     rows["client"] = _as_records(rows["client"])
     data = run_data_from_records(**rows)
-    g1 = gate_check(data, gate_cross_stream)
+    g1 = gate_check(data, cross_stream)
     assert g1.verdict is Verdict.PASS and g1.measured["verified"] == 15
     # The same receipts with one more, a's progress on its call filed under its GET
     # stream: the real gate catches it (no re-implementation of the rule here).
@@ -112,9 +106,9 @@ def test_one_gate_on_records_as_the_client_core_holds_them() -> None:
         if r.client_id == "a" and r.kind == "notification" and r.key.stream_key == "post:2"
     )
     data = run_data_from_records(**{**rows, "inbox": [*receipts, _moved(wrong, "get:1")]})
-    g1 = gate_check(data, gate_cross_stream)
+    g1 = gate_check(data, cross_stream)
     assert g1.verdict is Verdict.FAIL and [w.check for w in g1.witnesses] == ["not_sent_on_stream"]
-    assert gate_check(data, gate_duplicates).verdict is Verdict.PASS
+    assert gate_check(data, duplicates).verdict is Verdict.PASS
 
 
 def _fields(obj: Any) -> dict[str, Any]:

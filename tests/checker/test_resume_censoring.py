@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 
-from lab.checker.gate_resume import latencies
+from lab.checker.rules.resume import latencies
 
 BUDGET = 5.0
 

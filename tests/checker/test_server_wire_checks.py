@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lab.checker.judge.verdict import judge_dir
 from lab.checker.model import Attribution, GateResult, RunReport, Verdict
-from lab.checker.verdict import judge_dir
 from lab.wire.event_ids import message_digest
 from tests.checker.builders import Sim, Stream, clean_run
 

@@ -1,5 +1,5 @@
-"""Unanswered requests by hop (`lab.checker.unanswered`) and the lab's limit on them
-(`lab.checker.lab_limits.unanswered_limit`), on runs built by hand from the ledgers'
+"""Unanswered requests by hop (`lab.checker.health.unanswered`) and the lab's limit on them
+(`lab.checker.health.lab_limits.unanswered_limit`), on runs built by hand from the ledgers'
 real record shapes (tests/checker/builders.py; docs/ledgers.md):
 
 - every request left without an answer is counted at the hop where it was lost, and
@@ -19,8 +19,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+from lab.checker.judge.verdict import judge_dir
 from lab.checker.model import GateResult, RunReport, Verdict
-from lab.checker.verdict import judge_dir
 from lab.report.markdown import render
 from lab.report.outputs import report_run
 from tests.checker.builders import Sim, clean_run

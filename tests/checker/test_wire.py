@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from lab.checker.judge.verdict import judge_dir
 from lab.checker.model import Attribution, GateResult, Verdict
-from lab.checker.verdict import judge_dir
 from tests.checker.builders import Sim, Stream
 
 _N = iter(range(1_000_000))

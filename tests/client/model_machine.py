@@ -18,18 +18,12 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
-from lab.checker import (
-    gate_check,
-    gate_cross_stream,
-    gate_duplicates,
-    gate_reconnect,
-    gate_rehandshake,
-    run_data_from_records,
-)
+from lab.checker import gate_check, run_data_from_records
 from lab.checker.context import Context, parse_budgets
-from lab.checker.load import RunData
+from lab.checker.inputs.load import RunData
+from lab.checker.judge.verdict import run_gate
 from lab.checker.model import GateResult, Verdict
-from lab.checker.verdict import run_gate
+from lab.checker.rules import cross_stream, duplicates, reconnect, rehandshake
 from lab.client._acceptance import ALL_CHECKS, Check, MemoryInbox
 from lab.client._commands import CallFinished, CallOutcome
 from lab.client._config import ClientConfig
@@ -50,7 +44,7 @@ REDACTOR = Redactor(b"k" * 32)
 RUN = {"budgets": {"reconnect_qps": BUDGET, "min_events": 1, "min_404": 1, "min_recoveries": 1}}
 """run.json as the gates read it: the clients' shared budget, and evidence minima a
 short example can meet (the gate table's 100,000 events are a load run's)."""
-GATES = (gate_cross_stream, gate_duplicates, gate_rehandshake, gate_reconnect)
+GATES = (cross_stream, duplicates, rehandshake, reconnect)
 
 clients = st.integers(0, 1)
 conn_pick = st.integers(0, 7)
@@ -251,7 +245,7 @@ class ClientAgainstModel(RuleBasedStateMachine):
         several gates share one `Context`, as in `judge`, so its joins are built once)."""
         result = gate_check(self.run_data(), module) if ctx is None else run_gate(module, ctx)
         assert result.error is None, f"gate {result.number} could not judge the model run: {result.error}"
-        if module is gate_cross_stream:
+        if module is cross_stream:
             # The tap saw everything the server sent: every receipt can be judged.
             assert result.measured["unverifiable"] == 0, result.notes
         return result
@@ -264,16 +258,16 @@ class ClientAgainstModel(RuleBasedStateMachine):
             passed_or_unsure(self.gate(module, ctx))
 
     def no_cross_stream_acceptance(self) -> None:
-        self.check_gates(gate_cross_stream)
+        self.check_gates(cross_stream)
 
     def no_duplicate_dispatch(self) -> None:
-        self.check_gates(gate_duplicates)
+        self.check_gates(duplicates)
 
     def every_404_is_followed_by_a_new_handshake(self) -> None:
-        self.check_gates(gate_rehandshake)
+        self.check_gates(rehandshake)
 
     def reconnects_within_the_budget(self) -> None:
-        self.check_gates(gate_reconnect)
+        self.check_gates(reconnect)
 
     def reconnects_never_earlier_than_planned(self) -> None:
         """The client's own plan (not a gate: gate 6 judges the server's advice)."""

@@ -33,8 +33,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from lab.checker import gate_cross_stream, gate_duplicates, gate_reconnect, gate_rehandshake
 from lab.checker.model import Verdict
+from lab.checker.rules import cross_stream, duplicates, reconnect, rehandshake
 from lab.client._acceptance import Check
 from lab.client._commands import Purpose
 from lab.client._handshake import Handshake
@@ -104,7 +104,7 @@ def faulty_stream(m: ClientAgainstModel, fault: str) -> None:
     link.deliver(post, 1)
 
 
-FAULT_GATES = {"foreign_event": gate_cross_stream, "replay_after_ack": gate_duplicates}
+FAULT_GATES = {"foreign_event": cross_stream, "replay_after_ack": duplicates}
 
 
 @pytest.mark.parametrize("fault", list(FAULT_GATES))
@@ -165,17 +165,17 @@ DEFECTS: dict[str, tuple[type[ClientAgainstModel], Any, ModuleType, str]] = {
     "checks_off_foreign_event": (
         ClientWithoutChecks,
         lambda m: faulty_stream(m, "foreign_event"),
-        gate_cross_stream,
+        cross_stream,
         "not_sent_on_stream",
     ),
     "checks_off_replay": (
         ClientWithoutChecks,
         lambda m: faulty_stream(m, "replay_after_ack"),
-        gate_duplicates,
+        duplicates,
         "inbox_duplicate",
     ),
-    "ignores_404": (ClientIgnoring404, expired_then_two_calls, gate_rehandshake, "no_rehandshake"),
-    "over_budget": (ClientOverItsBudget, all_streams_cut_at_once, gate_reconnect, "over_budget"),
+    "ignores_404": (ClientIgnoring404, expired_then_two_calls, rehandshake, "no_rehandshake"),
+    "over_budget": (ClientOverItsBudget, all_streams_cut_at_once, reconnect, "over_budget"),
 }
 
 
@@ -223,7 +223,7 @@ def test_gate_3_judges_what_a_client_sends_at_the_instant_of_a_404(machine: type
     calls = [r for r in m.links[0].requests if r.purpose is Purpose.CALL]
     m.advance(dt=1.0)
     settle_together(m.links)
-    result = m.gate(gate_rehandshake)
+    result = m.gate(rehandshake)
     assert result.measured["session_404s"] == 1
     if machine is ClientResendingInTheExpiredSession:
         # 404: the call went again in the expired session, then the initialize.
@@ -235,7 +235,7 @@ def test_gate_3_judges_what_a_client_sends_at_the_instant_of_a_404(machine: type
 
 
 def test_the_model_ledger_has_the_columns_the_checker_reads() -> None:
-    from lab.checker.schemas import CLIENT_TABLES, SERVER_TABLES, TAP_RECORDS
+    from lab.checker.inputs.schemas import CLIENT_TABLES, SERVER_TABLES, TAP_RECORDS
 
     m = ClientAgainstModel()
     m.connect()
@@ -262,7 +262,7 @@ def test_the_model_ledger_has_the_columns_the_checker_reads() -> None:
     messages = [r for r in tap if r["type"] == "sent" and r["has_data"] and not r["priming"]]
     assert messages and all((r["session"], r["stream_id"], r["digest"]) in truth for r in messages)
     assert not any(sid in repr(tap) for sid in m.server.sessions) and "user0" not in repr(tap)
-    g1 = m.gate(gate_cross_stream)
+    g1 = m.gate(cross_stream)
     assert g1.verdict is Verdict.INCONCLUSIVE  # no stream crossing was injected: no evidence
     assert (
         g1.measured["verified"]
@@ -303,7 +303,7 @@ def test_a_resend_under_way_when_the_404_arrives_is_not_the_reaction_to_it() -> 
     m.advance(dt=1.0)
     m.advance(dt=2.5)
     settle_together(m.links)
-    result = m.gate(gate_rehandshake)
+    result = m.gate(rehandshake)
     assert result.verdict is not Verdict.FAIL, result.summary
     assert result.violations == 0, result.summary
     assert result.measured["rehandshaken"] == 1, result.measured  # judged, and handled

@@ -1,4 +1,4 @@
-"""The checker's fault accounting (lab/checker/faults.py) reads the registry of fault kinds:
+"""The checker's fault accounting (lab/checker/truth/faults.py) reads the registry of fault kinds:
 what counts as fired is each kind's declared tap evidence, and a kill_session the target
 refused with 405 is not applicable. Run folders are written as the proxy writes them and
 read by the checker's own loader."""
@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from lab.checker.faults import count_faults, not_applicable
-from lab.checker.load import load_run
+from lab.checker.inputs.load import load_run
+from lab.checker.truth.faults import count_faults, not_applicable
 
 
 def run_folder(tmp: Path, records: list[dict[str, Any]], configured: list[str]) -> Path:

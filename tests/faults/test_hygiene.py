@@ -68,5 +68,8 @@ def test_the_addons_import_only_mitmproxy_the_stdlib_and_pure_lab_modules() -> N
 
 
 def test_the_check_sees_a_heavy_import() -> None:
-    assert imports_of("import os\nfrom lab.checker.load import RunData\n") == ["os", "lab.checker.load"]
-    assert "pandas" in loaded_after("import lab.checker.load")
+    assert imports_of("import os\nfrom lab.checker.inputs.load import RunData\n") == [
+        "os",
+        "lab.checker.inputs.load",
+    ]
+    assert "pandas" in loaded_after("import lab.checker.inputs.load")

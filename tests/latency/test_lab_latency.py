@@ -10,7 +10,7 @@ from typing import Any
 
 from lab.checker import judge
 from lab.checker.context import Context, parse_budgets
-from lab.checker.lab_latency import NOTE_PREFIX, section
+from lab.checker.health.lab_latency import NOTE_PREFIX, section
 from lab.report import markdown
 from lab.report.document import document
 from tests.latency.world import T0, World, latency_toxic

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from lab.checker.lab_latency import NOTE_PREFIX
+from lab.checker.health.lab_latency import NOTE_PREFIX
 from tests.livesrv import LAB, ROOT
 
 pytestmark = pytest.mark.live

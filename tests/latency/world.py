@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from lab.checker.load import RunData
-from lab.checker.records import run_data_from_records
+from lab.checker.inputs.load import RunData
+from lab.checker.inputs.records import run_data_from_records
 from lab.wire.client_ledger import HttpExchange, Recovery
 
 T0 = 1_800_000_000.0

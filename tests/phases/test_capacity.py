@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lab.checker.capacity import step_misses
-from lab.checker.phases import Metrics
+from lab.checker.timeline.capacity import step_misses
+from lab.checker.timeline.phases import Metrics
 from tests.phases.world import Stretch, judged, phase, run_data, write_samples
 
 RAMP = [

@@ -1,4 +1,4 @@
-"""Reading the process monitor's file (`lab.checker.processes`): per-process figures,
+"""Reading the process monitor's file (`lab.checker.health.processes`): per-process figures,
 saturation of a lab process or of the box, Locust's own CPU warnings, a damaged file."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lab.checker.gate_rollout import share_band
-from lab.checker.processes import load_samples, saturated, section, summary
+from lab.checker.health.processes import load_samples, saturated, section, summary
+from lab.checker.rules.rollout import share_band
 from tests.phases.world import T0, write_samples
 
 

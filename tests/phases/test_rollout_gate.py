@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from lab.checker import gate_rollout
-from lab.checker.load import load_run
+from lab.checker.inputs.load import load_run
+from lab.checker.inputs.records import gate_check
 from lab.checker.model import GateResult, Verdict
-from lab.checker.records import gate_check
+from lab.checker.rules import rollout
 from tests.checker.builders import T0, Sim
 
 R = T0 + 20.0
@@ -109,7 +109,7 @@ def build(
 
 def judge(run_dir: Path) -> tuple[GateResult, dict[str, Any]]:
     data = load_run(run_dir)
-    result = gate_check(data, gate_rollout)
+    result = gate_check(data, rollout)
     measured: dict[str, Any] = dict(result.measured["checks"])  # type: ignore[arg-type]
     return result, measured
 
@@ -146,7 +146,7 @@ def test_each_check_fails_on_the_promise_it_guards(
 def test_without_the_knob_log_or_the_server_ledger_it_cannot_pass(tmp_path: Path) -> None:
     run_dir = build(tmp_path)
     (run_dir / "phases.jsonl").unlink()
-    assert gate_check(load_run(run_dir), gate_rollout).verdict is Verdict.INCONCLUSIVE
+    assert gate_check(load_run(run_dir), rollout).verdict is Verdict.INCONCLUSIVE
     (run_dir / "server" / "ledger.sqlite").unlink()
-    result = gate_check(load_run(run_dir), gate_rollout)
+    result = gate_check(load_run(run_dir), rollout)
     assert result.verdict is Verdict.INCONCLUSIVE and "server's ledger" in result.summary

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lab.checker import gate_steady_state
+from lab.checker.inputs.records import gate_check
 from lab.checker.model import Verdict
-from lab.checker.records import gate_check
+from lab.checker.rules import steady_state
 from tests.phases.world import Stretch, judged, phase, run_data, write_samples
 
 PHASES = [
@@ -47,7 +47,7 @@ def test_a_run_without_phases_is_one_implicit_phase() -> None:
 
 def test_gate7_passes_when_the_last_half_is_back_to_the_baseline() -> None:
     data = run_data([STEADY, STORM, AFTERMATH, Stretch(130, 160, events_per_s=39, latency_s=0.35)], PHASES)
-    result = gate_check(data, gate_steady_state)
+    result = gate_check(data, steady_state)
     assert result.verdict is Verdict.PASS, result
     judged_phases: Any = result.measured["phases"]
     assert judged_phases[0]["missed"] == []
@@ -57,7 +57,7 @@ def test_gate7_passes_when_the_last_half_is_back_to_the_baseline() -> None:
 
 def test_gate7_fails_when_the_storm_stays_on_and_names_phase_and_metric() -> None:
     kept_on = Stretch(100, 160, events_per_s=8, error_share=0.3, latency_s=4.0, reconnects_per_s=6)
-    result = gate_check(run_data([STEADY, STORM, kept_on], PHASES), gate_steady_state)
+    result = gate_check(run_data([STEADY, STORM, kept_on], PHASES), steady_state)
     assert result.verdict is Verdict.FAIL
     metrics = {w.row["metric"] for w in result.witnesses}
     assert metrics == {"events_per_s", "resume_p99_s", "call_error_rate"}
@@ -66,35 +66,35 @@ def test_gate7_fails_when_the_storm_stays_on_and_names_phase_and_metric() -> Non
 
 def test_gate7_is_inconclusive_without_a_baseline_or_with_too_few_events() -> None:
     no_steady = [phase("storm", "faults", 0, 60), phase("recovery", "recovery", 60, 120)]
-    result = gate_check(run_data([Stretch(0, 120)], no_steady), gate_steady_state)
+    result = gate_check(run_data([Stretch(0, 120)], no_steady), steady_state)
     assert result.verdict is Verdict.INCONCLUSIVE
     assert not next(e for e in result.evidence if e.name == "steady baseline phase").ok
     thin = run_data([Stretch(0, 60, events_per_s=1), Stretch(60, 160, events_per_s=1)], PHASES)
-    result = gate_check(thin, gate_steady_state)
+    result = gate_check(thin, steady_state)
     assert result.verdict is Verdict.INCONCLUSIVE  # 30 events in the baseline's last half < 100
     assert not next(e for e in result.evidence if e.name == "baseline events").ok
 
 
 def test_tolerances_come_from_the_budgets() -> None:
     slower = [STEADY, STORM, AFTERMATH, Stretch(130, 160, events_per_s=30)]  # 75 % of the baseline
-    assert gate_check(run_data(slower, PHASES), gate_steady_state).verdict is Verdict.FAIL
+    assert gate_check(run_data(slower, PHASES), steady_state).verdict is Verdict.FAIL
     lenient = run_data(slower, PHASES, budgets={"recovery_events_ratio": 0.7})
-    assert gate_check(lenient, gate_steady_state).verdict is Verdict.PASS
+    assert gate_check(lenient, steady_state).verdict is Verdict.PASS
 
 
 def test_a_miss_while_the_lab_was_saturated_is_the_labs_not_the_targets(tmp_path: Path) -> None:
     kept_on = Stretch(100, 160, events_per_s=8, error_share=0.3, latency_s=4.0)
     write_samples(tmp_path, {"worker-0": [(0, 100, 0.3), (100, 160, 0.97)], "server": [(0, 160, 0.99)]})
     data = run_data([STEADY, STORM, kept_on], PHASES, run_dir=tmp_path)
-    result = gate_check(data, gate_steady_state)
+    result = gate_check(data, steady_state)
     assert result.verdict is Verdict.INCONCLUSIVE and result.violations == 0
     lab = next(e for e in result.evidence if e.name == "lab not saturated")
     assert not lab.ok and "worker-0" in str(lab.observed) and "workers needed" in lab.detail
     # The server is the target: its saturation alone is the target's.
     write_samples(tmp_path, {"worker-0": [(0, 160, 0.3)], "server": [(0, 160, 0.99)]})
-    assert gate_check(
-        run_data([STEADY, STORM, kept_on], PHASES, run_dir=tmp_path), gate_steady_state
-    ).verdict is (Verdict.FAIL)
+    assert gate_check(run_data([STEADY, STORM, kept_on], PHASES, run_dir=tmp_path), steady_state).verdict is (
+        Verdict.FAIL
+    )
 
 
 def test_gate5_failing_while_a_worker_was_saturated_names_the_lab(tmp_path: Path) -> None:

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from lab.checker import judge
-from lab.checker.load import RunData
+from lab.checker.inputs.load import RunData
+from lab.checker.inputs.records import run_data_from_records
 from lab.checker.model import RunReport
-from lab.checker.records import run_data_from_records
 from lab.wire.client_ledger import OperationRecord, ReconnectAttempt, Recovery
 
 T0 = 1_800_000_000.0

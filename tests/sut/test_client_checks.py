@@ -1,4 +1,4 @@
-"""The checks of a client under test (lab.checker.sut), on run folders written by hand
+"""The checks of a client under test (lab.checker.judge.under_test), on run folders written by hand
 (tests/sut/wire_builder.py): each catches its bad case, with a witness that points at the
 wire, and passes the good one. No process is started: the checker reads files only."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from lab.checker.judge.verdict import judge_dir
 from lab.checker.model import Attribution, GateResult, RunReport, Verdict
-from lab.checker.verdict import judge_dir
 from lab.report.document import document
 from lab.report.markdown import render
 from tests.sut.wire_builder import T0, Wire

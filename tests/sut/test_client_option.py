@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.checker.baseline import KNOWN_IDS, apply, counted
+from lab.checker.judge.baseline import KNOWN_IDS, apply, counted
 from lab.checker.model import GateResult, Verdict
 from lab.run.sut import ClientRefused, resolve
 from lab.scenario import ScenarioError, load_baseline, load_scenario

@@ -1,0 +1,236 @@
+"""The single judge: run every gate over a loaded run and give the run's whole verdict.
+
+`judge(data)` is the only place a verdict is decided, for `lab report` and `lab run`
+alike (both go through `lab.report.outputs.report_run`, which calls it), and for tests
+that build their inputs in memory (`lab.checker.inputs.records`).
+
+The run's verdict, in this order:
+- `fail` if any gate failed (a violation is a violation, even in an interrupted run) —
+  except that a run which did not finish cannot fail on liveness alone: a call that never
+  recovered because the run (or one of the lab's own parts) was cut short is no evidence
+  against the target, so gate 5 failing in an incomplete run leaves it `incomplete`;
+- `incomplete` if the run did not finish: run.json `complete` false, or a run still
+  `running` or `abandoned` (its `end_reason` or `status`);
+- `inconclusive` if any gate was, or run.json is missing or refused, or any input file
+  was refused (damaged, unreadable, an unknown schema, a field of the wrong type);
+- `pass` otherwise.
+
+Known failures (run.json `client.expected_failures`, lab.checker.judge.baseline) count as
+passes, and a listed gate that passed ("fixed") as a failure, until the baseline loses it.
+A run whose load was a client under test is judged by the gates of lab.checker.judge.under_test.
+
+A gate whose input is missing or refused is inconclusive with the reason; a gate whose
+own code raises is inconclusive with the error (exception type, message and the line
+that raised), and the other gates still run.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Iterable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from lab.checker.context import Context, parse_budgets
+from lab.checker.explain import short_reason
+from lab.checker.inputs.load import MissingInput, RunData, load_run
+from lab.checker.inputs.schemas import RUN_STATES_UNFINISHED
+from lab.checker.judge import baseline
+from lab.checker.judge import sections as extras
+from lab.checker.judge import under_test as sut
+from lab.checker.model import Evidence, GateResult, Problem, RunInfo, RunReport, Verdict, combine
+from lab.checker.rules import cross_stream, duplicates, origin, reconnect, rehandshake, resume
+from lab.checker.truth import liveness
+from lab.checker.truth.faults import configured_faults, count_faults
+from lab.checker.truth.not_applicable import not_applicable
+
+GATES: tuple[ModuleType, ...] = (
+    cross_stream,
+    duplicates,
+    rehandshake,
+    origin,
+    resume,
+    reconnect,
+)
+
+
+def judge_dir(run_dir: Path, witness_limit: int = 5) -> tuple[RunData, RunReport]:
+    """Load a run folder and judge it: (the loaded ledgers, the report)."""
+    started = time.perf_counter()
+    data = load_run(run_dir)
+    return data, judge(data, witness_limit=witness_limit, started=started)
+
+
+def judge(data: RunData, *, witness_limit: int = 5, started: float | None = None) -> RunReport:
+    """The whole verdict of one run, its gates, faults and liveness."""
+    started = time.perf_counter() if started is None else started
+    budgets = parse_budgets(data.run)
+    ctx = Context(data, budgets, witness_limit)
+    # A client under test keeps no client ledger: its gates read the wire and its
+    # application logs (lab.checker.judge.under_test).
+    client = sut.client_of(data.run)
+    under_test = sut.under_test(data.run)
+    gates = tuple(run_gate(module, ctx) for module in (sut.GATES if under_test else GATES))
+    # Gates 7 and 8 where they apply, the lab's own limits, the sections beside the gates
+    # (lab.checker.judge.sections).
+    gates, sections, section_problems = extras.finish(
+        ctx, gates + extras.extra_gates(ctx, run_gate), run_gate
+    )
+    expectations = baseline.apply(gates, client.expected_failures if client is not None else ())
+    problems = list(data.problems)
+    sources, notes = list(data.sources), list(data.notes)
+    if under_test and client is not None:
+        logs = sut.logs_of(ctx)
+        sources += logs.sources
+        problems += logs.problems
+        notes += logs.notes
+        client = sut.implementations(ctx, client)
+    if data.run is not None and budgets.defaulted:
+        problems.append(
+            Problem("run.json", f"budgets missing, the defaults used: {', '.join(budgets.defaulted)}")
+        )
+    run = run_info(data)
+    unfinished = unfinished_reason(data.run)
+    if unfinished is not None:
+        problems.append(Problem("run.json", f"the run is incomplete ({unfinished}): it cannot pass"))
+    unusable = data.run is None or any(s.status == "error" for s in sources)
+    try:
+        count, source = ctx.event_count()
+    except Exception as e:  # the count is also evidence inside the gates, which report it
+        count, source = None, f"error: {e}"
+    try:
+        faults, never = count_faults(data)
+        skipped = not_applicable(data)
+    except Exception as e:
+        faults, never, skipped = [], [], []
+        problems.append(Problem("proxy/tap.jsonl", f"fault counts failed: {type(e).__name__}: {e}"))
+    problems += [Problem("report", p) for p in section_problems]
+    try:
+        live = sut.liveness(ctx) if under_test else liveness.summary(ctx)
+    except Exception as e:
+        live = None
+        problems.append(Problem("liveness", f"could not be computed: {type(e).__name__}: {e}"))
+    return RunReport(
+        run=run,
+        verdict=run_verdict(
+            (
+                baseline.counted(g, expectations)  # known failures pass, fixed ones fail
+                for g in gates
+                # Liveness is the one thing an interrupted run cannot judge (module docstring).
+                if not (unfinished is not None and g.number == resume.NUMBER)
+            ),
+            incomplete=unfinished is not None,
+            unusable=unusable,
+        ),
+        gates=gates,
+        budgets=budgets.as_dict(),
+        budgets_defaulted=budgets.defaulted,
+        event_count=count,
+        event_count_source=source,
+        sources=tuple(sources),
+        problems=tuple(problems),
+        notes=tuple(notes),
+        faults=tuple(faults),
+        faults_never_fired=tuple(never),
+        checked_at=time.time(),
+        check_seconds=time.perf_counter() - started,
+        incomplete=unfinished is not None,
+        faults_not_applicable=tuple(skipped),
+        liveness=live,
+        sections=sections,
+        client=client,
+        expectations=expectations,
+    )
+
+
+def run_verdict(gate_verdicts: Iterable[Verdict], *, incomplete: bool, unusable: bool) -> Verdict:
+    """fail > incomplete > inconclusive > pass (the caller leaves out what an incomplete run
+    cannot judge; see the module docstring)."""
+    combined = combine(gate_verdicts)
+    if combined is Verdict.FAIL:
+        return Verdict.FAIL
+    if incomplete:
+        return Verdict.INCOMPLETE
+    if unusable:
+        return Verdict.INCONCLUSIVE
+    return combined
+
+
+def unfinished_reason(run: dict[str, Any] | None) -> str | None:
+    """Why run.json says the run did not finish (None if it finished or run.json is absent)."""
+    if run is None:
+        return None
+    for field in ("status", "end_reason"):
+        value = run.get(field)
+        if isinstance(value, str) and value in RUN_STATES_UNFINISHED:
+            return f"{field}: {value}"
+    if run.get("complete") is not True:
+        # False, or absent/mistyped (refused by the loader too): no claim of a finished run.
+        return f"complete: {run.get('complete')!r}, end_reason: {short_reason(run.get('end_reason'))}"
+    return None
+
+
+def run_gate(module: ModuleType, ctx: Context) -> GateResult:
+    number: int = module.NUMBER
+    gate: str = module.GATE
+    title: str = module.TITLE
+    try:
+        result: GateResult = module.check(ctx)
+        return result
+    except MissingInput as e:
+        return GateResult(
+            number=number,
+            gate=gate,
+            title=title,
+            verdict=Verdict.INCONCLUSIVE,
+            summary=f"cannot be checked: {e}",
+            budget={},
+            measured={},
+            evidence=(Evidence("inputs", True, False, False, str(e)),),
+        )
+    except Exception as e:
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        where = f"{Path(frame.filename).name}:{frame.lineno}"
+        error = f"{type(e).__name__}: {e} (at {where})"
+        return GateResult(
+            number=number,
+            gate=gate,
+            title=title,
+            verdict=Verdict.INCONCLUSIVE,
+            summary=f"the checker failed on this gate: {error}",
+            budget={},
+            measured={},
+            error=error,
+        )
+
+
+def run_info(data: RunData) -> RunInfo:
+    run: dict[str, Any] = data.run or {}
+
+    def number(name: str) -> float | None:
+        v = run.get(name)
+        return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    scenario = run.get("scenario")
+    name = scenario.get("name") if isinstance(scenario, dict) else None
+    target = run.get("target")
+    target_text = None
+    if isinstance(target, dict):
+        target_text = " ".join(str(target[k]) for k in ("kind", "url") if target.get(k) is not None) or None
+    complete = run.get("complete")
+    seed = run.get("seed")
+    return RunInfo(
+        run_id=str(run.get("run_id") or data.run_dir.name),
+        complete=complete if isinstance(complete, bool) else None,
+        end_reason=str(run["end_reason"]) if run.get("end_reason") is not None else None,
+        started_at=number("started_at"),
+        stopped_at=number("stopped_at"),
+        scenario=str(name)
+        if name is not None
+        else (str(run["scenario_file"]) if run.get("scenario_file") else None),
+        seed=seed if isinstance(seed, str | int | float | bool) or seed is None else str(seed),
+        target=target_text,
+        fault_windows=tuple(configured_faults(data.run)),
+    )

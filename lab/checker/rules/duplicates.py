@@ -1,0 +1,400 @@
+"""Gate 2 — duplicate business dispatches (budget: 0).
+
+Checks, each a count of offending groups:
+- `server_performed_twice`: server ledger `dispatches` with effect = performed more than
+  once for one (auth_subject, idempotency_key). Attribution: server (it had the key and
+  performed again).
+- `wire_different_results`: from the wire, on any target: the tap's `result` records
+  (the answer the server sent to each tool call, with the digest of its result) hold two
+  or more different non-error `result_digest`s for one (auth, idempotency_key). The
+  target contract says a retry returns the original receipt, so a second, different
+  result is a second dispatch. Attribution: server. Where the server ledger exists too,
+  both are used (a key caught by both counts once), and keys on which they disagree are
+  listed in the notes and counted in `ledger_wire_disagreements`.
+- `client_dispatched_more_than_sent`: a client's outbox holds a message (digest) more
+  times than the server sent that message to that client (distinct event IDs of that
+  digest on the client's connections, from the tap or else the server ledger; replays of
+  one event ID count once). Attribution: client.
+- `inbox_duplicate`: two inbox receipts with the same dedup key (client, session
+  generation, stream key, event ID, digest). The inbox's UNIQUE constraint should make
+  this impossible; a ledger written without it is caught here. Attribution: client.
+- `same_write_under_new_key`: the server performed one tool with the same arguments
+  (`dispatches.arguments_digest`) for one subject under two or more idempotency keys: a
+  write re-run as a new operation after a lost answer, which no key can catch (the lab's
+  clients never send two writes with equal arguments). Attribution: client. Checked when
+  the server ledger has the column.
+
+Evidence: event count >= min_events; at least one write was retried (the situation in
+which duplicates happen): a server dispatch with effect = replayed, an idempotency key on
+two or more tap flows, a key answered more than once on the wire (tap `result`), or a
+client write operation with attempts >= 2; and the side effects are visible, from the
+server ledger or from the wire (tap `result` records of calls with a key).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from lab.checker.context import Context
+from lab.checker.explain import at, client_ref, plural, row_of, server_ref, short, tap_ref
+from lab.checker.inputs.load import MissingInput
+from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
+from lab.checker.truth.streams import stream_truth
+
+GATE = "duplicate_dispatch"
+NUMBER = 2
+TITLE = "Duplicate business dispatches"
+
+
+def check(ctx: Context) -> GateResult:
+    data = ctx.data
+    witnesses: list[Witness] = []
+    measured: dict[str, Any] = dict.fromkeys(
+        (
+            "server_performed_twice",
+            "client_dispatched_more_than_sent",
+            "inbox_duplicate",
+            "same_write_under_new_key",
+            "wire_different_results",
+        )
+    )  # None: not checked
+    notes: list[str] = []
+    checked = 0
+
+    rekeyed: list[dict[str, Any]] = []
+    if data.server is not None:
+        groups = _server_twice(data.server["dispatches"])
+        measured["server_performed_twice"] = len(groups)
+        witnesses += [_server_witness(g, ctx) for g in groups[: ctx.witness_limit]]
+        checked += 1
+        if "arguments_digest" in data.server["dispatches"].columns:
+            rekeyed = _same_write_new_key(data.server["dispatches"])
+            measured["same_write_under_new_key"] = len(rekeyed)
+            witnesses += [_rekeyed_witness(g, ctx) for g in rekeyed[: ctx.witness_limit]]
+        else:
+            notes.append(
+                "writes re-run under a new key not checked: the server ledger has no arguments_digest"
+            )
+    else:
+        notes.append(f"server side effects not checked: {data.why_absent('server')}")
+
+    wire = _wire_results(ctx)
+    wire_groups: list[dict[str, Any]] = []
+    if wire is not None:
+        wire_groups = _wire_different(wire)
+        server_keys = set()
+        if data.server is not None:
+            server_keys = {str(g["idempotency_key"]) for g in _server_twice(data.server["dispatches"])}
+            disagree = _disagreements(data.server["dispatches"], wire, wire_groups, server_keys)
+            measured["ledger_wire_disagreements"] = len(disagree)
+            notes += disagree[:3]
+        measured["wire_different_results"] = len(wire_groups)
+        wire_groups = [g for g in wire_groups if str(g["idempotency_key"]) not in server_keys]
+        witnesses += [_wire_witness(g, ctx) for g in wire_groups[: ctx.witness_limit]]
+        checked += 1
+    else:
+        notes.append("results on the wire not compared: the tap has no `result` records")
+
+    outbox_groups: list[dict[str, Any]] = []
+    inbox_groups: list[dict[str, Any]] = []
+    if data.client is not None:
+        try:
+            truth = stream_truth(ctx)
+        except MissingInput as e:
+            notes.append(f"client outbox not compared with what the server sent: {e}")
+        else:
+            outbox_groups = _client_over_sent(ctx.require_client("outbox"), truth.sent)
+            measured["client_dispatched_more_than_sent"] = len(outbox_groups)
+            checked += 1
+        inbox_groups = _inbox_duplicates(ctx.require_client("inbox"))
+        measured["inbox_duplicate"] = len(inbox_groups)
+        checked += 1
+    else:
+        notes.append(f"client outbox and inbox not checked: {data.why_absent('client')}")
+    witnesses += [_outbox_witness(g, ctx) for g in outbox_groups[: ctx.witness_limit]]
+    witnesses += [_inbox_witness(g, ctx) for g in inbox_groups[: ctx.witness_limit]]
+    if checked == 0:
+        raise MissingInput("neither a server nor a client ledger could be read")
+
+    count = sum(
+        v
+        for k, v in measured.items()
+        if isinstance(v, int) and k not in ("wire_different_results", "ledger_wire_disagreements")
+    ) + len(wire_groups)
+    retried = _writes_retried(ctx)
+    measured["writes_retried"] = retried
+    evidence = [
+        ctx.events_evidence(),
+        Evidence(
+            "writes retried",
+            1,
+            retried,
+            retried >= 1,
+            "replayed server dispatches, idempotency keys on several flows, write operations with attempts >= 2",
+        ),
+        *ctx.client_evidence(),
+    ]
+    answered = 0 if wire is None else int(wire["idempotency_key"].notna().sum())
+    if data.server is None and answered == 0:
+        evidence.append(
+            Evidence(
+                "server side effects visible",
+                True,
+                False,
+                False,
+                "no server ledger, and no answer to a call with an idempotency key in the tap's `result` records",
+            )
+        )
+    if measured["client_dispatched_more_than_sent"] is None:
+        evidence.append(
+            Evidence("client outbox compared", True, False, False, "; ".join(notes) or "no client ledger")
+        )
+    budget = ctx.budgets.duplicate_dispatch_max
+    attribution = {
+        "server": int(measured["server_performed_twice"] or 0) + len(wire_groups),
+        "client": len(outbox_groups) + len(inbox_groups) + len(rekeyed),
+    }
+    return GateResult(
+        number=NUMBER,
+        gate=GATE,
+        title=TITLE,
+        verdict=decide(count > budget, evidence),
+        summary=f"{count} duplicate dispatch group(s) (budget {budget}); {retried} write retries seen",
+        budget={"duplicate_dispatch_max": budget},
+        measured=measured,
+        evidence=tuple(evidence),
+        violations=count,
+        witnesses=tuple(witnesses[: ctx.witness_limit * 3]),
+        attribution_counts=attribution,
+        notes=tuple(notes),
+    )
+
+
+def _server_twice(dispatches: pd.DataFrame) -> list[dict[str, Any]]:
+    performed = dispatches[dispatches["effect"] == "performed"].sort_values("at", kind="stable")
+    if not len(performed):
+        return []
+    subject = performed["auth_subject"].astype("object").fillna("-")
+    size = performed.groupby([subject, performed["idempotency_key"]], sort=False)["at"].transform("size")
+    twice = performed[size > 1]
+    out: list[dict[str, Any]] = []
+    for group_key, rows in twice.groupby([subject[size > 1], twice["idempotency_key"]], sort=False):
+        subj, key = group_key
+        out.append({"auth_subject": subj, "idempotency_key": key, "rows": rows})
+    out.sort(key=lambda g: float(g["rows"]["at"].iloc[1]))
+    return out
+
+
+def _server_witness(group: dict[str, Any], ctx: Context) -> Witness:
+    rows = group["rows"]
+    tries = "; ".join(
+        f"request {r.request_id} in session {r.session} {at(r.at, ctx.origin)}"
+        for r in rows.head(4).itertuples()
+    )
+    text = (
+        f"the server performed tool {rows['tool'].iloc[0]} {len(rows)} times for idempotency key "
+        f"{group['idempotency_key']} (subject {group['auth_subject']}): {tries}"
+    )
+    first = rows.iloc[0]
+    fields = row_of(first, ["idempotency_key", "auth_subject", "tool", "session", "request_id", "at"])
+    fields["performed"] = len(rows)
+    refs = [r for _, row in rows.head(4).iterrows() for r in server_ref("dispatches", row)]
+    return Witness("server_performed_twice", text, Attribution.SERVER, fields, tuple(refs))
+
+
+def _same_write_new_key(dispatches: pd.DataFrame) -> list[dict[str, Any]]:
+    performed = dispatches[(dispatches["effect"] == "performed") & dispatches["arguments_digest"].notna()]
+    if not len(performed):
+        return []
+    performed = performed.sort_values("at", kind="stable")
+    subject = performed["auth_subject"].astype("object").fillna("-")
+    by = [subject, performed["tool"], performed["arguments_digest"]]
+    keys = performed.groupby(by, sort=False)["idempotency_key"].transform("nunique")
+    rekeyed = performed[keys > 1]
+    out: list[dict[str, Any]] = []
+    for (subj, tool, _), rows in rekeyed.groupby(
+        [subject[keys > 1], rekeyed["tool"], rekeyed["arguments_digest"]], sort=False
+    ):
+        out.append({"auth_subject": subj, "tool": tool, "rows": rows})
+    out.sort(key=lambda g: float(g["rows"]["at"].iloc[1]))
+    return out
+
+
+def _rekeyed_witness(group: dict[str, Any], ctx: Context) -> Witness:
+    rows = group["rows"]
+    keys = list(dict.fromkeys(rows["idempotency_key"]))
+    tries = "; ".join(
+        f"key {r.idempotency_key}, request {r.request_id} in session {r.session} {at(r.at, ctx.origin)}"
+        for r in rows.head(4).itertuples()
+    )
+    text = (
+        f"the server performed {group['tool']} with the same arguments {len(rows)} times under "
+        f"{len(keys)} idempotency keys (subject {group['auth_subject']}): a write re-run as a new "
+        f"operation — {tries}"
+    )
+    fields = row_of(rows.iloc[0], ["auth_subject", "tool", "arguments_digest", "session", "request_id", "at"])
+    fields["keys"] = ", ".join(str(k) for k in keys)
+    fields["performed"] = len(rows)
+    refs = [r for _, row in rows.head(4).iterrows() for r in server_ref("dispatches", row)]
+    return Witness("same_write_under_new_key", text, Attribution.CLIENT, fields, tuple(refs))
+
+
+def _client_over_sent(outbox: pd.DataFrame, sent: pd.DataFrame) -> list[dict[str, Any]]:
+    dispatched = outbox.groupby(["client_id", "message_digest"], sort=False).size()
+    repeated = dispatched[dispatched > 1]
+    if not len(repeated):
+        return []
+    mine = sent[sent["client_id"].notna() & sent["digest"].isin(repeated.index.get_level_values(1))]
+    sends = mine.drop_duplicates(["client_id", "session", "send_key"]).groupby(["client_id", "digest"]).size()
+    sends.index = sends.index.set_names(["client_id", "message_digest"])
+    allowed = sends.reindex(repeated.index, fill_value=0)
+    over = repeated[repeated > allowed]
+    out: list[dict[str, Any]] = []
+    for (client, digest), n, sent_count in zip(
+        over.index.tolist(), over.tolist(), allowed[over.index].tolist(), strict=True
+    ):
+        rows = outbox[(outbox["client_id"] == client) & (outbox["message_digest"] == digest)]
+        out.append(
+            {
+                "client_id": client,
+                "digest": digest,
+                "dispatched": int(n),
+                "sent": int(sent_count),
+                "rows": rows,
+            }
+        )
+    out.sort(key=lambda g: float(g["rows"]["created_at"].min()))
+    return out
+
+
+def _outbox_witness(group: dict[str, Any], ctx: Context) -> Witness:
+    rows = group["rows"].sort_values("created_at")
+    keys = ", ".join(str(k) for k in rows["dispatch_key"].head(4))
+    text = (
+        f"client {group['client_id']} dispatched message {short(group['digest'])} {group['dispatched']} times "
+        f"(dispatch keys {keys}; first {at(rows['created_at'].iloc[0], ctx.origin)}) but the server sent it to "
+        f"that client {plural(group['sent'], 'time')}"
+    )
+    fields = row_of(
+        rows.iloc[0], ["client_id", "dispatch_key", "session_generation", "stream_key", "event_id"]
+    )
+    fields |= {"message_digest": group["digest"], "dispatched": group["dispatched"], "sent": group["sent"]}
+    return Witness("client_dispatched_more_than_sent", text, Attribution.CLIENT, fields)
+
+
+def _inbox_duplicates(inbox: pd.DataFrame) -> list[dict[str, Any]]:
+    key = ["client_id", "session_generation", "stream_key", "event_id", "message_digest"]
+    dup = inbox[inbox.duplicated(key, keep=False)]
+    out: list[dict[str, Any]] = []
+    for values, rows in dup.groupby(key, sort=False, dropna=False):
+        out.append({"key": dict(zip(key, values, strict=True)), "rows": rows})
+    out.sort(key=lambda g: float(g["rows"]["accepted_at"].min()))
+    return out
+
+
+def _inbox_witness(group: dict[str, Any], ctx: Context) -> Witness:
+    files = ctx.data.client_files
+    k = group["key"]
+    rows = group["rows"]
+    text = (
+        f"client {k['client_id']} has {len(rows)} inbox receipts of event {k['event_id']} on {k['stream_key']} "
+        f"(generation {k['session_generation']}, message {short(k['message_digest'])}), the first "
+        f"{at(rows['accepted_at'].min(), ctx.origin)}: the dedup key must admit one"
+    )
+    fields = {name: row_of(rows.iloc[0], [name])[name] for name in k} | {"receipts": len(rows)}
+    refs = [r for _, row in rows.head(4).iterrows() for r in client_ref(files, "inbox", row)]
+    return Witness("inbox_duplicate", text, Attribution.CLIENT, fields, tuple(refs))
+
+
+def _writes_retried(ctx: Context) -> int:
+    data = ctx.data
+    n = 0
+    if data.server is not None:
+        n += int((data.server["dispatches"]["effect"] == "replayed").sum())
+    if data.tap is not None:
+        keys = data.tap["flow"]["idempotency_key"].dropna()
+        counts = keys.value_counts()
+        n += int((counts > 1).sum())
+        results = data.tap["result"]
+        answered = results[results["idempotency_key"].notna()]
+        if len(answered):
+            per_key = answered.groupby(
+                [answered["auth"].astype("object").fillna("-"), answered["idempotency_key"]]
+            ).size()
+            n += int((per_key > 1).sum())  # keys answered more than once on the wire
+    if data.client is not None and "operations" not in data.client_tables_absent:
+        ops = data.client["operations"]
+        write = pd.to_numeric(ops["write"], errors="coerce") == 1
+        n += int((write & (pd.to_numeric(ops["attempts"], errors="coerce") >= 2)).sum())
+    return n
+
+
+# ---------------------------------------------------------------------------- from the wire
+
+
+def _wire_results(ctx: Context) -> pd.DataFrame | None:
+    """The tap's `result` records of calls with an idempotency key (None: no tap, or a tap
+    without any `result` record, i.e. a writer that does not record results)."""
+    tap = ctx.data.tap
+    if tap is None or not len(tap["result"]):
+        return None
+    r = tap["result"]
+    return r[r["idempotency_key"].notna()].sort_values("t", kind="stable")
+
+
+def _is_error(values: pd.Series) -> pd.Series:
+    return values.map(lambda v: v is True or v == 1 or v == "true").astype(bool)
+
+
+def _wire_different(results: pd.DataFrame) -> list[dict[str, Any]]:
+    ok = results[~_is_error(results["is_error"]) & results["result_digest"].notna()]
+    if not len(ok):
+        return []
+    auth = ok["auth"].astype("object").fillna("-")
+    distinct = ok.groupby([auth, ok["idempotency_key"]], sort=False)["result_digest"].transform("nunique")
+    many = ok[distinct > 1]
+    out: list[dict[str, Any]] = []
+    for (subject, key), rows in many.groupby([auth[distinct > 1], many["idempotency_key"]], sort=False):
+        out.append({"auth": subject, "idempotency_key": key, "rows": rows})
+    out.sort(key=lambda g: float(g["rows"]["t"].iloc[0]))
+    return out
+
+
+def _wire_witness(group: dict[str, Any], ctx: Context) -> Witness:
+    rows = group["rows"]
+    answers = "; ".join(
+        f"request {r.jsonrpc_id} in session {r.session} got result {short(r.result_digest)} {at(r.t, ctx.origin)}"
+        for r in rows.head(4).itertuples()
+    )
+    text = (
+        f"the server answered idempotency key {group['idempotency_key']} (auth {group['auth']}) with "
+        f"{rows['result_digest'].nunique()} different results, so it performed {rows['tool'].iloc[0]} again "
+        f"(a retry must get the original receipt): {answers}"
+    )
+    fields = row_of(rows.iloc[0], ["idempotency_key", "auth", "tool", "session", "jsonrpc_id", "t"])
+    fields["different_results"] = int(rows["result_digest"].nunique())
+    refs = [r for _, row in rows.head(4).iterrows() for r in tap_ref(row)]
+    return Witness("wire_different_results", text, Attribution.SERVER, fields, tuple(refs))
+
+
+def _disagreements(
+    dispatches: pd.DataFrame, wire: pd.DataFrame, wire_groups: list[dict[str, Any]], server_keys: set[str]
+) -> list[str]:
+    """Keys on which the server ledger and the wire disagree about a second dispatch (each
+    judged only where both sources saw the key)."""
+    wire_keys = {str(g["idempotency_key"]) for g in wire_groups}
+    known = set(dispatches["idempotency_key"].dropna().astype(str))
+    answered = set(wire["idempotency_key"].dropna().astype(str))
+    out = [
+        f"the wire shows key {k} answered with different results, but the server ledger records one dispatch"
+        for k in sorted(wire_keys - server_keys)
+        if k in known
+    ]
+    out += [
+        f"the server ledger records key {k} performed twice, but the wire shows one result"
+        for k in sorted(server_keys - wire_keys)
+        if k in answered
+    ]
+    return out

@@ -1,0 +1,252 @@
+"""Gate 5 — resume latency p99 (budget: resume_p99_s, by default < 5 s).
+
+Per client `recoveries` row: latency = recovered_at - lost_at (seconds: loss detected ->
+next accepted event on the resumed stream, or completion by a retry, re-handshakes
+included). A loss that never recovered (recovered_at NULL) counts as infinitely slow —
+except when it was detected less than resume_p99_s before the run stopped, or before its
+client went away (left, or was stopped: its last exchange ended then): it was given no
+chance, so it is *censored* (left out and counted).
+
+Calls that never got an outcome (`lab.checker.truth.liveness`: a tool call the wire shows,
+whose client never wrote its outcome by the end of the run) are never recovered too,
+whatever the client recorded: each counts as one infinitely slow recovery (path
+`never_finished`), unless the client already lists it as an open recovery or it started
+less than resume_p99_s before the run stopped.
+
+p99 is the nearest-rank percentile: the ceil(0.99 n)-th smallest latency, a latency that
+really happened (no interpolation, which would be meaningless next to infinity). The
+gate fails when p99 >= the budget. Witnesses: the recoveries at or above the budget,
+slowest first (never-recovered ones first). Evidence: recoveries (censored excluded)
+>= min_recoveries. Slow recoveries are not attributed: the ledgers do not say whose
+slowness it was.
+
+Two server checks from the wire stand beside the latency (`lab.checker.truth.wire_streams`),
+each a violation that fails the gate, attributed to the server: `no_priming` (a
+2025-11-25 POST stream that does not start with its priming event) and
+`silent_resumption` (a cursor the server never sent, answered 2xx with a stream that
+carries no message for resume_p99_s or more). They are counted in `violations` and
+witnessed first; the evidence minimum (recoveries) is the latency's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import cast
+
+import numpy as np
+import pandas as pd
+
+from lab.checker.context import Context
+from lab.checker.explain import at, client_ref, finite_or_none, row_of, tap_ref
+from lab.checker.inputs.load import RunData
+from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
+from lab.checker.truth.liveness import describe_stuck, never_finished_latencies
+from lab.checker.truth.wire_streams import no_priming, no_priming_witness, silent_resumptions, silent_witness
+
+GATE = "resume_p99"
+NUMBER = 5
+TITLE = "Resume latency p99"
+PERCENTILE = 0.99
+NEVER_FINISHED = "never_finished"
+
+
+ENDED_BY_CLIENT = ("left", "client_stopped")
+"""Recovery paths a client ends by going away (it left, or its process stopped it)."""
+
+
+def latencies(
+    recoveries: pd.DataFrame,
+    budget_s: float,
+    stopped_at: float | None,
+    client_ends: Mapping[str, float] | None = None,
+) -> pd.DataFrame:
+    """The recoveries with `latency` (s; inf = never recovered) and `censored` columns.
+
+    Censored: never recovered, and given no chance — lost less than the budget before the
+    run stopped, or before its own client went away (`client_ends`, from `client_ends()`:
+    a client that leaves or is stopped ends what it was recovering, path `left` /
+    `client_stopped`). A client gone longer than the budget after the loss had its chance:
+    that loss counts as never recovered."""
+    out = recoveries.copy()
+    lost = out["lost_at"].astype("float64")
+    recovered = pd.to_numeric(out["recovered_at"], errors="coerce").astype("float64")
+    out["latency"] = (recovered - lost).fillna(math.inf)
+    never = recovered.isna()
+    censored = never & (stopped_at is not None) & (lost + budget_s > (stopped_at or 0.0))
+    if client_ends and "path" in out.columns:
+        gone = pd.to_numeric(out["client_id"].astype(str).map(client_ends), errors="coerce").astype("float64")
+        by_client = out["path"].isin(ENDED_BY_CLIENT) & (lost + budget_s > gone).fillna(False)
+        censored = censored | (never & by_client)
+    out["censored"] = censored
+    return out
+
+
+def run_latencies(ctx: Context) -> pd.DataFrame:
+    """`latencies` of the run's client `recoveries`, as gate 5 judges them (computed once
+    per run: gate 5, the lab's limits and the lab-latency section all read it). Raises
+    `MissingInput` without a recoveries table."""
+    rec = ctx.require_client("recoveries")
+    return ctx.cached(
+        "resume_latencies",
+        lambda: latencies(rec, ctx.budgets.resume_p99_s, ctx.stopped_at, client_ends(ctx.data)),
+    )
+
+
+def server_violations(result: GateResult) -> int:
+    """Gate 5's violations the server committed on the wire (`no_priming`,
+    `silent_resumption`): never the lab's latency, so nothing may excuse them."""
+    m = result.measured
+    return sum(int(cast(int, m.get(name) or 0)) for name in ("no_priming", "silent_resumptions"))
+
+
+def client_ends(data: RunData) -> dict[str, float]:
+    """Per client, the last moment its ledger shows it at work (its last exchange's end)."""
+    if data.client is None or "http_exchanges" in data.client_tables_absent:
+        return {}
+    ex = data.client.get("http_exchanges")
+    if ex is None or not len(ex):
+        return {}
+    started = pd.to_numeric(ex["started_at"], errors="coerce")
+    t = pd.to_numeric(ex["ended_at"], errors="coerce").fillna(started)
+    last = t.groupby(ex["client_id"].astype(str)).max().dropna()
+    return {str(k): float(v) for k, v in last.items()}
+
+
+def nearest_rank(values: np.ndarray, q: float) -> float:
+    """The ceil(q n)-th smallest value (q in (0, 1]); NaN for no values."""
+    if len(values) == 0:
+        return math.nan
+    ordered = np.sort(values)
+    rank = max(1, math.ceil(q * len(ordered)))
+    return float(ordered[rank - 1])
+
+
+def check(ctx: Context) -> GateResult:
+    budget = ctx.budgets.resume_p99_s
+    lat = run_latencies(ctx)
+    stuck = never_finished_latencies(ctx)
+    if len(stuck):
+        lat = pd.concat([lat, _as_recoveries(stuck)], ignore_index=True)
+    counted = lat[~lat["censored"]]
+    values = counted["latency"].to_numpy(dtype="float64")
+    p99 = nearest_rank(values, PERCENTILE)
+    n = len(counted)
+    slow_p99 = n > 0 and p99 >= budget
+    unprimed, primed_judged = no_priming(ctx) if ctx.data.tap is not None else (pd.DataFrame(), 0)
+    silent, silent_judged = silent_resumptions(ctx) if ctx.data.tap is not None else (pd.DataFrame(), 0)
+    server_count = len(unprimed) + len(silent)
+    failed = slow_p99 or server_count > 0
+    slow = counted[counted["latency"] >= budget].sort_values("latency", ascending=False, kind="stable")
+    finite = values[np.isfinite(values)]
+    never = int(np.isinf(values).sum())
+    negative = int((finite < 0).sum())
+    need = max(1, ctx.budgets.min_recoveries)  # no recovery at all is no evidence, whatever the budget
+    evidence = [
+        ctx.events_evidence(),
+        Evidence("recoveries", need, n, n >= need),
+        *ctx.client_evidence(),
+    ]
+    notes = []
+    if negative:
+        notes.append(f"{negative} recovery row(s) have recovered_at before lost_at")
+    censored = int(lat["censored"].sum())
+    if censored:
+        notes.append(f"{censored} loss(es) still open when the run stopped were left out (censored)")
+    p99_text = "n/a" if math.isnan(p99) else ("never (inf)" if math.isinf(p99) else f"{p99:.3f} s")
+    return GateResult(
+        number=NUMBER,
+        gate=GATE,
+        title=TITLE,
+        verdict=decide(failed, evidence),
+        summary=f"p99 {p99_text} over {n} recoveries (budget < {budget:g} s)"
+        + (
+            f"; server: {len(unprimed)} POST stream(s) without priming event, {len(silent)} silent "
+            "resumption(s) on an unknown cursor"
+            if server_count
+            else ""
+        ),
+        budget={"resume_p99_s": budget, "min_recoveries": need},
+        measured={
+            "recoveries": n,
+            "p50_s": finite_or_none(nearest_rank(values, 0.5)),
+            "p90_s": finite_or_none(nearest_rank(values, 0.9)),
+            "p99_s": finite_or_none(p99),
+            "p99_unbounded": bool(math.isinf(p99)),
+            "max_recovered_s": float(finite.max()) if len(finite) else None,
+            "never_recovered": never,
+            "never_finished_calls": len(stuck),
+            "censored": censored,
+            "by_path": {str(k): int(v) for k, v in counted["path"].value_counts().items()},
+            "no_priming": len(unprimed),
+            "post_streams_judged_for_priming": primed_judged,
+            "silent_resumptions": len(silent),
+            "unknown_cursor_resumptions_served": silent_judged,
+        },
+        evidence=tuple(evidence),
+        violations=(len(slow) if slow_p99 else 0) + server_count,
+        witnesses=tuple(no_priming_witness(r, ctx) for _, r in unprimed.head(ctx.witness_limit).iterrows())
+        + tuple(silent_witness(r, ctx) for _, r in silent.head(ctx.witness_limit).iterrows())
+        + (
+            tuple(_witness(r, budget, ctx) for _, r in slow.head(ctx.witness_limit).iterrows())
+            if slow_p99
+            else ()
+        ),
+        attribution_counts=({"unattributed": len(slow)} if slow_p99 else {})
+        | ({"server": server_count} if server_count else {}),
+        notes=tuple(notes),
+    )
+
+
+def _as_recoveries(stuck: pd.DataFrame) -> pd.DataFrame:
+    """Calls without an outcome as never-recovered `recoveries` rows."""
+    return pd.DataFrame(
+        {
+            "client_id": stuck["client_id"].to_numpy(dtype=object),
+            "stream_key": None,
+            "operation_key": stuck["operation_key"].to_numpy(dtype=object),
+            "cause": "no_outcome",
+            "lost_at": stuck["started_at"].to_numpy(dtype="float64"),
+            "recovered_at": np.nan,
+            "path": NEVER_FINISHED,
+            "attempts": 0,
+            "reinitialized": 0,
+            "latency": math.inf,
+            "censored": False,
+            "tool": stuck["tool"].to_numpy(dtype=object),
+            "started_at": stuck["started_at"].to_numpy(dtype="float64"),
+            "_line": stuck["_line"].to_numpy(dtype=object),
+        }
+    )
+
+
+def _witness(r: pd.Series, budget: float, ctx: Context) -> Witness:
+    if r["path"] == NEVER_FINISHED:
+        fields = row_of(r, ["client_id", "operation_key", "tool", "started_at"])
+        fields["latency_s"] = None
+        text = f"{describe_stuck(r, ctx)}: never recovered (counts as infinite; budget {budget:g} s)"
+        return Witness("never_finished", text, Attribution.UNATTRIBUTED, fields, tuple(tap_ref(r)))
+    latency = float(r["latency"])
+    took = "never recovered" if math.isinf(latency) else f"recovered after {latency:.3f} s"
+    text = (
+        f"client {r['client_id']} lost {r['stream_key']} ({r['cause']}) {at(r['lost_at'], ctx.origin)} and {took} "
+        f"(path {r['path']}, {r['attempts']} attempt(s), re-handshake {'yes' if r['reinitialized'] else 'no'}); "
+        f"budget {budget:g} s"
+    )
+    fields = row_of(
+        r,
+        [
+            "client_id",
+            "stream_key",
+            "operation_key",
+            "cause",
+            "lost_at",
+            "recovered_at",
+            "path",
+            "attempts",
+            "reinitialized",
+        ],
+    )
+    fields["latency_s"] = None if math.isinf(latency) else latency
+    refs = client_ref(ctx.data.client_files, "recoveries", r)
+    return Witness("slow_recovery", text, Attribution.UNATTRIBUTED, fields, tuple(refs))

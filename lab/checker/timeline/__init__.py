@@ -1,0 +1,1 @@
+"""The run over time: phases, capacity steps and the knee, rollout steps."""

@@ -1,0 +1,482 @@
+"""A run's timeline, phase by phase: what the load, the faults and the lab looked like in
+each phase of the scenario (`[[phases]]`; a run without phases is one implicit phase).
+
+The phases come from run.json (`scenario.phases`, counted from `started_at`), cut at
+`stopped_at` (a phase the run never reached is listed with `reached` false and no
+metrics). Every metric is measured from the ledgers over a time window, so the same
+functions serve the report's phase table, gate 7 (steady state restored: a phase's last
+half) and the capacity knee (a ramp step), and `lab run` uses them live to stop a ramp
+one step past its knee (`measure_frames` with only the client tables).
+
+Metrics of a window [start, end) (times epoch s, rates per second of the window):
+    events, events_per_s          SSE events with a message the server sent (tap `sent`,
+                                  has_data, not priming; else the server ledger; else the
+                                  clients' accepted receipts), by the time they were sent
+    calls, calls_per_s            tool calls that got their outcome in the window
+                                  (client `operations` by `finished_at`)
+    call_errors, call_error_rate  of those, the ones whose outcome is `error` or `unknown`
+                                  (`cancelled` ones are the client's choice: left out)
+    recoveries, resume_p50_s, resume_p99_s
+                                  client `recoveries` whose loss was detected in the window
+                                  (gate 5's latencies: never recovered = infinite, p99 then
+                                  null with `resume_p99_unbounded`; losses too close to the
+                                  run's stop to have had a chance are censored), plus the
+                                  calls that never got an outcome that started in it
+    reconnects, reconnect_qps_peak
+                                  client `reconnects` sent in the window, and the busiest
+                                  1 s bin (gate 6's bins)
+    status_4xx, status_5xx        responses the clients got (tap `flow` records by the time
+                                  their head passed, whoever answered: the server or a
+                                  proxy storm; without a tap the clients' exchanges)
+    clients_max                   the most clients with a request open in a second
+    faults                        fault kind -> times it fired (the sources of
+                                  `lab.checker.truth.faults`, by the time of each record)
+    lab_cpu_peak, lab_saturated   each process's highest CPU (cores) in the window, and
+                                  the lab processes saturated in it (`lab.checker.health.processes`)
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lab.checker.context import Context
+from lab.checker.health import processes
+from lab.checker.inputs.load import RunData
+from lab.checker.model import JsonValue
+from lab.checker.rules.reconnect import per_second
+from lab.checker.rules.resume import PERCENTILE, client_ends, latencies, nearest_rank
+from lab.checker.truth.faults import SOURCE_OF
+from lab.checker.truth.liveness import active_clients, never_finished_latencies
+from lab.faults.kinds import REGISTRY
+
+IMPLICIT = "run"
+"""Name and kind of the one implicit phase of a run without [[phases]]."""
+ERROR_OUTCOMES = ("error", "unknown")
+FINISHED_OUTCOMES = ("ok", "error", "unknown")
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseSpec:
+    """One phase as the scenario planned it, on the run's clock (epoch s)."""
+
+    name: str
+    kind: str
+    start: float
+    end: float
+    """The planned end, cut at the run's stop."""
+    users: int | None
+    """Clients the load shape reaches by the phase's end."""
+    reached: bool = True
+    """False: the run stopped before the phase began."""
+    knobs: Mapping[str, Any] = field(default_factory=dict)
+    """Server knobs the phase sets (`[phases.server]`, docs/scenarios.md)."""
+    planned_end: float | None = None
+    """Its end as planned (None: as `end`); later than `end` when the run stopped in it."""
+
+    @property
+    def complete(self) -> bool:
+        """It ran to its planned end."""
+        return self.reached and (self.planned_end is None or self.end >= self.planned_end - 1e-6)
+
+    @property
+    def seconds(self) -> float:
+        return max(0.0, self.end - self.start)
+
+    def last_half(self) -> tuple[float, float]:
+        return self.start + self.seconds / 2.0, self.end
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
+
+
+def phase_specs(run: Mapping[str, Any] | None) -> list[PhaseSpec]:
+    """The run's phases from run.json; one implicit phase (`run`) without [[phases]];
+    none without a start time."""
+    run = run or {}
+    started = _number(run.get("started_at"))
+    if started is None:
+        return []
+    stopped = _number(run.get("stopped_at"))
+    scenario = run.get("scenario")
+    scenario = scenario if isinstance(scenario, Mapping) else {}
+    raw = scenario.get("phases")
+    load_raw = scenario.get("load")
+    load: Mapping[str, Any] = load_raw if isinstance(load_raw, Mapping) else {}
+    if not isinstance(raw, list) or not raw:
+        end = stopped if stopped is not None else started + (_number(load.get("duration")) or 0.0)
+        users = load.get("users")
+        return [PhaseSpec(IMPLICIT, IMPLICIT, started, end, users if isinstance(users, int) else None)]
+    out = []
+    for i, p in enumerate(raw):
+        if not isinstance(p, Mapping):
+            continue
+        offset, duration = _number(p.get("start")), _number(p.get("duration"))
+        if offset is None or duration is None:
+            continue
+        start, end = started + offset, started + offset + duration
+        reached = stopped is None or start < stopped
+        if stopped is not None:
+            end = min(end, stopped)
+        users = p.get("users")
+        knobs = p.get("server")
+        out.append(
+            PhaseSpec(
+                str(p.get("name") or f"phase-{i}"),
+                str(p.get("kind") or "steady"),
+                start,
+                end if reached else start,
+                users if isinstance(users, int) and not isinstance(users, bool) else None,
+                reached,
+                dict(knobs) if isinstance(knobs, Mapping) else {},
+                started + offset + duration,
+            )
+        )
+    return out
+
+
+def specs(ctx: Context) -> list[PhaseSpec]:
+    return ctx.cached("phase_specs", lambda: phase_specs(ctx.data.run))
+
+
+# ------------------------------------------------------------------------- measuring
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    start: float
+    end: float
+    events: int | None
+    events_per_s: float | None
+    calls: int | None
+    calls_per_s: float | None
+    call_errors: int | None
+    call_error_rate: float | None
+    recoveries: int | None
+    never_recovered: int | None
+    resume_p50_s: float | None
+    resume_p99_s: float | None
+    resume_p99_unbounded: bool
+    reconnects: int | None
+    reconnect_qps_peak: int | None
+    status_4xx: int | None
+    status_5xx: int | None
+    clients_max: int | None
+    faults: Mapping[str, int]
+    lab_cpu_peak: Mapping[str, float]
+    lab_saturated: tuple[processes.Saturation, ...]
+
+    @property
+    def resume_p99_or_inf(self) -> float | None:
+        """p99 with an unbounded one as inf (None: no recovery)."""
+        return math.inf if self.resume_p99_unbounded else self.resume_p99_s
+
+
+def _in(times: pd.Series | np.ndarray, start: float, end: float) -> np.ndarray:
+    t = np.asarray(pd.to_numeric(pd.Series(times), errors="coerce"), dtype="float64")
+    return (t >= start) & (t < end)
+
+
+def _rate(count: int | None, seconds: float) -> float | None:
+    if count is None or seconds <= 0:
+        return None
+    return round(count / seconds, 3)
+
+
+def _finite(value: float) -> float | None:
+    return round(value, 4) if math.isfinite(value) else None
+
+
+def event_times(data: RunData) -> np.ndarray | None:
+    """When each SSE event with a message was sent (as gate counts do), or None."""
+    if data.tap is not None:
+        sent = data.tap["sent"]
+        mask = sent["has_data"].fillna(False).astype(bool) & ~sent["priming"].fillna(False).astype(bool)
+        return np.asarray(sent.loc[mask, "t"].astype("float64"))
+    if data.server is not None:
+        ev = data.server["events_sent"]
+        return np.asarray(ev.loc[ev["kind"] != "priming", "sent_at"].astype("float64"))
+    if data.client is not None and "inbox" in data.client:
+        inbox = data.client["inbox"]
+        return np.asarray(inbox.loc[inbox["kind"] != "priming", "accepted_at"].astype("float64"))
+    return None
+
+
+def _client(data: RunData, table: str) -> pd.DataFrame | None:
+    if data.client is None or table in data.client_tables_absent or table not in data.client:
+        return None
+    return data.client[table]
+
+
+def fault_times(data: RunData) -> pd.DataFrame:
+    """t, fault: one row per firing, from the sources `lab.checker.truth.faults` counts (each
+    kind from the tap sources its registry entry declares)."""
+    rows: list[tuple[float, str, str]] = []
+    if data.tap is not None:
+        for t, faults in zip(data.tap["flow"]["t"], data.tap["flow"]["faults"], strict=True):
+            if isinstance(faults, list):
+                rows += [(t, str(f.get("fault")), "tap_flow") for f in faults if isinstance(f, dict)]
+        for kind, source in (
+            ("forwarded", "tap_forwarded"),
+            ("dropped", "tap_dropped"),
+            ("fault", "tap_fault"),
+        ):
+            frame = data.tap[kind]
+            hit = frame[frame["fault"].notna()]
+            rows += [(t, str(f), source) for t, f in zip(hit["t"], hit["fault"], strict=True)]
+    if data.nemesis is not None and len(data.nemesis):
+        added = data.nemesis[data.nemesis["type"] == "toxic_added"]
+        rows += [(t, f"toxic:{k}", "nemesis") for t, k in zip(added["t"], added["kind"], strict=True)]
+    frame = pd.DataFrame(rows, columns=["t", "fault", "source"])
+    if not len(frame):
+        return frame
+    keep = []
+    for fault, source in zip(frame["fault"], frame["source"], strict=True):
+        spec = REGISTRY.get(fault)
+        keep.append(spec is None or source in {SOURCE_OF[e] for e in spec.evidence})
+    return frame[np.array(keep, dtype=bool)]
+
+
+def _statuses(data: RunData) -> tuple[np.ndarray, np.ndarray] | None:
+    if data.tap is not None:
+        flows = data.tap["flow"]
+        return (
+            np.asarray(pd.to_numeric(flows["t"], errors="coerce"), dtype="float64"),
+            np.asarray(pd.to_numeric(flows["status"], errors="coerce"), dtype="float64"),
+        )
+    x = _client(data, "http_exchanges")
+    if x is None:
+        return None
+    return (
+        np.asarray(pd.to_numeric(x["ended_at"], errors="coerce"), dtype="float64"),
+        np.asarray(pd.to_numeric(x["status"], errors="coerce"), dtype="float64"),
+    )
+
+
+def measure(ctx: Context, start: float, end: float) -> Metrics:
+    """The metrics of [start, end) from every ledger of the run (and its process samples)."""
+    stuck = _stuck(ctx)
+    return measure_frames(
+        ctx.data,
+        start,
+        end,
+        budget_s=ctx.budgets.resume_p99_s,
+        stopped_at=ctx.stopped_at,
+        stuck=stuck,
+        samples=processes.samples(ctx),
+        faults=ctx.cached("phase_fault_times", lambda: fault_times(ctx.data)),
+        active=ctx.cached("phase_active_clients", lambda: _active(ctx.data)),
+    )
+
+
+def _active(data: RunData) -> pd.Series | None:
+    x = _client(data, "http_exchanges")
+    return None if x is None else active_clients(x)
+
+
+def _stuck(ctx: Context) -> pd.DataFrame | None:
+    try:
+        return never_finished_latencies(ctx)
+    except Exception:  # liveness says its own error; the phase table goes on without it
+        return None
+
+
+def measure_frames(
+    data: RunData,
+    start: float,
+    end: float,
+    *,
+    budget_s: float,
+    stopped_at: float | None,
+    stuck: pd.DataFrame | None = None,
+    samples: processes.ProcessSamples | None = None,
+    faults: pd.DataFrame | None = None,
+    active: pd.Series | None = None,
+) -> Metrics:
+    """The metrics of [start, end) from whatever `data` holds (a ledger it lacks leaves
+    its metrics None). Pure: `lab run` calls it live with the client tables alone."""
+    seconds = max(0.0, end - start)
+    times = event_times(data)
+    events = int(_in(times, start, end).sum()) if times is not None else None
+
+    ops = _client(data, "operations")
+    calls = errors = None
+    if ops is not None:
+        done = ops[_in(ops["finished_at"], start, end) & ops["outcome"].isin(FINISHED_OUTCOMES).to_numpy()]
+        calls, errors = len(done), int(done["outcome"].isin(ERROR_OUTCOMES).sum())
+
+    rec = _client(data, "recoveries")
+    recoveries = never = None
+    p50 = p99 = math.nan
+    if rec is not None:
+        lat = latencies(rec[_in(rec["lost_at"], start, end)], budget_s, stopped_at, client_ends(data))
+        values = lat.loc[~lat["censored"], "latency"].to_numpy(dtype="float64")
+        if stuck is not None and len(stuck):
+            values = np.concatenate(
+                [values, np.full(int(_in(stuck["started_at"], start, end).sum()), math.inf)]
+            )
+        recoveries, never = len(values), int(np.isinf(values).sum())
+        p50, p99 = nearest_rank(values, 0.5), nearest_rank(values, PERCENTILE)
+
+    rc = _client(data, "reconnects")
+    reconnects = peak = None
+    if rc is not None:
+        inside = rc[_in(rc["sent_at"], start, end)]
+        reconnects = len(inside)
+        bins = per_second(inside)
+        peak = int(bins.max()) if len(bins) else 0
+
+    status = _statuses(data)
+    s4 = s5 = None
+    if status is not None:
+        t, code = status
+        answered = (t >= start) & (t < end)
+        s4 = int((answered & (code >= 400) & (code < 500)).sum())
+        s5 = int((answered & (code >= 500) & (code < 600)).sum())
+
+    if active is None:
+        active = _active(data)
+    clients_max = None
+    if active is not None:
+        idx = active.index.to_numpy(dtype="float64")
+        inside_a = active[(idx >= math.floor(start)) & (idx < end)]
+        clients_max = int(inside_a.max()) if len(inside_a) else 0
+
+    fired: Counter[str] = Counter()
+    if faults is not None and len(faults):
+        fired = Counter(faults.loc[_in(faults["t"], start, end), "fault"].astype(str))
+
+    peaks: dict[str, float] = {}
+    sat: tuple[processes.Saturation, ...] = ()
+    if samples is not None and samples.present:
+        peaks = processes.cpu_peaks(samples, start, end)
+        sat = tuple(processes.saturated(samples, start, end))
+    return Metrics(
+        start=start,
+        end=end,
+        events=events,
+        events_per_s=_rate(events, seconds),
+        calls=calls,
+        calls_per_s=_rate(calls, seconds),
+        call_errors=errors,
+        call_error_rate=round(errors / calls, 4)
+        if calls and errors is not None
+        else (0.0 if calls == 0 else None),
+        recoveries=recoveries,
+        never_recovered=never,
+        resume_p50_s=_finite(p50),
+        resume_p99_s=_finite(p99),
+        resume_p99_unbounded=bool(math.isinf(p99)),
+        reconnects=reconnects,
+        reconnect_qps_peak=peak,
+        status_4xx=s4,
+        status_5xx=s5,
+        clients_max=clients_max,
+        faults=dict(sorted(fired.items())),
+        lab_cpu_peak=peaks,
+        lab_saturated=sat,
+    )
+
+
+def metrics_json(m: Metrics) -> dict[str, JsonValue]:
+    return {
+        "events": m.events,
+        "events_per_s": m.events_per_s,
+        "calls": m.calls,
+        "calls_per_s": m.calls_per_s,
+        "call_errors": m.call_errors,
+        "call_error_rate": m.call_error_rate,
+        "recoveries": m.recoveries,
+        "never_recovered": m.never_recovered,
+        "resume_p50_s": m.resume_p50_s,
+        "resume_p99_s": m.resume_p99_s,
+        "resume_p99_unbounded": m.resume_p99_unbounded,
+        "reconnects": m.reconnects,
+        "reconnect_qps_peak": m.reconnect_qps_peak,
+        "status_4xx": m.status_4xx,
+        "status_5xx": m.status_5xx,
+        "clients_max": m.clients_max,
+        "faults": dict(m.faults),
+        "lab_cpu_peak": dict(m.lab_cpu_peak),
+        "lab_saturated": list(dict.fromkeys(s.part for s in m.lab_saturated)),
+    }
+
+
+def phase_metrics(ctx: Context, spec: PhaseSpec, *, last_half: bool = False) -> Metrics | None:
+    """A phase's metrics (cached), over the whole phase or its last half; None if the run
+    never reached it."""
+    if not spec.reached:
+        return None
+    start, end = spec.last_half() if last_half else (spec.start, spec.end)
+    key = f"phase_metrics:{spec.name}:{start}:{end}"
+    return ctx.cached(key, lambda: measure(ctx, start, end))
+
+
+def section(ctx: Context) -> list[dict[str, JsonValue]]:
+    """report.json `phases`: one entry per phase (docs/report.md)."""
+    origin = ctx.origin or 0.0
+    out: list[dict[str, JsonValue]] = []
+    for spec in specs(ctx):
+        m = phase_metrics(ctx, spec)
+        entry: dict[str, JsonValue] = {
+            "name": spec.name,
+            "kind": spec.kind,
+            "start": spec.start,
+            "end": spec.end,
+            "start_s": round(spec.start - origin, 3),
+            "end_s": round(spec.end - origin, 3),
+            "reached": spec.reached,
+            "complete": spec.complete,
+            "users": spec.users,
+            "knobs": {str(k): v for k, v in spec.knobs.items()},
+        }
+        if m is not None:
+            entry.update(metrics_json(m))
+        out.append(entry)
+    return out
+
+
+# ------------------------------------------------------------------------- tolerances
+
+TOLERANCE_DEFAULTS: dict[str, float] = {
+    "recovery_events_ratio": 0.9,
+    "recovery_resume_p99_factor": 1.5,
+    "recovery_resume_p99_slack_s": 0.25,
+    "recovery_error_rate_slack": 0.01,
+    "min_baseline_events": 100,
+    "call_error_rate_max": 0.01,
+    "min_rollout_sessions": 10,
+}
+"""Tolerances of gate 7, the capacity knee and the rollout (run.json `budgets`;
+docs/scenarios.md): a name run.json does not give takes its default."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tolerances:
+    values: Mapping[str, float]
+    defaulted: tuple[str, ...]
+
+    def __getitem__(self, name: str) -> float:
+        return self.values[name]
+
+
+def tolerances(run: Mapping[str, Any] | None) -> Tolerances:
+    raw = (run or {}).get("budgets")
+    given: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    values, defaulted = {}, []
+    for name, default in TOLERANCE_DEFAULTS.items():
+        value = _number(given.get(name))
+        if value is None or value < 0:
+            values[name], value = default, default
+            defaulted.append(name)
+        values[name] = value
+    return Tolerances(values, tuple(defaulted))

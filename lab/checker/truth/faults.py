@@ -1,0 +1,126 @@
+"""How many times each fault fired, and which could not apply: proof the run tested what it claims.
+
+Counted per fault kind, from:
+    tap_flow       the `faults` list of tap `flow` records (one per fault per flow)
+    tap_forwarded  tap `forwarded` records whose `fault` is set
+    tap_dropped    tap `dropped` records
+    tap_fault      tap `fault` records (faults that acted by an HTTP call of the proxy)
+    nemesis        `toxic_added` records of nemesis.jsonl, as kind `toxic:<type>`
+Which of the tap's sources count for a kind is the kind's own declaration (its `evidence`
+in the registry of fault kinds, `lab.faults.kinds`); a kind the registry does not know is
+counted from every source. A kind listed in run.json `fault_windows` (the scenario
+configured it) that never fired is reported in `never_fired` — a run that claims a fault
+it never applied. A kind whose every firing shows the target could not take it (the
+kind's `not_applicable`, e.g. `kill_session` answered 405: the target does not let
+clients end sessions) is reported in `not_applicable`, with the reason.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import pandas as pd
+
+from lab.checker.inputs.load import RunData
+from lab.checker.model import FaultCount
+from lab.faults.kinds import REGISTRY, Evidence
+
+SOURCE_OF: Mapping[Evidence, str] = {
+    Evidence.FLOW: "tap_flow",
+    Evidence.FORWARDED: "tap_forwarded",
+    Evidence.DROPPED: "tap_dropped",
+    Evidence.FAULT: "tap_fault",
+}
+"""The source name (FaultCount.by_source) of each kind of tap evidence."""
+
+
+@dataclass(frozen=True, slots=True)
+class NotApplicable:
+    """A fault kind that fired, but whose every firing the target could not take."""
+
+    fault: str
+    reason: str
+    """Why, in the kind's words (the first firing's)."""
+    firings: int
+
+
+def configured_faults(run: dict[str, object] | None) -> list[tuple[str, float, float]]:
+    """(fault, start, end) for every well-formed entry of run.json `fault_windows`."""
+    windows = (run or {}).get("fault_windows")
+    out = []
+    for w in windows if isinstance(windows, list) else []:
+        if not isinstance(w, dict):
+            continue
+        fault, start, end = w.get("fault"), w.get("start"), w.get("end")
+        if isinstance(fault, str) and isinstance(start, int | float) and isinstance(end, int | float):
+            out.append((fault, float(start), float(end)))
+    return out
+
+
+def _count(values: Iterable[object]) -> Counter[str]:
+    return Counter(str(v) for v in values if v is not None and not (isinstance(v, float) and pd.isna(v)))
+
+
+def _counts_by_source(data: RunData) -> dict[str, Counter[str]]:
+    by_source: dict[str, Counter[str]] = {}
+    if data.tap is not None:
+        flow_faults = (
+            f.get("fault")
+            for faults in data.tap["flow"]["faults"]
+            if isinstance(faults, list)
+            for f in faults
+            if isinstance(f, dict)
+        )
+        by_source["tap_flow"] = _count(flow_faults)
+        by_source["tap_forwarded"] = _count(data.tap["forwarded"]["fault"])
+        by_source["tap_dropped"] = _count(data.tap["dropped"]["fault"])
+        by_source["tap_fault"] = _count(data.tap["fault"]["fault"])
+    if data.nemesis is not None and len(data.nemesis):
+        added = data.nemesis[data.nemesis["type"] == "toxic_added"]
+        by_source["nemesis"] = _count(f"toxic:{k}" for k in added["kind"])
+    return by_source
+
+
+def _counts_for(kind: str, by_source: dict[str, Counter[str]]) -> dict[str, int]:
+    spec = REGISTRY.get(kind)
+    sources = {SOURCE_OF[e] for e in spec.evidence} if spec is not None else set(by_source)
+    return {source: c[kind] for source, c in by_source.items() if source in sources and c[kind]}
+
+
+def count_faults(data: RunData) -> tuple[list[FaultCount], list[str]]:
+    """(counts per kind, configured kinds that never fired), both sorted by kind."""
+    by_source = _counts_by_source(data)
+    configured = {fault for fault, _, _ in configured_faults(data.run)}
+    kinds = set().union(*(c.keys() for c in by_source.values())) if by_source else set()
+    counts = []
+    for kind in sorted(kinds | configured):
+        per = _counts_for(kind, by_source)
+        counts.append(FaultCount(kind, sum(per.values()), per, kind in configured))
+    fired = {c.fault for c in counts if c.total}
+    # A toxic scheduled as `latency` in the scenario fires as `toxic:latency` here.
+    never = sorted(k for k in configured if k not in fired and f"toxic:{k}" not in fired)
+    return counts, never
+
+
+def not_applicable(data: RunData) -> dict[str, NotApplicable]:
+    """The kinds whose every `fault` record says the target could not take them (by kind).
+
+    A kind with one firing that did apply is applicable: the target can take it.
+    """
+    if data.tap is None or not len(data.tap["fault"]):
+        return {}
+    reasons: dict[str, list[str | None]] = {}
+    frame = data.tap["fault"]
+    for kind, detail in zip(frame["fault"], frame["detail"], strict=True):
+        spec = REGISTRY.get(str(kind))
+        if spec is None:
+            continue
+        why = spec.not_applicable(detail) if isinstance(detail, dict) else None
+        reasons.setdefault(spec.name, []).append(why)
+    out = {}
+    for kind, whys in sorted(reasons.items()):
+        if whys and all(w is not None for w in whys):
+            out[kind] = NotApplicable(kind, str(whys[0]), len(whys))
+    return out

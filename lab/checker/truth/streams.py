@@ -1,0 +1,448 @@
+"""Which logical stream every server event belongs to, and which logical stream each of a
+client's stream keys names: the joins behind gates 1 and 2.
+
+A **logical stream** is one server stream, whatever connections carried it: a POST's
+stream and every GET that resumed it are one logical stream. Its name (`logical`) is
+`<session>|<server stream id>` when the server's event IDs say the stream (`e1` IDs, or
+the server ledger), else `flow:<flow id>` of the connection that opened it.
+
+From the proxy tap (preferred; it is the truth before any fault):
+- a POST or standalone-GET flow is its own logical stream: the server ledger's
+  `streams` row of its connection (`conn`) if there is one, else the stream ID of the
+  flow's first `sent` event, else the flow itself;
+- a resumption flow (a GET whose `last_event_id_out` is set) carries the logical stream
+  on which the server first sent that event ID (as the server received the header,
+  after any proxy rewrite);
+- an event's **home** is the stream its `e1` ID names; for opaque IDs, the logical
+  stream on which the server first sent that (event ID, digest) in this session (IDs
+  need only be unique in a session, so live sends in two sessions of one ID, even with
+  equal content, are each at home) — unless that first send in this session is itself a
+  replay (on a resumption flow) of an event another session was sent earlier, and the
+  server's IDs are globally unique (no ID live in two sessions, as a server with one
+  event store for every session must mint them): then its home is that other session's
+  stream, looked up across all sessions (a foreign replay); for an event without ID, the
+  logical stream of its flow.
+From the server ledger: `streams` gives the logical stream of each opening connection,
+`events_sent` the events (home from the `e1` ID, else its `stream_id`). With both, the
+events are the tap's plus those only the server ledger has (`tap+server`).
+
+Client stream keys (docs/ledgers.md): `post:<rid>` is the stream of the client's POST
+whose JSON-RPC id is rid (tap flow: its `conn` names the client, `jsonrpc_id` is rid);
+`get:<n>` is the standalone GET the client's `http_exchanges` record (purpose
+standalone) on connection n. Keys map to logical streams per (client, session).
+
+Frames built here (all strings are object columns; times epoch seconds):
+    flows       flow, conn, client_id, conn_id, method, session, jsonrpc_id,
+                last_event_id_out, resumption, logical, has_events, _line (tap line)
+    sent        session, flow, conn, client_id, event_id, digest, home, on_logical,
+                priming, has_data, t, index, send_key, _line (tap line), and:
+                order       position in the order the server sent everything (tap: by t,
+                            then index; -1 for an event only the server ledger has)
+                home_order  `order` of the send that made the event's home (its first)
+                resend      the event was sent before (a replay, or a repeat in its session)
+                foreign     its home is another session's stream (opaque IDs)
+                first_flow  the flow of the send that made its home
+    stream_map  client_id, session, stream_key, logical, flow
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from lab.checker.context import KEY_SEP, Context, in_keys, split_conn, text_ids, text_key
+from lab.checker.inputs.jsonl import LINE
+from lab.checker.inputs.load import MissingInput
+from lab.wire.event_ids import parse_event_id
+
+SEP = KEY_SEP
+# Chains of resumptions of opaque-ID streams resolve one link per round.
+MAX_RESOLVE_ROUNDS = 8
+
+
+@dataclass(frozen=True, slots=True)
+class StreamTruth:
+    source: str
+    """Where the record of what the server sent comes from: `tap`, `tap+server` (the
+    tap, plus the events only the server ledger has) or `server`."""
+    flows: pd.DataFrame
+    sent: pd.DataFrame
+    stream_map: pd.DataFrame
+    shared_ids: int = 0
+    """Opaque event IDs the server sent live in two or more sessions (per-session IDs):
+    then no replay is judged foreign by its ID across sessions."""
+
+    @property
+    def from_tap(self) -> bool:
+        """Flows are the tap's (so faults, deliveries and flow IDs are known)."""
+        return self.source.startswith("tap")
+
+
+def stream_truth(ctx: Context) -> StreamTruth:
+    return ctx.cached("stream_truth", lambda: _build(ctx))
+
+
+def client_sessions(ctx: Context) -> pd.DataFrame:
+    """client_id, session_generation, session: the session of each client generation
+    (client `sessions` rows with what = established; else what its exchanges carried)."""
+    return ctx.cached("client_sessions", lambda: _client_sessions(ctx))
+
+
+def _client_sessions(ctx: Context) -> pd.DataFrame:
+    parts = []
+    data = ctx.data
+    if data.client is not None and "sessions" not in data.client_tables_absent:
+        s = data.client["sessions"]
+        est = s[(s["what"] == "established") & s["session"].notna()]
+        parts.append(est[["client_id", "session_generation", "session"]])
+    if data.client is not None and "http_exchanges" not in data.client_tables_absent:
+        x = data.client["http_exchanges"]
+        carried = x[(pd.to_numeric(x["carried_session"], errors="coerce") == 1) & x["session"].notna()]
+        parts.append(carried[["client_id", "session_generation", "session"]])
+    if not parts:
+        return pd.DataFrame(columns=["client_id", "session_generation", "session"])
+    out = pd.concat(parts, ignore_index=True).drop_duplicates(["client_id", "session_generation"])
+    out["session_generation"] = out["session_generation"].astype("int64")
+    return out.reset_index(drop=True)
+
+
+def _build(ctx: Context) -> StreamTruth:
+    data = ctx.data
+    if data.tap is not None and data.server is not None:
+        return _with_server_events(_from_tap(ctx), _from_server(ctx))
+    if data.tap is not None:
+        return _from_tap(ctx)
+    if data.server is not None:
+        return _from_server(ctx)
+    raise MissingInput(
+        f"no record of what the server sent: {data.why_absent('tap')}; {data.why_absent('server')}"
+    )
+
+
+def _key(*columns: pd.Series) -> pd.Series:
+    return text_key(*columns)
+
+
+# ---------------------------------------------------------------------------- the tap
+
+
+def _from_tap(ctx: Context) -> StreamTruth:
+    data = ctx.data
+    tap = data.tap
+    assert tap is not None
+    flows = tap["flow"].drop_duplicates("flow", keep="last").reset_index(drop=True)
+    flows = pd.DataFrame(
+        {
+            "flow": flows["flow"].astype("object"),
+            "conn": flows["conn"].astype("object"),
+            "method": flows["method"].astype("object"),
+            "session": flows["session"].astype("object"),
+            "jsonrpc_id": text_ids(flows["jsonrpc_id"]),
+            "last_event_id_out": flows["last_event_id_out"].astype("object"),
+            LINE: flows[LINE] if LINE in flows.columns else None,
+        }
+    )
+    if "session_out" in tap["flow"].columns:
+        # An initialize carries no session; its stream belongs to the one it created.
+        assigned = tap["flow"].drop_duplicates("flow", keep="last")["session_out"].astype("object")
+        flows["session"] = flows["session"].where(flows["session"].notna(), assigned.to_numpy())
+    flows["client_id"], flows["conn_id"] = split_conn(flows["conn"])
+    flows["resumption"] = flows["last_event_id_out"].notna() & (flows["method"] == "GET")
+
+    raw = tap["sent"].sort_values(["t", "index"], kind="stable")  # the order the server sent them in
+    sent = pd.DataFrame(
+        {
+            "flow": raw["flow"].astype("object").to_numpy(),
+            "t": raw["t"].astype("float64").to_numpy(),
+            "index": raw["index"].to_numpy(),
+            "event_id": raw["event_id"].astype("object").to_numpy(),
+            "digest": raw["digest"].astype("object").to_numpy(),
+            "stream_id": raw["stream_id"].astype("object").to_numpy(),
+            "session": raw["session"].astype("object").to_numpy(),
+            "priming": raw["priming"].fillna(False).astype(bool).to_numpy(),
+            "has_data": raw["has_data"].fillna(False).astype(bool).to_numpy(),
+            LINE: raw[LINE].to_numpy() if LINE in raw.columns else None,
+        }
+    )
+    sent["order"] = np.arange(len(sent), dtype="int64")
+    flows["has_events"] = flows["flow"].isin(sent["flow"])
+    flow_session = pd.Series(flows["session"].to_numpy(dtype=object), index=flows["flow"].to_numpy())
+    sent["session"] = sent["session"].where(sent["session"].notna(), sent["flow"].map(flow_session))
+
+    # Opening flows: the server's own record of the stream, else its first event's ID.
+    named = sent[sent["stream_id"].notna()].sort_values(["flow", "index"], kind="stable")
+    first = named.drop_duplicates("flow")
+    first_logical = pd.Series(
+        _key(first["session"], first["stream_id"]).to_numpy(dtype=object),
+        index=first["flow"].values,
+        dtype="object",
+    )
+    base = flows["flow"].map(first_logical).astype("object")
+    if data.server is not None:
+        st = data.server["streams"]
+        by_conn = pd.Series(
+            _key(st["session"], st["stream_id"]).to_numpy(dtype=object),
+            index=st["conn"].values,
+            dtype="object",
+        )
+        by_conn = by_conn[~by_conn.index.duplicated(keep="first")]
+        server_says = flows["conn"].map(by_conn).astype("object").where(flows["conn"].notna())
+        base = server_says.where(server_says.notna(), base)
+    base = base.where(base.notna(), ("flow:" + flows["flow"].astype(str)).astype("object"))
+    base = base.where(~flows["resumption"])
+
+    sent_flow_pos = pd.Index(flows["flow"]).get_indexer(sent["flow"])
+    on_resumption = _take(flows["resumption"].astype(object), sent_flow_pos, sent.index).eq(True).to_numpy()
+    has_sid = sent["stream_id"].notna()
+    has_id = sent["event_id"].notna()
+    event_key = _key(sent["session"], sent["event_id"]).where(has_id)
+    named_home = _key(sent["session"], sent["stream_id"]).where(has_sid)
+    first_in_session, first_anywhere = _first_sends(sent, has_id)
+    # An event's home for opaque IDs: the stream of its first send in this session; but a
+    # first send in this session that is a replay (a resumption flow) of an event another
+    # session was sent earlier belongs to that other session's stream (a foreign replay).
+    fs = first_in_session.to_numpy()
+    fg = first_anywhere.to_numpy()
+    sessions = sent["session"].to_numpy(dtype=object)
+    ids = has_id.to_numpy()
+    safe_fs, safe_fg = np.where(ids, fs, 0), np.where(ids, fg, 0)
+    foreign = (
+        ids
+        & ~has_sid.to_numpy()
+        & on_resumption[safe_fs]
+        & (sessions[safe_fg] != sessions)
+        & (safe_fg < safe_fs)
+    )
+    live_sessions = _live_sessions_per_id(sent, ids & ~on_resumption)
+    shared_ids = int(pd.Series(sent["event_id"].to_numpy(dtype=object)[live_sessions > 1]).nunique())
+    # Per-session IDs (some ID live in two sessions): an identical (ID, content) in another
+    # session says nothing about where an event belongs, so homes stay within the session.
+    foreign &= (live_sessions <= 1) & (shared_ids == 0)
+    definer = np.where(foreign, safe_fg, np.where(ids, safe_fs, sent["order"].to_numpy()))
+
+    logical = base
+    home = named_home
+    for _ in range(MAX_RESOLVE_ROUNDS):
+        on_logical = _take(logical, sent_flow_pos, sent.index)
+        by_definer = pd.Series(on_logical.to_numpy(dtype=object)[definer], index=sent.index, dtype="object")
+        home = named_home.where(has_sid, by_definer.where(has_id))
+        home = home.where(has_id | has_sid, on_logical)
+        resumed = _resume_logicals(flows, event_key[has_id], home[has_id])
+        new_logical = base.where(~flows["resumption"], resumed)
+        if new_logical.equals(logical):
+            break
+        logical = new_logical
+    flows["logical"] = logical.astype("object")
+    sent["on_logical"] = _take(flows["logical"], sent_flow_pos, sent.index)
+    sent["home"] = home.where(home.notna(), sent["on_logical"])
+    # The order in which each event was first sent on its home (what a replay must keep).
+    sent["home_order"] = np.where(has_sid.to_numpy() & ids, safe_fs, definer)
+    sent["resend"] = ids & (on_resumption | (safe_fs != sent["order"].to_numpy()))
+    sent["foreign"] = foreign
+    sent["first_flow"] = sent["flow"].to_numpy(dtype=object)[sent["home_order"].to_numpy()]
+    sent["conn"] = _take(flows["conn"], sent_flow_pos, sent.index)
+    sent["client_id"] = _take(flows["client_id"], sent_flow_pos, sent.index)
+    sent["send_key"] = _send_keys(sent)
+    sent = sent.drop(columns=["stream_id"])
+    return StreamTruth("tap", flows, sent, _stream_map_tap(ctx, flows), shared_ids)
+
+
+def _first_sends(sent: pd.DataFrame, has_id: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """For each send with an ID, the `order` of the first send of that (event ID, digest):
+    (in the same session, in any session). Rows without ID get -1. `sent` is in `order`."""
+    ids = has_id.to_numpy()
+    full_s = np.full(len(sent), -1, dtype="int64")
+    full_g = np.full(len(sent), -1, dtype="int64")
+    if ids.any():
+        rows = sent[ids]
+        order = rows["order"].to_numpy()
+        full_s[ids] = order[_first_of(rows["session"], rows["event_id"], rows["digest"])]
+        full_g[ids] = order[_first_of(rows["event_id"], rows["digest"])]
+    return pd.Series(full_s, index=sent.index), pd.Series(full_g, index=sent.index)
+
+
+def _live_sessions_per_id(sent: pd.DataFrame, live: np.ndarray) -> np.ndarray:
+    """For each row, in how many sessions the server sent its event ID live (not on a
+    resumption). An ID one session's live traffic alone uses is globally unique (as the
+    IDs of a server with one event store for all sessions must be); per-session counters
+    are live in many sessions, and a replay under such an ID is never read as foreign."""
+    out = np.zeros(len(sent), dtype="int64")
+    if not live.any():
+        return out
+    ids = sent["event_id"].to_numpy(dtype=object)
+    pairs = pd.DataFrame({"event_id": ids[live], "session": sent["session"].to_numpy(dtype=object)[live]})
+    counts = pairs.drop_duplicates().groupby("event_id", sort=False).size()
+    found: np.ndarray = pd.Series(ids).map(counts).fillna(0).to_numpy(dtype="int64")
+    return found
+
+
+def _first_of(*columns: pd.Series) -> np.ndarray:
+    """For each row, the position of the first row with the same values in `columns`.
+    (Integer codes combined into one key: much faster than grouping on joined text.)"""
+    key = np.zeros(len(columns[0]), dtype="int64")
+    for column in columns:
+        codes, uniques = pd.factorize(column.to_numpy(dtype=object), use_na_sentinel=True)
+        # Re-coded after each column, so the product stays below rows x uniques (no overflow).
+        key = pd.factorize(key * (len(uniques) + 1) + (codes + 1))[0].astype("int64")
+    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    out: np.ndarray = first[inverse.reshape(-1)]
+    return out
+
+
+def _send_keys(sent: pd.DataFrame) -> pd.Series:
+    """What identifies one send: the event ID; for an event without ID, flow and index."""
+    keys = sent["event_id"].astype("object").copy()
+    no_id = keys.isna()
+    if no_id.any():
+        keys[no_id] = _key(sent.loc[no_id, "flow"], sent.loc[no_id, "index"])
+    return keys
+
+
+def _take(values: pd.Series, positions: np.ndarray, index: pd.Index) -> pd.Series:
+    """values.iloc[positions], None where the position is -1 (a flow the tap has no record of)."""
+    arr = values.to_numpy(dtype=object)
+    out = np.full(len(positions), None, dtype=object)
+    found = positions >= 0
+    out[found] = arr[positions[found]]
+    return pd.Series(out, index=index, dtype="object")
+
+
+def _resume_logicals(flows: pd.DataFrame, event_key: pd.Series, home: pd.Series) -> pd.Series:
+    """For each resumption flow, the logical stream its `last_event_id_out` was sent on
+    (`event_key`/`home`: every sent event with an ID); else the stream its `e1` ID names;
+    else `unknown:<flow>`. Null for other flows."""
+    by_event = pd.Series(home.values, index=event_key.values)
+    by_event = by_event[~by_event.index.duplicated(keep="first")]
+    looked_up = _key(flows["session"], flows["last_event_id_out"]).map(by_event)
+    out = looked_up.where(flows["resumption"]).astype("object")
+    unresolved = np.flatnonzero(flows["resumption"].to_numpy() & out.isna().to_numpy())
+    cursors = flows["last_event_id_out"].to_numpy(dtype=object)
+    sessions = flows["session"].to_numpy(dtype=object)
+    flow_ids = flows["flow"].to_numpy(dtype=object)
+    values = out.to_numpy(dtype=object, copy=True)  # a view may be read-only (copy-on-write)
+    for i in unresolved.tolist():
+        parsed = parse_event_id(str(cursors[i]))
+        session = sessions[i] if isinstance(sessions[i], str) else "-"
+        values[i] = f"{session}{SEP}{parsed.stream_id}" if parsed is not None else f"unknown:{flow_ids[i]}"
+    return pd.Series(values, index=out.index, dtype="object")
+
+
+def _stream_map_tap(ctx: Context, flows: pd.DataFrame) -> pd.DataFrame:
+    posts = flows[(flows["method"] == "POST") & flows["jsonrpc_id"].notna() & flows["client_id"].notna()]
+    post_map = pd.DataFrame(
+        {
+            "client_id": posts["client_id"],
+            "session": posts["session"],
+            "stream_key": "post:" + posts["jsonrpc_id"].astype(str),
+            "logical": posts["logical"],
+            "flow": posts["flow"],
+        }
+    )
+    parts = [post_map]
+    exchanges = _standalone_exchanges(ctx)
+    if len(exchanges):
+        joined = exchanges.merge(
+            flows[["client_id", "conn_id", "session", "logical", "flow"]],
+            on=["client_id", "conn_id"],
+            how="inner",
+        )
+        parts.append(joined[["client_id", "session", "stream_key", "logical", "flow"]])
+    out = pd.concat(parts, ignore_index=True)
+    return out.drop_duplicates(["client_id", "session", "stream_key", "logical"]).reset_index(drop=True)
+
+
+def _standalone_exchanges(ctx: Context) -> pd.DataFrame:
+    data = ctx.data
+    if data.client is None or "http_exchanges" in data.client_tables_absent:
+        return pd.DataFrame(columns=["client_id", "conn_id", "stream_key", "session_generation"])
+    x = data.client["http_exchanges"]
+    out = x.loc[
+        (x["purpose"] == "standalone") & x["stream_key"].notna(),
+        ["client_id", "conn_id", "stream_key", "session_generation"],
+    ].copy()
+    out["conn_id"] = out["conn_id"].astype("Int64")
+    return out
+
+
+def _with_server_events(tap: StreamTruth, server: StreamTruth) -> StreamTruth:
+    """The tap's truth plus the events only the server ledger records. Both are records
+    of what the server sent; the tap can miss some (a proxy that stopped recording, a
+    tap cut short), and an event the server ledger shows is no less sent. Names of
+    logical streams agree: with the server ledger present, the tap's opening flows are
+    named from its `streams` table."""
+    seen = set(_key(tap.sent["session"], tap.sent["event_id"], tap.sent["digest"]).tolist())
+    extra = server.sent[
+        ~in_keys(_key(server.sent["session"], server.sent["event_id"], server.sent["digest"]), seen)
+    ]
+    if not len(extra):
+        return StreamTruth("tap+server", tap.flows, tap.sent, tap.stream_map, tap.shared_ids)
+    # No tap flow carried it (as far as the tap knows), and it has no place in the tap's order.
+    extra = extra.assign(flow=None, first_flow=None, order=-1, home_order=-1)
+    sent = pd.concat([tap.sent, extra[tap.sent.columns]], ignore_index=True)
+    return StreamTruth("tap+server", tap.flows, sent, tap.stream_map, tap.shared_ids)
+
+
+# ---------------------------------------------------------------------------- server only
+
+
+def _e1_streams(event_ids: pd.Series) -> pd.Series:
+    """The stream ID field of `e1` IDs (null for other IDs), vectorized: an e1 ID has
+    exactly seven dot-separated fields and the stream ID is the fourth."""
+    ids = event_ids.astype("object").fillna("").astype(str)
+    parts = ids.str.split(".", n=6, expand=True)
+    if parts.shape[1] < 7:
+        return pd.Series(np.nan, index=event_ids.index, dtype="object")
+    ok = (parts[0] == "e1") & parts[6].notna() & ~parts[6].fillna("").str.contains(".", regex=False)
+    return parts[3].where(ok).astype("object")
+
+
+def _from_server(ctx: Context) -> StreamTruth:
+    data = ctx.data
+    assert data.server is not None
+    st = data.server["streams"]
+    flows = pd.DataFrame(
+        {
+            "flow": st["conn"].astype("object"),
+            "conn": st["conn"].astype("object"),
+            "method": st["opened_by"].astype("object"),
+            "session": st["session"].astype("object"),
+            "jsonrpc_id": text_ids(st["request_id"]),
+            "last_event_id_out": pd.Series(np.nan, index=st.index, dtype="object"),
+            "logical": _key(st["session"], st["stream_id"]),
+        }
+    )
+    flows["client_id"], flows["conn_id"] = split_conn(flows["conn"])
+    flows["resumption"] = False
+    ev = data.server["events_sent"]
+    on_logical = _key(ev["session"], ev["stream_id"])
+    named = _e1_streams(ev["event_id"])
+    sent = pd.DataFrame(
+        {
+            "session": ev["session"].astype("object"),
+            "flow": ev["conn"].astype("object"),
+            "conn": ev["conn"].astype("object"),
+            "event_id": ev["event_id"].astype("object"),
+            "digest": ev["digest"].astype("object"),
+            "on_logical": on_logical,
+            "home": _key(ev["session"], named).where(named.notna(), on_logical),
+            "priming": ev["kind"] == "priming",
+            "has_data": ev["kind"] != "priming",
+            "t": ev["sent_at"].astype("float64"),
+            "index": ev["sequence"],
+            "replay": pd.to_numeric(ev["replay"], errors="coerce").fillna(0).astype(bool),
+        }
+    )
+    sent["client_id"], _ = split_conn(sent["conn"])
+    sent["send_key"] = _send_keys(sent)
+    # The server's own record says which sends were replays; the order is its send time's.
+    sent = sent.sort_values(["t", "index"], kind="stable").reset_index(drop=True)
+    sent["order"] = np.arange(len(sent), dtype="int64")
+    sent["home_order"] = sent["order"]
+    sent["resend"] = sent.pop("replay")
+    sent["foreign"] = False
+    sent["first_flow"] = sent["flow"]
+    sent[LINE] = None
+    flows["has_events"] = flows["conn"].isin(sent["conn"])
+    return StreamTruth("server", flows, sent, _stream_map_tap(ctx, flows))

@@ -1,0 +1,273 @@
+"""What the server did wrong on the wire, whatever the clients did with it: gate 1's
+server checks, from the record of what the server sent (`lab.checker.truth.streams`).
+
+Each is a **server** violation, counted even when every client rejected the event (the
+client side is judged separately, on what it accepted):
+
+- `sent_off_home`: the server sent an event on a stream that is not its home (an `e1`
+  ID naming another stream; for opaque IDs, a replay or repeat of an event first sent on
+  another stream — of this session, or of another session: `foreign`). Live sends are
+  never suspect merely for repeating an ID: IDs need only be unique within a session.
+- `replayed_before_cursor`: a resumption (GET with Last-Event-ID, as the server received
+  it) replayed an event of the resumed stream that was first sent at or before the
+  cursor's event: a replay must start after the cursor.
+- `response_on_standalone_get`: a JSON-RPC response (or error) sent on a stream opened by
+  a standalone GET (not a resumption of a POST stream).
+- `response_to_another_request`: a response on a POST stream whose id is not the POST's.
+- `event_after_response`: an event of a POST stream first sent after the response that
+  ends that stream, or sent after that response on the same connection (e.g. progress
+  replayed after the response).
+- `replayed_out_of_order`: on one connection, an event of the stream sent after an event
+  the server first sent later than it (a replay, or a live stream, out of the order of
+  first sending; a response before its progress is caught here or just above).
+
+Message kinds (response, notification, …) come from, in order: the tap's `sent` records
+when they carry `kind`/`jsonrpc_id`, the server ledger's `events_sent`, and the clients'
+inbox receipts (same digest, same message). An event no source names is not judged by the
+checks that need its kind. A send is checked by the first of these checks it breaks (in
+the order above), so one send counts once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from lab.checker.context import Context, text_ids
+from lab.checker.explain import at, present, row_of, short, tap_ref
+from lab.checker.model import Attribution, Witness
+from lab.checker.truth.streams import StreamTruth, stream_truth
+
+CHECKS = (
+    "sent_off_home",
+    "replayed_before_cursor",
+    "response_on_standalone_get",
+    "response_to_another_request",
+    "event_after_response",
+    "replayed_out_of_order",
+)
+RESPONSE_KINDS = ("response", "error")
+
+
+def server_sends(ctx: Context) -> pd.DataFrame:
+    """The server's offending sends: the rows of `stream_truth(ctx).sent` that break a
+    check, with a `check` column (and `cursor_order` for replays before the cursor)."""
+    return ctx.cached("wire_server_sends", lambda: _server_sends(ctx))
+
+
+def message_kinds(ctx: Context) -> pd.DataFrame:
+    """digest -> kind, jsonrpc_id (text), one row per digest, for the responses and errors
+    (the only kinds the checks need: anything not listed is not a response)."""
+    return ctx.cached("message_kinds", lambda: _message_kinds(ctx))
+
+
+def _message_kinds(ctx: Context) -> pd.DataFrame:
+    data = ctx.data
+    parts = []
+    if data.tap is not None and "kind" in data.tap["sent"].columns:
+        sent = data.tap["sent"]
+        parts.append(
+            pd.DataFrame(
+                {
+                    "digest": sent["digest"],
+                    "kind": sent["kind"],
+                    "jsonrpc_id": sent["jsonrpc_id"] if "jsonrpc_id" in sent.columns else None,
+                }
+            )
+        )
+    if data.server is not None:
+        ev = data.server["events_sent"]
+        parts.append(ev[["digest", "kind", "jsonrpc_id"]])
+    if data.client is not None:
+        inbox = data.client["inbox"]
+        parts.append(
+            inbox[["message_digest", "kind", "jsonrpc_id"]].rename(columns={"message_digest": "digest"})
+        )
+    if not parts:
+        return pd.DataFrame(columns=["digest", "kind", "jsonrpc_id"])
+    out = pd.concat([p[p["kind"].isin(RESPONSE_KINDS)] for p in parts], ignore_index=True)
+    out = out[out["digest"].notna()].drop_duplicates("digest")
+    out["jsonrpc_id"] = text_ids(out["jsonrpc_id"])
+    return out.reset_index(drop=True)
+
+
+def _server_sends(ctx: Context) -> pd.DataFrame:
+    truth = stream_truth(ctx)
+    sent = truth.sent
+    message = sent["has_data"].to_numpy(dtype=bool) & ~sent["priming"].to_numpy(dtype=bool)
+    with_id = sent["event_id"].notna().to_numpy()
+    on_wire = sent["flow"].notna().to_numpy() & (sent["order"].to_numpy() >= 0)
+    check = pd.Series(None, index=sent.index, dtype="object")
+    cursor_order = pd.Series(np.nan, index=sent.index, dtype="float64")
+
+    def flag(mask: np.ndarray, name: str) -> None:
+        mask = mask & check.isna().to_numpy()
+        check[mask] = name
+
+    off_home = message & with_id & (sent["home"] != sent["on_logical"]).to_numpy()
+    flag(off_home, "sent_off_home")
+    if truth.from_tap:
+        before, at_cursor = _before_cursor(truth, message & with_id & on_wire)
+        flag(before, "replayed_before_cursor")
+        cursor_order[before] = at_cursor[before]
+        kinds = message_kinds(ctx)
+        kind = (
+            sent["digest"].map(kinds.set_index("digest")["kind"])
+            if len(kinds)
+            else pd.Series(None, index=sent.index)
+        )
+        rid = (
+            sent["digest"].map(kinds.set_index("digest")["jsonrpc_id"])
+            if len(kinds)
+            else pd.Series(None, index=sent.index)
+        )
+        is_response = kind.isin(RESPONSE_KINDS).to_numpy() & message & on_wire
+        opener, post_id = _openers(truth)
+        stream_opener = sent["on_logical"].map(opener)
+        flag(is_response & (stream_opener == "GET").to_numpy(), "response_on_standalone_get")
+        own_id = sent["on_logical"].map(post_id)
+        wrong = is_response & (stream_opener == "POST").to_numpy() & own_id.notna().to_numpy()
+        wrong &= rid.notna().to_numpy() & (rid.astype(str) != own_id.astype(str)).to_numpy()
+        flag(wrong, "response_to_another_request")
+        flag(
+            _after_response(sent, is_response & ~wrong, message & on_wire, stream_opener),
+            "event_after_response",
+        )
+        flag(_out_of_order(sent, message & with_id & on_wire), "replayed_out_of_order")
+    bad = sent[check.notna()].assign(check=check[check.notna()], cursor_order=cursor_order[check.notna()])
+    return bad.sort_values("order", kind="stable")
+
+
+def _before_cursor(truth: StreamTruth, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sends on resumption flows of an event first sent at or before the cursor's event on
+    the same stream; and the cursor's home_order per send."""
+    sent, flows = truth.sent, truth.flows
+    resumptions = flows[flows["resumption"]]
+    if not len(resumptions):
+        return np.zeros(len(sent), dtype=bool), np.full(len(sent), np.nan)
+    # The cursor event: its first send in the resumption's session (few cursors: filter first).
+    cursors = set(resumptions["last_event_id_out"].dropna())
+    firsts = sent[sent["event_id"].isin(cursors) & (sent["order"] == sent["home_order"])]
+    firsts = firsts.drop_duplicates(["session", "event_id"])[["session", "event_id", "home", "home_order"]]
+    found = resumptions[["flow", "session", "last_event_id_out"]].merge(
+        firsts, left_on=["session", "last_event_id_out"], right_on=["session", "event_id"], how="left"
+    )
+    by_flow_home = pd.Series(found["home"].to_numpy(dtype=object), index=found["flow"].to_numpy())
+    by_flow_rank = pd.Series(found["home_order"].to_numpy(dtype="float64"), index=found["flow"].to_numpy())
+    home = sent["flow"].map(by_flow_home)
+    rank = sent["flow"].map(by_flow_rank).to_numpy(dtype="float64")
+    before = candidates & home.notna().to_numpy() & (sent["home"] == home).to_numpy()
+    before &= sent["home_order"].to_numpy(dtype="float64") <= rank
+    return before, rank
+
+
+def _openers(truth: StreamTruth) -> tuple[pd.Series, pd.Series]:
+    """logical stream -> the method that opened it (POST or GET), and -> the POST's id."""
+    opening = truth.flows[~truth.flows["resumption"] & truth.flows["logical"].notna()]
+    opening = opening.drop_duplicates("logical")
+    opener = pd.Series(opening["method"].to_numpy(dtype=object), index=opening["logical"].to_numpy())
+    posts = opening[opening["method"] == "POST"]
+    post_id = pd.Series(posts["jsonrpc_id"].to_numpy(dtype=object), index=posts["logical"].to_numpy())
+    return opener, post_id.dropna()
+
+
+def _after_response(
+    sent: pd.DataFrame, response: np.ndarray, candidates: np.ndarray, opener: pd.Series
+) -> np.ndarray:
+    """Events of a POST stream first sent after its response, or sent after the response
+    on the same connection."""
+    out = np.zeros(len(sent), dtype=bool)
+    if not response.any():
+        return out
+    post = (opener == "POST").to_numpy()
+    responses = sent[response & post]
+    # First send of the response on its stream (home_order), per stream.
+    ends = responses.groupby("home")["home_order"].min()
+    end = sent["home"].map(ends).to_numpy(dtype="float64")
+    first_sent_later = candidates & post & (sent["home"] == sent["on_logical"]).to_numpy()
+    first_sent_later &= sent["home_order"].to_numpy(dtype="float64") > end
+    # On the same connection: index after the response's index there.
+    response_at = responses.groupby("flow")["index"].min()
+    response_index = sent["flow"].map(response_at).to_numpy(dtype="float64")
+    same_conn_later = candidates & post & (sent["index"].to_numpy(dtype="float64") > response_index)
+    out = np.asarray((first_sent_later | same_conn_later) & ~response, dtype=bool)
+    return out
+
+
+def _out_of_order(sent: pd.DataFrame, candidates: np.ndarray) -> np.ndarray:
+    """Per connection, in index order, sends of the stream's own events whose first-send
+    order is below that of an event already sent on this connection."""
+    own = candidates & (sent["home"] == sent["on_logical"]).to_numpy()
+    rows = sent[own][["flow", "index", "home_order"]].sort_values(["flow", "index"], kind="stable")
+    if not len(rows):
+        return np.zeros(len(sent), dtype=bool)
+    before = rows.groupby("flow", sort=False)["home_order"].cummax().groupby(rows["flow"], sort=False).shift()
+    late = rows["home_order"] < before
+    out = np.zeros(len(sent), dtype=bool)
+    out[rows.index[late.fillna(False).to_numpy(dtype=bool)].to_numpy()] = True
+    return out
+
+
+# ---------------------------------------------------------------------------- witnesses
+
+_WHY = {
+    "sent_off_home": "its home is stream {home}{foreign}, where the server first sent it",
+    "replayed_before_cursor": "it was first sent at or before the resumption's cursor {cursor} on that stream: "
+    "a replay must start after the cursor",
+    "response_on_standalone_get": "a response may not travel on a standalone GET stream",
+    "response_to_another_request": "it answers request {rid}, not the POST of request {own}",
+    "event_after_response": "it came after that stream's response, which ends a POST stream",
+    "replayed_out_of_order": "the server had first sent it before an event already sent on this connection",
+}
+
+
+def server_witness(row: pd.Series, ctx: Context) -> Witness:
+    truth = stream_truth(ctx)
+    kinds = message_kinds(ctx)
+    known = kinds[kinds["digest"] == row["digest"]]
+    kind = str(known["kind"].iloc[0]) if len(known) else "event"
+    rid = known["jsonrpc_id"].iloc[0] if len(known) else None
+    where = describe_flow(truth, row["flow"])
+    check = str(row["check"])
+    flows = truth.flows
+    match = flows[flows["flow"] == row["flow"]]
+    cursor = match["last_event_id_out"].iloc[0] if len(match) else None
+    post = flows[(flows["logical"] == row["on_logical"]) & ~flows["resumption"] & (flows["method"] == "POST")]
+    own = post["jsonrpc_id"].iloc[0] if len(post) else "?"
+    why = _WHY[check].format(
+        home=row["home"],
+        foreign=" of another session" if bool(row.get("foreign")) else "",
+        cursor=short(cursor, 40),
+        rid=rid,
+        own=own,
+    )
+    first_at = ""
+    refs = tap_ref(row, prefix="")
+    if present(row.get("first_flow")) and row["first_flow"] != row["flow"]:
+        first = truth.sent[truth.sent["order"] == row["home_order"]]
+        if len(first):
+            f = first.iloc[0]
+            first_at = f"; first sent on {describe_flow(truth, f['flow'])} {at(f['t'], ctx.origin)}"
+            refs = tap_ref(f) + refs
+    text = (
+        f"the server sent {kind} {row['event_id']} (message {short(row['digest'])}) on {where} "
+        f"{at(row['t'], ctx.origin)}: {why}{first_at}"
+    )
+    fields = row_of(row, ["session", "flow", "event_id", "digest", "home", "on_logical", "index", "t"])
+    fields["foreign_session"] = bool(row.get("foreign"))
+    return Witness(check, text, Attribution.SERVER, fields, tuple(refs))
+
+
+def describe_flow(truth: StreamTruth, flow: object) -> str:
+    match = truth.flows[truth.flows["flow"] == flow]
+    if not len(match):
+        return f"flow {flow}"
+    f = match.iloc[0]
+    if f["method"] == "POST" and present(f["jsonrpc_id"]):
+        what = f"the POST of request {f['jsonrpc_id']}"
+    elif f["resumption"]:
+        what = f"a resumption GET (Last-Event-ID {short(f['last_event_id_out'], 40)})"
+    else:
+        what = f"a {f['method']} stream"
+    who = f" by {f['conn']}" if present(f["conn"]) else ""
+    return f"flow {flow} ({what}{who}, stream {f['logical']})"
