@@ -43,7 +43,8 @@ sys.path.insert(0, str(ROOT))
 
 from lab.checker.context import Context, parse_budgets  # noqa: E402
 from lab.checker.inputs.load import load_run  # noqa: E402
-from lab.checker.judge.verdict import GATES, judge, run_gate  # noqa: E402
+from lab.checker.judge.verdict import judge, run_rule  # noqa: E402
+from lab.checker.rules import REGISTRY  # noqa: E402
 from lab.inbox import connect  # noqa: E402
 from lab.wire.client_ledger import RECORD_TYPES  # noqa: E402
 
@@ -415,13 +416,13 @@ def check(run_dir: Path) -> tuple[float, float, dict[str, float], str]:
     loaded = time.perf_counter()
     ctx = Context(data, parse_budgets(data.run))
     per_gate: dict[str, float] = {}
-    for module in GATES:
+    for rule in REGISTRY.core():
         t = time.perf_counter()
-        result = run_gate(module, ctx)
-        per_gate[module.GATE] = time.perf_counter() - t
+        result = run_rule(rule, ctx)
+        per_gate[rule.id] = time.perf_counter() - t
         if result.error is not None:
             # A gate that crashed is fast: its time would mean nothing. Say so loudly.
-            print(f"GATE {module.GATE} FAILED TO RUN: {result.error}", file=sys.stderr)
+            print(f"GATE {rule.id} FAILED TO RUN: {result.error}", file=sys.stderr)
     total = time.perf_counter() - started
     # The verdicts as `lab report` gives them (the joins are cached in ctx above, so
     # this is timed apart and not added).

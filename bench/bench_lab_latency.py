@@ -163,8 +163,8 @@ def secs(value: Any) -> str:
 
 def bins(folder: Path) -> list[str]:
     """Delivery p50/p99 per 5 s bin beside each lab process's mean CPU in the bin."""
-    from lab.checker.health import lab_hops, processes
     from lab.checker.context import Context, parse_budgets
+    from lab.checker.health import lab_hops, processes
     from lab.checker.inputs.load import MissingInput, load_run
 
     data = load_run(folder)

@@ -97,12 +97,9 @@ class Evidence:
 
 @dataclass(frozen=True, slots=True)
 class GateResult:
-    number: int
-    """1..6, the order of the gate table (docs/report.md)."""
-    gate: str
-    """Stable identifier: cross_stream, duplicate_dispatch, missing_rehandshake,
-    illegal_origin, resume_p99, reconnect_qps."""
-    title: str
+    """One rule's verdict. A rule's reading leaves `number`, `gate` and `title` out: the
+    judge stamps them from the rule's declaration (lab.checker.rules.base.Rule)."""
+
     verdict: Verdict
     summary: str
     """One line: what was measured against what, and why the verdict."""
@@ -119,6 +116,11 @@ class GateResult:
     truth_from: str = ""
     """Where the gate's truth came from, in words, when it says (a client under test:
     "the wire (proxy tap)", "the application log + the tap", ...)."""
+    number: int = field(default=0, kw_only=True)
+    """The rule's display number (the order of the rule table, docs/report.md)."""
+    gate: str = field(default="", kw_only=True)
+    """The rule's stable ID (`cross_stream`, `duplicate_dispatch`, ...: lab.checker.rules)."""
+    title: str = field(default="", kw_only=True)
 
 
 def decide(failed: bool, evidence: Iterable[Evidence]) -> Verdict:

@@ -4,7 +4,7 @@ The checker (`lab.checker`) decides; this package only presents. It imports noth
 package level, so `lab --help` stays instant.
 
     outputs.py   `report_run(run_dir)`: judge, write every output, print, exit code
-    document.py  report.json (mcpLabReport.v1, docs/report.md)
+    document.py  report.json (mcpLabReport.v2, docs/report.md)
     markdown.py  report.md and the terminal's gate table
     junit.py     junit.xml
     html.py      report.html from the `dashboards` template (Jinja2, autoescaped)

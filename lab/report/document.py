@@ -1,4 +1,4 @@
-"""report.json — the machine-readable report, schema `mcpLabReport.v1` (docs/report.md).
+"""report.json — the machine-readable report, schema `mcpLabReport.v2` (docs/report.md).
 
 The document is built from the `RunReport` alone; every float that is not finite is
 written as null (JSON has no infinity), and the meaning of such a null is stated next to
@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lab import __version__
-from lab.checker.model import GateResult, JsonValue, Liveness, RunReport
+from lab.checker import GateResult, JsonValue, Liveness, RunReport
 
-REPORT_SCHEMA = "mcpLabReport.v1"
+REPORT_SCHEMA = "mcpLabReport.v2"
 
 
 def clean(value: Any) -> JsonValue:
@@ -100,7 +100,8 @@ def document(report: RunReport, figures: Sequence[Mapping[str, str]] = ()) -> di
         "budgets": dict(report.budgets),
         "budgets_defaulted": list(report.budgets_defaulted),
         "client": client_document(report),
-        "gates": [gate_document(g, expected.get(g.gate)) for g in report.gates],
+        # Keyed by the rule's stable ID, in display order (v1 had a list `gates`).
+        "rules": {g.gate: gate_document(g, expected.get(g.gate)) for g in report.gates},
         "faults": {
             "counts": [
                 {
@@ -195,3 +196,13 @@ def liveness_document(live: Liveness | None, origin: float | None) -> dict[str, 
 def dumps(doc: Mapping[str, JsonValue]) -> str:
     """report.json's text: strict JSON (no NaN or infinity), indented."""
     return json.dumps(doc, indent=2, allow_nan=False) + "\n"
+
+
+def rules_of(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The rules of a report.json, in display order: v2's `rules` (keyed by rule ID), or a
+    v1 document's `gates` list."""
+    rules = doc.get("rules")
+    if isinstance(rules, Mapping):
+        return [dict(r, gate=k) for k, r in rules.items() if isinstance(r, Mapping)]
+    gates = doc.get("gates")
+    return [g for g in gates if isinstance(g, dict)] if isinstance(gates, list) else []

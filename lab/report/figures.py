@@ -32,10 +32,17 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from dashboards import asset_path
-from lab.checker.context import Budgets, parse_budgets
-from lab.checker.inputs.load import RunData
-from lab.checker.rules.resume import PERCENTILE, client_ends, latencies, nearest_rank
-from lab.checker.truth.faults import configured_faults, count_faults
+from lab.checker import (
+    PERCENTILE,
+    Budgets,
+    RunData,
+    client_ends,
+    configured_faults,
+    count_faults,
+    latencies,
+    nearest_rank,
+    parse_budgets,
+)
 from lab.report import series
 from lab.report.phase_figures import capacity_drawer, draw_processes, shade_phases
 

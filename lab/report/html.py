@@ -25,9 +25,9 @@ import jinja2
 from markupsafe import Markup
 
 from dashboards import asset
-from lab.checker.explain import short_reason
+from lab.checker import short_reason
 from lab.report import sections
-from lab.report.document import EXPECTED_TEXT, client_text
+from lab.report.document import EXPECTED_TEXT, client_text, rules_of
 
 
 @cache
@@ -71,7 +71,7 @@ def render(
     if who:
         facts.append(who)
     gates = []
-    for g in doc["gates"]:
+    for g in rules_of(doc):
         # A client under test: where the gate's truth came from, and its baseline status.
         said = [EXPECTED_TEXT[g["expected"]]] if g.get("expected") else []
         said += [f"truth from: {g['truth_from']}"] if g.get("truth_from") else []

@@ -14,9 +14,11 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from typing import Any
 
+from lab.report.document import rules_of
+
 
 def render(doc: Mapping[str, Any]) -> str:
-    gates = doc["gates"]
+    gates = rules_of(doc)
     incomplete = bool(doc.get("incomplete"))
     failures = sum(
         1

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lab.report import sections
-from lab.report.document import EXPECTED_TEXT, client_text
+from lab.report.document import EXPECTED_TEXT, client_text, rules_of
 from lab.report.html import banner, liveness_lines
 
 VERDICT_MARK = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "incomplete": "INCOMPLETE"}
@@ -21,7 +21,7 @@ def _cell(text: Any) -> str:
 
 def gate_table(doc: Mapping[str, Any]) -> str:
     lines = ["| # | gate | verdict | measured |", "| --- | --- | --- | --- |"]
-    for g in doc["gates"]:
+    for g in rules_of(doc):
         mark = f"**{VERDICT_MARK[g['verdict']]}**"
         if g.get("expected") in ("known", "fixed"):
             mark += " (known)" if g["expected"] == "known" else " (fixed: remove it from the baseline)"
@@ -55,7 +55,7 @@ def render(doc: Mapping[str, Any]) -> str:
     if live:
         out += ["## Liveness", ""] + [f"- {line}" for line in live] + [""]
     out += sections.markdown(sections.blocks(doc))
-    for g in doc["gates"]:
+    for g in rules_of(doc):
         unmet = [e for e in g["evidence"] if not e["ok"]]
         if not (g["witnesses"] or unmet or g["error"] or g["notes"] or g.get("expected")):
             continue

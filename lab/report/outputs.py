@@ -2,7 +2,7 @@
 
 `report_run(run_dir)` is the one entry point, for `lab report RUN_DIR` and for `lab run`
 (which calls it when its run ends): the verdict comes from `lab.checker.judge` and
-nothing else. Outputs (in RUN_DIR): report.json (mcpLabReport.v1, docs/report.md),
+nothing else. Outputs (in RUN_DIR): report.json (mcpLabReport.v2, docs/report.md),
 report.md, junit.xml, fig-*.png and report.html. Each is written on its own (to a
 temporary file renamed into place, so a half-written report never stands): a figure that
 fails is reported and the others are still written.
@@ -75,7 +75,7 @@ def _write_text(path: Path, text: str) -> None:
 def _report_run(
     run_dir: Path, *, witness_limit: int, figures: bool, quiet: bool, out: TextIO, err: TextIO
 ) -> int:
-    from lab.checker.judge.verdict import judge_dir
+    from lab.checker import judge_dir
     from lab.report import document, junit, markdown
     from lab.report.evidence import raw_rows
     from lab.report.html import liveness_lines, render

@@ -16,10 +16,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from lab.checker.context import Budgets
-from lab.checker.health.processes import SATURATED_CPU, load_samples
-from lab.checker.inputs.load import RunData
-from lab.checker.timeline.phases import phase_specs
+from lab.checker import SATURATED_CPU, Budgets, RunData, load_samples, phase_specs
 
 PHASE_COLORS = ("#f2f2f2", "#e3ecf7")
 KIND_COLORS = {"faults": "#fbe3d6", "recovery": "#e2f0d9", "ramp": "#fff2cc"}

@@ -11,9 +11,8 @@ import math
 import numpy as np
 import pandas as pd
 
-from lab.checker.inputs.load import RunData
-from lab.checker.rules.reconnect import per_second
-from lab.checker.truth import liveness
+from lab.checker import RunData, per_second
+from lab.checker import active_clients as clients_active
 
 
 def origin(data: RunData) -> float | None:
@@ -55,10 +54,10 @@ def events_per_second(data: RunData) -> tuple[pd.Series, str]:
 
 def active_clients(data: RunData) -> pd.Series:
     """Clients with at least one request open during each second (the checker's own count,
-    `lab.checker.truth.liveness.active_clients`, which its collapse detection uses)."""
+    `lab.checker.active_clients`, which its collapse detection uses)."""
     if data.client is None or "http_exchanges" in data.client_tables_absent:
         return pd.Series(dtype="int64")
-    return liveness.active_clients(data.client["http_exchanges"])
+    return clients_active(data.client["http_exchanges"])
 
 
 def reconnects_per_second(data: RunData) -> pd.Series:

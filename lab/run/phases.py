@@ -9,7 +9,7 @@ and a ramp that stops itself one step past its knee.
   sessions have been idle past the TTL.
 - **Until the knee** (`load.until_knee`): at the end of each ramp step the step's
   budget criteria are measured from the live client ledgers with the checker's own pure
-  functions (`lab.checker.timeline.phases.measure_frames`, `lab.checker.timeline.capacity.step_misses`);
+  functions (`lab.checker.measure_frames`, `lab.checker.step_misses`);
   the first step that breaks one ends the run (complete, `end_reason` "past the knee:
   ..."). Gates 1–4 are not evaluated live (the report still judges them per step).
 
@@ -34,9 +34,7 @@ from typing import IO, Any
 import httpx
 import pandas as pd
 
-from lab.checker.inputs.load import RunData
-from lab.checker.timeline import capacity
-from lab.checker.timeline.phases import PhaseSpec, measure_frames
+from lab.checker import CapacityStep, PhaseSpec, RunData, capacity_steps, measure_frames, step_misses
 from lab.run.probe import Probe
 from lab.scenario import Scenario
 
@@ -161,7 +159,7 @@ class PhaseDriver:
                 out.append(Action(late, "probe:come_back_late", self.probe.come_back_late))
         if sc.load.until_knee:
             specs = [PhaseSpec(p.name, p.kind, p.start, p.end, p.users) for p in sc.phases]
-            found = capacity.steps(specs)
+            found = capacity_steps(specs)
             for st in found[:-1]:  # past the last step, the run ends anyway
                 out.append(Action(st.judged_end, f"knee:{st.name}", partial(self.judge_step, st)))
         return sorted(out, key=lambda a: a.at)
@@ -270,11 +268,11 @@ class PhaseDriver:
             record.update(t=time.time(), status=-1, answer=None, error=f"{type(e).__name__}: {e}")
         self.log(record)
 
-    def judge_step(self, st: capacity.Step) -> None:
+    def judge_step(self, st: CapacityStep) -> None:
         start, end = self.run_start + st.judged_start, self.run_start + st.judged_end
         data = read_client_tables(self.run_dir)
         m = measure_frames(data, start, end, budget_s=self.sc.budget.resume_p99_s, stopped_at=None)
-        missed = capacity.step_misses(
+        missed = step_misses(
             m,
             resume_p99_s=self.sc.budget.resume_p99_s,
             call_error_rate_max=self.sc.budget.call_error_rate_max,

@@ -7,7 +7,7 @@
 - `progress.json` is the Locust master's sum of its workers' counters (clients, events
   accepted, calls).
 - `ProgressLine` turns them into one line a second. Its reconnects per second are gate
-  6's own (`lab.checker.rules.reconnect.per_second`: 1 s bins of `sent_at`, all workers
+  6's own (`lab.checker.truth.reconnects.per_second`: 1 s bins of `sent_at`, all workers
   merged) against gate 6's own budget (run.json `budgets.reconnect_qps`), so the line
   can never say "over budget" where the gate says pass, or the reverse. Workers commit
   their ledgers in batches, so the line shows the last second old enough to be whole
@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab.checker.context import parse_budgets
-from lab.checker.rules.reconnect import over_budget, per_second
+from lab.checker import over_budget, parse_budgets, per_second
 
 SETTLE_S = 2
 """Seconds after which a 1 s bin of reconnects is taken as whole (workers flush their

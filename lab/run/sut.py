@@ -86,7 +86,7 @@ class ClientUnderTest:
 
 def resolve(spec: str | None, scenario: Scenario, baseline: Path | None) -> ClientUnderTest:
     """The run's client and its known failures (ClientRefused when it cannot run here)."""
-    from lab.checker.judge.baseline import KNOWN_IDS, unknown_ids
+    from lab.checker import REGISTRY, unknown_ids
 
     chosen = spec or scenario.load.client
     command = None
@@ -109,7 +109,7 @@ def resolve(spec: str | None, scenario: Scenario, baseline: Path | None) -> Clie
     if bad:
         raise ClientRefused(
             f"{where}: expected_failures.{kind}: {', '.join(map(repr, bad))} name no gate or check "
-            f"(known: {', '.join(KNOWN_IDS)})"
+            f"(known: {', '.join(REGISTRY.ids())})"
         )
     return ClientUnderTest(chosen, command, expected, source if kind in table else None)
 

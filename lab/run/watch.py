@@ -190,12 +190,9 @@ def lab_limits(run_dir: Path, start: float, end: float) -> list[str]:
     """What the checker would call saturated among the lab's processes (and the box) in
     [start, end), from the run's `processes.jsonl`, one phrase each; [] without the file
     (compose) or when nothing was."""
-    from lab.checker.health import processes  # pandas: loaded only when a run stalls
+    from lab.checker import saturation_phrases  # pandas: loaded only when a run stalls
 
-    samples = processes.load_samples(run_dir)  # never raises: a damaged file is "error", not present
-    if not samples.present:
-        return []
-    return [processes.describe(x, samples.cpus) for x in processes.saturated(samples, start, end)]
+    return saturation_phrases(run_dir, start, end)
 
 
 class Watcher:

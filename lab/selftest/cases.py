@@ -14,20 +14,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lab.checker import REGISTRY
 from lab.server.defects import DEFECT_NAMES, DESCRIPTIONS, Defect
 
 PRISTINE = "pristine"
 """The case without a defect: every gate must pass."""
 
-GATES: tuple[tuple[int, str], ...] = (
-    (1, "cross_stream"),
-    (2, "duplicate_dispatch"),
-    (3, "missing_rehandshake"),
-    (4, "illegal_origin"),
-    (5, "resume_p99"),
-    (6, "reconnect_qps"),
-)
-"""The checker's gates, in the order of the gate table (lab.checker.judge.verdict.GATES)."""
+GATES: tuple[tuple[int, str], ...] = tuple((r.number, r.id) for r in REGISTRY.core())
+"""(number, ID) of the rules every run of the lab's clients has, in display order (the
+checker's registry, lab.checker.rules): the columns of the matrix."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.exitcodes import ExitCode
+from lab.report.document import rules_of
 from lab.selftest.cases import GATES, Case
 from lab.selftest.execute import CaseRun
 
@@ -88,14 +89,10 @@ class Row:
 
 
 def cells_of(report: dict[str, Any] | None) -> tuple[Cell, ...]:
-    by_number: dict[int, dict[str, Any]] = {}
-    if report is not None:
-        for g in report.get("gates") or []:
-            if isinstance(g, dict) and isinstance(g.get("number"), int):
-                by_number[g["number"]] = g
+    by_id = {g.get("gate"): g for g in rules_of(report)} if report is not None else {}
     out = []
-    for number, _ in GATES:
-        g = by_number.get(number)
+    for _, rule_id in GATES:
+        g = by_id.get(rule_id)
         if g is None:
             out.append(Cell("", 0, ()))
             continue

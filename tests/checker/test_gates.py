@@ -12,6 +12,7 @@ import pytest
 
 from lab.checker.judge.verdict import judge_dir
 from lab.checker.model import Attribution, GateResult, RunReport, Verdict
+from lab.report.document import rules_of
 from lab.wire.event_ids import message_digest
 from tests.checker.builders import T0, Event, Sim, Stream, clean_run
 
@@ -572,4 +573,4 @@ def test_witnesses_point_at_their_raw_rows_and_report_html_links_them(tmp_path: 
     anchor = "ev-server-ledger-sqlite-dispatches-4"
     assert f'href="#{anchor}"' in page and f'<dt id="{anchor}">' in page
     doc = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
-    assert doc["gates"][1]["witnesses"][0]["refs"] == list(dup.refs)
+    assert rules_of(doc)[1]["witnesses"][0]["refs"] == list(dup.refs)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -14,8 +13,9 @@ from lab.checker.context import Context, parse_budgets
 from lab.checker.inputs.jsonl import LINE, LedgerError, read_jsonl
 from lab.checker.inputs.load import load_run
 from lab.checker.inputs.schemas import TAP_RECORDS, TAP_SCHEMA
-from lab.checker.judge.verdict import judge_dir, run_gate
+from lab.checker.judge.verdict import judge_dir, run_rule
 from lab.checker.model import Verdict
+from lab.checker.rules import Rule
 from tests.checker.builders import clean_run
 
 
@@ -172,8 +172,8 @@ def test_a_gate_whose_code_raises_is_inconclusive_with_the_error(tmp_path: Path)
     def explode(ctx: Context) -> None:
         raise KeyError("no_such_column")
 
-    broken = SimpleNamespace(NUMBER=9, GATE="broken", TITLE="Broken", check=explode)
-    result = run_gate(broken, Context(data, parse_budgets(data.run)))  # type: ignore[arg-type]
+    broken = Rule(id="broken", number=99, title="Broken", blames=(), evidence="", check=explode)  # type: ignore[arg-type]
+    result = run_rule(broken, Context(data, parse_budgets(data.run)))
     assert result.verdict is Verdict.INCONCLUSIVE
     assert result.error is not None and result.error.startswith(
         "KeyError: 'no_such_column' (at test_inputs.py:"

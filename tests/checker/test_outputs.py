@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from lab.report.document import rules_of
 from lab.report.outputs import report_run
 from tests.checker.builders import T0, clean_run
 
@@ -55,9 +56,9 @@ def test_report_json_is_strict_and_every_field_is_documented(tmp_path: Path) -> 
     code, _, _ = _report(run_dir)
     assert code == 1
     doc = _strict_json(run_dir / "report.json")
-    assert doc["schema"] == "mcpLabReport.v1" and doc["verdict"] == "fail" and doc["exit_code"] == 1
+    assert doc["schema"] == "mcpLabReport.v2" and doc["verdict"] == "fail" and doc["exit_code"] == 1
     assert doc["incomplete"] is True
-    assert [g["gate"] for g in doc["gates"]] == [
+    assert [g["gate"] for g in rules_of(doc)] == [
         "cross_stream",
         "duplicate_dispatch",
         "missing_rehandshake",
@@ -65,11 +66,11 @@ def test_report_json_is_strict_and_every_field_is_documented(tmp_path: Path) -> 
         "resume_p99",
         "reconnect_qps",
     ]
-    resume = doc["gates"][4]
+    resume = rules_of(doc)[4]
     assert resume["measured"]["p99_s"] is None and resume["measured"]["p99_unbounded"] is True
     names: set[str] = set(doc) | set(doc["run"]) | set(doc["faults"]) | set(doc["checker"])
     names |= set(doc["inputs"][0]) | set(doc["faults"]["counts"][0]) | set(doc["budgets"])
-    for g in doc["gates"]:
+    for g in rules_of(doc):
         names |= set(g) | set(g["measured"])
         names |= {k for e in g["evidence"] for k in e} | {k for w in g["witnesses"] for k in w}
     documented = (ROOT / "docs" / "report.md").read_text(encoding="utf-8")
@@ -176,7 +177,7 @@ def test_an_unfinished_run_is_incomplete_never_pass_in_lab_report(
     assert "verdict: INCOMPLETE (exit 2)" in stdout and stdout.startswith("INCOMPLETE RUN")
     doc = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
     assert doc["verdict"] == "incomplete" and doc["exit_code"] == 2 and doc["incomplete"] is True
-    assert all(g["verdict"] == "pass" for g in doc["gates"])
+    assert all(g["verdict"] == "pass" for g in rules_of(doc))
 
 
 def test_lab_report_on_an_interrupted_run_says_incomplete_and_exits_2(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 
-from lab.checker.rules.resume import latencies
+from lab.checker.truth.recoveries import latencies
 
 BUDGET = 5.0
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from lab.report.document import rules_of
 from tests.livesrv import LAB, ROOT
 
 pytestmark = pytest.mark.live
@@ -51,7 +52,7 @@ def test_a_pristine_run_leaves_no_request_unanswered(tmp_path: Path) -> None:
     assert un["bins"] and all(b["unanswered"] == 0 for b in un["bins"])
     assert un["many"] is False and un["lab_limit"] is None and un["lab_saturated"] is None
     assert not any("unanswered" in n for n in doc["liveness"]["notes"])
-    assert not any("went unanswered" in n for g in doc["gates"] for n in g["notes"])
+    assert not any("went unanswered" in n for g in rules_of(doc) for n in g["notes"])
     md = (run_dir / "report.md").read_text(encoding="utf-8")
     assert "## Unanswered requests by hop" in md and f"0 of {un['sent']:,} requests went unanswered." in md
     # Every sampled lab process has its soft fd limit recorded.
@@ -64,8 +65,8 @@ def test_a_pristine_run_leaves_no_request_unanswered(tmp_path: Path) -> None:
 def test_proxies_out_of_descriptors_are_named_and_the_target_is_not_blamed(tmp_path: Path) -> None:
     code, run_dir, doc = lab_run(STARVED, tmp_path / "results", timeout=150, open_files=STARVED_FDS)
     assert code == 2 and doc["verdict"] in ("inconclusive", "incomplete"), doc["verdict"]
-    assert "fail" not in {g["verdict"] for g in doc["gates"]}, [
-        (g["number"], g["verdict"]) for g in doc["gates"]
+    assert "fail" not in {g["verdict"] for g in rules_of(doc)}, [
+        (g["number"], g["verdict"]) for g in rules_of(doc)
     ]
     un = doc["unanswered"]
     assert un["unanswered"] > 0 and un["lab_limit"] is not None, un

@@ -21,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from lab.checker import gate_check, run_data_from_records
 from lab.checker.context import Context, parse_budgets
 from lab.checker.inputs.load import RunData
-from lab.checker.judge.verdict import run_gate
+from lab.checker.judge.verdict import run_rule
 from lab.checker.model import GateResult, Verdict
 from lab.checker.rules import cross_stream, duplicates, reconnect, rehandshake
 from lab.client._acceptance import ALL_CHECKS, Check, MemoryInbox
@@ -243,7 +243,7 @@ class ClientAgainstModel(RuleBasedStateMachine):
     def gate(self, module: ModuleType, ctx: Context | None = None) -> GateResult:
         """One gate's result on this example, as `lab report` would decide it (`gate_check`;
         several gates share one `Context`, as in `judge`, so its joins are built once)."""
-        result = gate_check(self.run_data(), module) if ctx is None else run_gate(module, ctx)
+        result = gate_check(self.run_data(), module) if ctx is None else run_rule(module.RULE, ctx)
         assert result.error is None, f"gate {result.number} could not judge the model run: {result.error}"
         if module is cross_stream:
             # The tap saw everything the server sent: every receipt can be judged.

@@ -112,7 +112,7 @@ def test_each_fault_breaks_an_invariant_of_a_client_without_checks(fault: str) -
     m = ClientWithoutChecks()
     faulty_stream(m, fault)
     gate = FAULT_GATES[fault]
-    with pytest.raises(AssertionError, match=rf"^gate {gate.NUMBER} "):
+    with pytest.raises(AssertionError, match=rf"^gate {gate.RULE.number} "):
         m.check_gates(gate)
 
 

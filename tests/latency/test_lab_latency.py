@@ -12,7 +12,7 @@ from lab.checker import judge
 from lab.checker.context import Context, parse_budgets
 from lab.checker.health.lab_latency import NOTE_PREFIX, section
 from lab.report import markdown
-from lab.report.document import document
+from lab.report.document import document, rules_of
 from tests.latency.world import T0, World, latency_toxic
 from tests.phases.world import write_samples
 
@@ -32,7 +32,7 @@ def hop(sec: dict[str, Any], name: str) -> dict[str, Any]:
 
 def gate5(world: World) -> dict[str, Any]:
     doc: Any = document(judge(world.run_data(), witness_limit=5))
-    found: dict[str, Any] = next(g for g in doc["gates"] if g["number"] == 5)
+    found: dict[str, Any] = next(g for g in rules_of(doc) if g["number"] == 5)
     return found
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from lab.checker.health.lab_latency import NOTE_PREFIX
+from lab.report.document import rules_of
 from tests.livesrv import LAB, ROOT
 
 pytestmark = pytest.mark.live
@@ -46,7 +47,7 @@ def delivery(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def gate5_notes(report: dict[str, Any]) -> list[str]:
-    return [n for g in report["gates"] if g["number"] == 5 for n in g["notes"] if n.startswith(NOTE_PREFIX)]
+    return [n for g in rules_of(report) if g["number"] == 5 for n in g["notes"] if n.startswith(NOTE_PREFIX)]
 
 
 def test_a_worker_that_blocks_its_loop_is_warned_about(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from lab.report.document import rules_of
 from tests.livesrv import LAB, ROOT
 
 pytestmark = pytest.mark.live
@@ -31,7 +32,7 @@ def lab_run(scenario: Path, out: Path) -> tuple[int, dict[str, Any], Path]:
 
 
 def gate(report: dict[str, Any], name: str) -> dict[str, Any]:
-    found: dict[str, Any] = next(g for g in report["gates"] if g["gate"] == name)
+    found: dict[str, Any] = next(g for g in rules_of(report) if g["gate"] == name)
     return found
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.report import markdown
-from lab.report.document import document
+from lab.report.document import document, rules_of
 from tests.phases.test_capacity import RAMP, ramp
 from tests.phases.test_steady_state import AFTERMATH, PHASES, STEADY, STORM
 from tests.phases.world import Stretch, judged, run_data, write_samples
@@ -38,7 +38,7 @@ def test_timeline_fields_are_documented(tmp_path: Path) -> None:
     write_samples(tmp_path / "b", {"worker-0": [(0, 120, 0.2), (120, 160, 0.99)]})
     cap: Any = document(judged(run_data(ramp(), RAMP, run_dir=tmp_path / "b")))
     names = keys(steady["phases"]) | keys(steady["processes"]) | keys(cap["capacity"])
-    names |= {k for g in steady["gates"] if g["number"] == 7 for k in keys(g["measured"])}
+    names |= {k for g in rules_of(steady) if g["number"] == 7 for k in keys(g["measured"])}
     documented = (ROOT / "docs" / "report.md").read_text(encoding="utf-8")
     missing = sorted(n for n in names if f"`{n}`" not in documented)
     assert not missing, f"docs/report.md does not document {missing}"

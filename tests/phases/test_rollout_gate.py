@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from lab.checker import gate_check
 from lab.checker.inputs.load import load_run
-from lab.checker.inputs.records import gate_check
 from lab.checker.model import GateResult, Verdict
 from lab.checker.rules import rollout
 from tests.checker.builders import T0, Sim

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from lab.checker.inputs.records import gate_check
+from lab.checker import gate_check
 from lab.checker.model import Verdict
 from lab.checker.rules import steady_state
 from tests.phases.world import Stretch, judged, phase, run_data, write_samples

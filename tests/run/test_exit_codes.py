@@ -13,6 +13,7 @@ import pytest
 
 import lab.cli
 from lab.exitcodes import ExitCode
+from lab.report.document import rules_of
 from tests.livesrv import LAB
 
 HERE = Path(__file__).resolve().parent
@@ -33,7 +34,7 @@ def test_1_a_gate_failed(tmp_path: Path) -> None:
     proc = lab_run(tmp_path, str(HERE / "failgate.toml"))
     assert proc.returncode == ExitCode.GATE_FAILED, proc.stdout[-2000:] + proc.stderr[-2000:]
     (report,) = (tmp_path / "results").glob("*/report.json")
-    gates = {g["gate"]: g["verdict"] for g in json.loads(report.read_text())["gates"]}
+    gates = {g["gate"]: g["verdict"] for g in rules_of(json.loads(report.read_text()))}
     assert gates["reconnect_qps"] == "fail", gates
 
 

@@ -32,7 +32,7 @@ def report(
                 "witnesses": [{"check": c, "attribution": a, "explanation": "..."} for c, a in witnesses],
             }
         )
-    return {"schema": "mcpLabReport.v1", "verdict": verdict, "gates": out}
+    return {"schema": "mcpLabReport.v2", "verdict": verdict, "rules": {g["gate"]: g for g in out}}
 
 
 def run(case: str, code: int | None, doc: dict[str, Any] | None, error: str | None = None) -> CaseRun:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from lab.report.document import rules_of
 from tests.livesrv import LAB, ROOT
 from tests.sut.live import adapter_or_skip
 
@@ -60,7 +61,7 @@ def test_sdk_clients_are_judged_from_the_wire(tmp_path: Path, client: str) -> No
     assert not alive(adapters[0]["pid"])
 
     # Gate 3 from the wire: both SDKs keep the dead session ID after a 404 (docs/clients.md).
-    gates = {g["gate"]: g for g in report["gates"]}
+    gates = {g["gate"]: g for g in rules_of(report)}
     assert len(gates) == 10 and all(g["truth_from"] for n, g in gates.items() if n != "illegal_origin")
     g3 = gates["missing_rehandshake"]
     assert g3["verdict"] == "fail", g3["summary"]
@@ -69,7 +70,7 @@ def test_sdk_clients_are_judged_from_the_wire(tmp_path: Path, client: str) -> No
         assert w["attribution"] == "client" and w["check"] == "no_rehandshake"
         assert len(w["refs"]) == 2 and all(r.startswith("proxy/tap.jsonl:") for r in w["refs"])
     # ... and every violation of every gate has a witness that points at the wire or the app log.
-    for g in report["gates"]:
+    for g in rules_of(report):
         for w in g["witnesses"]:
             assert any(r.startswith(("proxy/tap.jsonl:", "clients/app-0.jsonl:")) for r in w["refs"]), w
     assert gates["client_resume_cursor"]["measured"]["resumptions"] >= 1

@@ -52,11 +52,12 @@ import pandas as pd
 from lab.checker.context import Context
 from lab.checker.health import processes
 from lab.checker.health.lab_hops import delivery_delays, request_delays, upstream_delays
+from lab.checker.health.lab_limits import server_violations
 from lab.checker.inputs.load import MissingInput
 from lab.checker.model import Evidence, GateResult, JsonValue, Verdict, made_inconclusive
-from lab.checker.rules.resume import nearest_rank, run_latencies, server_violations
 from lab.checker.timeline import phases
 from lab.checker.truth.liveness import never_finished_latencies
+from lab.checker.truth.recoveries import nearest_rank, run_latencies
 
 WARN_SHARE = 0.10
 """A hop whose p99 is over this share of the resume budget distorts gate 5."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -35,12 +36,19 @@ from lab.checker.health.processes import (
     Saturation,
 )
 from lab.checker.model import Evidence, GateResult, JsonValue, Verdict, made_inconclusive
-from lab.checker.rules.resume import nearest_rank, run_latencies, server_violations
 from lab.checker.truth import request_hops
 from lab.checker.truth.liveness import never_finished_latencies
+from lab.checker.truth.recoveries import nearest_rank, run_latencies
 
 WORKER_CPU_AIM = 0.7
 """A worker sized to use at most this share of a core leaves room for bursts."""
+
+
+def server_violations(result: GateResult) -> int:
+    """Gate 5's violations the server committed on the wire (`no_priming`,
+    `silent_resumption`): never the lab's latency, so nothing may excuse them."""
+    m = result.measured
+    return sum(int(cast(int, m.get(name) or 0)) for name in ("no_priming", "silent_resumptions"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -396,3 +396,13 @@ def saturation_json(x: Saturation) -> dict[str, JsonValue]:
     if x.reason == FDS:
         out |= {"fds": x.fds, "fd_limit": x.fd_limit}
     return out
+
+
+def saturation_phrases(run_dir: Path, start: float, end: float) -> list[str]:
+    """The lab's processes (and the box) saturated in [start, end), one phrase each, from
+    the run's `processes.jsonl`; [] without the file or when nothing was. Never raises on
+    a damaged file (it is then "error", not present)."""
+    samples = load_samples(run_dir)
+    if not samples.present:
+        return []
+    return [describe(x, samples.cpus) for x in saturated(samples, start, end)]

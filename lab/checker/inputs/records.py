@@ -25,17 +25,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pandas as pd
 
-from lab.checker.context import Context, parse_budgets
 from lab.checker.inputs import schemas
 from lab.checker.inputs.jsonl import LINE, LedgerError
 from lab.checker.inputs.load import ROWID, RunData, as_object_strings, check_numeric
-from lab.checker.judge.verdict import judge, run_gate
-from lab.checker.model import GateResult, RunReport, SourceInfo
+from lab.checker.model import SourceInfo
 
 IN_MEMORY = Path("<memory>")
 
@@ -157,13 +154,3 @@ def _run_json(given: Mapping[str, Any] | None, data: RunData) -> dict[str, Any]:
     }
     run.update(given or {})
     return run
-
-
-def gate_check(data: RunData, gate: ModuleType, *, witness_limit: int = 5) -> GateResult:
-    """One gate's result over `data` (a `lab.checker.gate_*` module), as `lab report` decides it."""
-    return run_gate(gate, Context(data, parse_budgets(data.run), witness_limit))
-
-
-def judge_records(*, witness_limit: int = 5, **rows: Any) -> RunReport:
-    """`judge(run_data_from_records(**rows))`: the whole verdict of in-memory records."""
-    return judge(run_data_from_records(**rows), witness_limit=witness_limit)

@@ -1,10 +1,7 @@
-"""What the judge adds to the six gates for runs on a timeline: the gates that apply only
-to some scenarios, the lab's own limits, and the report's sections beside the gates.
+"""What the judge adds to the rules' verdicts: the lab's own limits, and the report's
+sections beside the rules.
 
-    extra_gates(ctx, run_gate)  gate 7 (steady state restored: scenarios with `recovery`
-                                phases) and gate 8 (rollout: scenarios whose phases set
-                                the server's rollout knobs), each only where it applies
-    finish(ctx, gates, run_gate)
+    finish(ctx, gates, timed, rejudge)
                                 the lab's limits on gate 5 (a failure caused by a
                                 saturated lab process is inconclusive, naming it:
                                 `lab.checker.health.lab_limits`) and the lab's own latency
@@ -13,54 +10,41 @@ to some scenarios, the lab's own limits, and the report's sections beside the ga
                                 lab part was saturated (`lab_limits.qualify_unanswered`);
                                 report.json's sections (`unanswered`, `lab_latency`, `phases`,
                                 `capacity`, `rollout`, `processes`); and, in a
-                                capacity ramp that passed its knee, gates 5 and 6 judged
-                                up to the first step past the knee (the steps beyond are
-                                what found the knee, not a failure of the run)
+                                capacity ramp that passed its knee, the rules judged to the
+                                knee (5 and 6) judged up to the first step past it (the steps
+                                beyond are what found the knee, not a failure of the run)
 
-Called by `lab.checker.judge.verdict.judge`, the single judge; every output (json, md, junit,
-html) shows the extra gates like the six.
+Called by `lab.checker.judge.verdict.judge`, the single judge.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
-from types import ModuleType
+from collections.abc import Callable, Sequence
 
 from lab.checker.context import Context
 from lab.checker.health import lab_latency, lab_limits, processes, unanswered
 from lab.checker.model import GateResult, JsonValue
-from lab.checker.rules import resume, rollout, steady_state
+from lab.checker.rules import resume, rollout
 from lab.checker.timeline import capacity, phases
-
-OPTIONAL_GATES: tuple[ModuleType, ...] = (steady_state, rollout)
-
-
-def extra_gates(
-    ctx: Context, run_gate: Callable[[ModuleType, Context], GateResult]
-) -> tuple[GateResult, ...]:
-    out = []
-    for module in OPTIONAL_GATES:
-        try:
-            applies = bool(module.applies(ctx))
-        except Exception:
-            applies = True  # run_gate then reports the error as the gate's, inconclusive
-        if applies:
-            out.append(run_gate(module, ctx))
-    return tuple(out)
 
 
 def finish(
-    ctx: Context, gates: tuple[GateResult, ...], run_gate: Callable[[ModuleType, Context], GateResult]
+    ctx: Context,
+    gates: tuple[GateResult, ...],
+    timed: Sequence[capacity.TimedRule],
+    rejudge: capacity.Rejudge,
 ) -> tuple[tuple[GateResult, ...], dict[str, JsonValue], list[str]]:
-    """(the gates as the verdict takes them, report.json's sections, problems)."""
+    """(the gates as the verdict takes them, report.json's sections, problems). `timed`:
+    the rules whose violations a capacity step places by time; `rejudge`: a rule judged
+    again on the rows before a ramp's knee (both from the judge's registry)."""
     gates = qualify(ctx, gates)
-    found, problems = sections(ctx, gates)
+    found, problems = sections(ctx, gates, timed)
     cap = found.get("capacity")
     # (A ramp whose first step already failed has no knee: that failure is the run's.)
     if isinstance(cap, dict) and isinstance(cap.get("past_knee"), dict) and cap.get("knee_users") is not None:
         try:
-            gates = capacity.bounded_to_knee(ctx, gates, cap, run_gate)
+            gates = capacity.bounded_to_knee(ctx, gates, cap, rejudge)
             gates = qualify(ctx, gates)
         except Exception as e:
             problems.append(
@@ -72,7 +56,7 @@ def finish(
 def qualify(ctx: Context, gates: tuple[GateResult, ...]) -> tuple[GateResult, ...]:
     out = []
     for g in gates:
-        if g.number == resume.NUMBER:
+        if g.gate == resume.RULE.id:
             # On an error the gate's own verdict stands; the report lists the process figures
             # and the unanswered requests (their section reports its own error).
             with contextlib.suppress(Exception):
@@ -88,7 +72,9 @@ def qualify(ctx: Context, gates: tuple[GateResult, ...]) -> tuple[GateResult, ..
     return tuple(out)
 
 
-def sections(ctx: Context, gates: tuple[GateResult, ...]) -> tuple[dict[str, JsonValue], list[str]]:
+def sections(
+    ctx: Context, gates: tuple[GateResult, ...], timed: Sequence[capacity.TimedRule] = ()
+) -> tuple[dict[str, JsonValue], list[str]]:
     """(report.json sections, problems in computing them): `unanswered`, `lab_latency`, `phases`,
     `capacity` (null without ramp phases), `rollout` (null without rollout knobs),
     `processes`."""
@@ -105,7 +91,7 @@ def sections(ctx: Context, gates: tuple[GateResult, ...]) -> tuple[dict[str, Jso
         ),
         ("lab_latency", lambda: lab_latency.section(ctx)),
         ("phases", lambda: list(phases.section(ctx))),
-        ("capacity", lambda: capacity.section(ctx, gates)),
+        ("capacity", lambda: capacity.section(ctx, gates, timed)),
         ("rollout", lambda: rollout.section(ctx)),
         ("processes", lambda: processes.section(processes.samples(ctx))),
     ]

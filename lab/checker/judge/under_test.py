@@ -5,53 +5,31 @@ Such a run keeps no client ledger: the client is an implementation the lab did n
 write. Its gates read the proxy tap (the wire), the server ledger where there is one,
 and the adapters' application logs (lab.checker.truth.applog):
 
-    1  cross_stream               cross_stream_sut   app log x tap; server: wire
-    2  duplicate_dispatch         duplicates_sut     server ledger + wire; app log
-    3  missing_rehandshake        rehandshake_sut    wire
-    4  illegal_origin             origin                wire (as for any client)
-    5  resume_p99                 resume_sut         wire losses, app-log recoveries
-    6  reconnect_qps              reconnect_sut      wire
-    7  client_resume_cursor       client_cursor        wire
-    8  client_reconnect_after_gone client_after_gone   wire
-    9  client_disconnect_cancel   client_cancel        wire + app log (cancels asked)
-    10 client_resend              client_resend        wire
+    rule                          reading (lab.checker.rules)   truth from
+    1  cross_stream               cross_stream_sut              app log x tap; server: wire
+    2  duplicate_dispatch         duplicates_sut                server ledger + wire; app log
+    3  missing_rehandshake        rehandshake_sut               wire
+    4  illegal_origin             origin                        wire (as for any client)
+    5  resume_p99                 resume_sut                    wire losses, app-log recoveries
+    6  reconnect_qps              reconnect_sut                 wire
+    9  client_resume_cursor       client_cursor                 wire
+    10 client_reconnect_after_gone client_after_gone            wire
+    11 client_disconnect_cancel   client_cancel                 wire + app log (cancels asked)
+    12 client_resend              client_resend                 wire
+
+(Each rule's `check_under_test` in the registry; 7 and 8 judge any client where they apply.)
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from types import ModuleType
 from typing import Any
 
 from lab.checker.context import Context
 from lab.checker.inputs.load import MissingInput
 from lab.checker.model import ClientInfo, Liveness
-from lab.checker.rules import (
-    client_after_gone,
-    client_cancel,
-    client_cursor,
-    client_resend,
-    cross_stream_sut,
-    duplicates_sut,
-    origin,
-    reconnect_sut,
-    rehandshake_sut,
-    resume_sut,
-)
+from lab.checker.rules import resume_sut
 from lab.checker.truth.applog import AppLogs, load_app_logs
-
-GATES: tuple[ModuleType, ...] = (
-    cross_stream_sut,
-    duplicates_sut,
-    rehandshake_sut,
-    origin,
-    resume_sut,
-    reconnect_sut,
-    client_cursor,
-    client_after_gone,
-    client_cancel,
-    client_resend,
-)
 
 
 def client_of(run: Mapping[str, Any] | None) -> ClientInfo | None:

@@ -17,7 +17,8 @@ The run's verdict, in this order:
 
 Known failures (run.json `client.expected_failures`, lab.checker.judge.baseline) count as
 passes, and a listed gate that passed ("fixed") as a failure, until the baseline loses it.
-A run whose load was a client under test is judged by the gates of lab.checker.judge.under_test.
+A run whose load was a client under test is judged by each rule's `check_under_test`
+(lab.checker.judge.under_test). The rules are the registry's (lab.checker.rules).
 
 A gate whose input is missing or refused is inconclusive with the reason; a gate whose
 own code raises is inconclusive with the error (exception type, message and the line
@@ -29,6 +30,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -36,24 +38,17 @@ from typing import Any
 from lab.checker.context import Context, parse_budgets
 from lab.checker.explain import short_reason
 from lab.checker.inputs.load import MissingInput, RunData, load_run
+from lab.checker.inputs.records import run_data_from_records
 from lab.checker.inputs.schemas import RUN_STATES_UNFINISHED
 from lab.checker.judge import baseline
 from lab.checker.judge import sections as extras
 from lab.checker.judge import under_test as sut
 from lab.checker.model import Evidence, GateResult, Problem, RunInfo, RunReport, Verdict, combine
-from lab.checker.rules import cross_stream, duplicates, origin, reconnect, rehandshake, resume
+from lab.checker.rules import REGISTRY, Audience, Registry, Rule
+from lab.checker.timeline.capacity import Rejudge, TimedRule
 from lab.checker.truth import liveness
 from lab.checker.truth.faults import configured_faults, count_faults
 from lab.checker.truth.not_applicable import not_applicable
-
-GATES: tuple[ModuleType, ...] = (
-    cross_stream,
-    duplicates,
-    rehandshake,
-    origin,
-    resume,
-    reconnect,
-)
 
 
 def judge_dir(run_dir: Path, witness_limit: int = 5) -> tuple[RunData, RunReport]:
@@ -63,20 +58,27 @@ def judge_dir(run_dir: Path, witness_limit: int = 5) -> tuple[RunData, RunReport
     return data, judge(data, witness_limit=witness_limit, started=started)
 
 
-def judge(data: RunData, *, witness_limit: int = 5, started: float | None = None) -> RunReport:
-    """The whole verdict of one run, its gates, faults and liveness."""
+def judge(
+    data: RunData,
+    *,
+    witness_limit: int = 5,
+    started: float | None = None,
+    rules: Registry = REGISTRY,
+) -> RunReport:
+    """The whole verdict of one run: the registry's rules that apply to it, faults, liveness."""
     started = time.perf_counter() if started is None else started
     budgets = parse_budgets(data.run)
     ctx = Context(data, budgets, witness_limit)
-    # A client under test keeps no client ledger: its gates read the wire and its
-    # application logs (lab.checker.judge.under_test).
+    # A client under test keeps no client ledger: its rules read the wire and its
+    # application logs (each rule's `check_under_test`; lab.checker.judge.under_test).
     client = sut.client_of(data.run)
     under_test = sut.under_test(data.run)
-    gates = tuple(run_gate(module, ctx) for module in (sut.GATES if under_test else GATES))
-    # Gates 7 and 8 where they apply, the lab's own limits, the sections beside the gates
-    # (lab.checker.judge.sections).
+    audience = Audience.UNDER_TEST if under_test else Audience.LAB
+    judged = applicable(rules, ctx, audience)
+    gates = tuple(run_rule(rule, ctx, audience) for rule in judged)
+    # The lab's own limits, the sections beside the rules (lab.checker.judge.sections).
     gates, sections, section_problems = extras.finish(
-        ctx, gates + extras.extra_gates(ctx, run_gate), run_gate
+        ctx, gates, timed_rules(judged, audience), rejudger(judged, audience)
     )
     expectations = baseline.apply(gates, client.expected_failures if client is not None else ())
     problems = list(data.problems)
@@ -119,7 +121,7 @@ def judge(data: RunData, *, witness_limit: int = 5, started: float | None = None
                 baseline.counted(g, expectations)  # known failures pass, fixed ones fail
                 for g in gates
                 # Liveness is the one thing an interrupted run cannot judge (module docstring).
-                if not (unfinished is not None and g.number == resume.NUMBER)
+                if not (unfinished is not None and g.gate in rules.ids() and rules[g.gate].liveness)
             ),
             incomplete=unfinished is not None,
             unusable=unusable,
@@ -172,38 +174,75 @@ def unfinished_reason(run: dict[str, Any] | None) -> str | None:
     return None
 
 
-def run_gate(module: ModuleType, ctx: Context) -> GateResult:
-    number: int = module.NUMBER
-    gate: str = module.GATE
-    title: str = module.TITLE
+def applicable(rules: Registry, ctx: Context, audience: Audience) -> tuple[Rule, ...]:
+    """The rules that judge this run: those for its kind of client, less the ones whose
+    scenario feature it lacks (`applies`; an `applies` that raises counts as applying, and
+    the rule then reports its error, inconclusive)."""
+    out = []
+    for rule in rules.for_audience(audience):
+        try:
+            applies = rule.applies is None or bool(rule.applies(ctx))
+        except Exception:
+            applies = True
+        if applies:
+            out.append(rule)
+    return tuple(out)
+
+
+def run_rule(rule: Rule, ctx: Context, audience: Audience = Audience.LAB) -> GateResult:
+    """One rule's verdict, with the rule's identity stamped on it. A rule whose input is
+    missing or refused is inconclusive with the reason; one whose code raises, with the
+    error and the line that raised."""
+    check = rule.check_for(audience)
+    if check is None:
+        raise ValueError(f"rule {rule.id!r} does not judge {audience} clients")
     try:
-        result: GateResult = module.check(ctx)
-        return result
+        return replace(check(ctx), number=rule.number, gate=rule.id, title=rule.title)
     except MissingInput as e:
         return GateResult(
-            number=number,
-            gate=gate,
-            title=title,
             verdict=Verdict.INCONCLUSIVE,
             summary=f"cannot be checked: {e}",
             budget={},
             measured={},
             evidence=(Evidence("inputs", True, False, False, str(e)),),
+            number=rule.number,
+            gate=rule.id,
+            title=rule.title,
         )
     except Exception as e:
         frame = traceback.extract_tb(e.__traceback__)[-1]
         where = f"{Path(frame.filename).name}:{frame.lineno}"
         error = f"{type(e).__name__}: {e} (at {where})"
         return GateResult(
-            number=number,
-            gate=gate,
-            title=title,
             verdict=Verdict.INCONCLUSIVE,
             summary=f"the checker failed on this gate: {error}",
             budget={},
             measured={},
             error=error,
+            number=rule.number,
+            gate=rule.id,
+            title=rule.title,
         )
+
+
+def timed_rules(rules: Iterable[Rule], audience: Audience) -> list[TimedRule]:
+    """The rules a capacity step places by time, as the timeline takes them."""
+    return [
+        TimedRule(r.id, check, r.server_times)
+        for r in rules
+        if r.placed_in_time and (check := r.check_for(audience)) is not None
+    ]
+
+
+def rejudger(rules: Iterable[Rule], audience: Audience) -> Rejudge:
+    """Judges a rule judged to the knee again, on the inputs given (None for the others)."""
+    by_id = {r.id: r for r in rules if r.judged_to_knee}
+
+    def rejudge(result: GateResult, ctx: Context) -> GateResult | None:
+        rule = by_id.get(result.gate)
+        return None if rule is None else run_rule(rule, ctx, audience)
+
+    return rejudge
 
 
 def run_info(data: RunData) -> RunInfo:
@@ -234,3 +273,22 @@ def run_info(data: RunData) -> RunInfo:
         target=target_text,
         fault_windows=tuple(configured_faults(data.run)),
     )
+
+
+def gate_check(
+    data: RunData, rule: Rule | ModuleType | str, *, witness_limit: int = 5, rules: Registry = REGISTRY
+) -> GateResult:
+    """One rule's result over `data`, as `lab report` decides it: the rule, its module
+    (`lab.checker.rules.resume`) or its ID, read for the run's kind of client."""
+    if isinstance(rule, str):
+        rule = rules[rule]
+    elif isinstance(rule, ModuleType):
+        rule = rule.RULE
+    assert isinstance(rule, Rule)
+    audience = Audience.UNDER_TEST if sut.under_test(data.run) else Audience.LAB
+    return run_rule(rule, Context(data, parse_budgets(data.run), witness_limit), audience)
+
+
+def judge_records(*, witness_limit: int = 5, **rows: Any) -> RunReport:
+    """`judge(run_data_from_records(**rows))`: the whole verdict of in-memory records."""
+    return judge(run_data_from_records(**rows), witness_limit=witness_limit)

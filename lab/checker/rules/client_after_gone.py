@@ -17,12 +17,10 @@ import pandas as pd
 from lab.checker.context import Context
 from lab.checker.explain import at, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
+from lab.checker.rules.base import Rule
 from lab.checker.rules.rehandshake_sut import session_404s
 from lab.checker.truth import client_wire
 
-GATE = "client_reconnect_after_gone"
-NUMBER = 8
-TITLE = "No reconnect after the session is gone"
 TRUTH_FROM = "the wire (proxy tap): 404s to a session and the GETs that carried it afterwards"
 
 
@@ -70,9 +68,6 @@ def check(ctx: Context) -> GateResult:
     need = max(1, ctx.budgets.min_404)
     evidence = [Evidence("404s to requests with a session", need, told, told >= need, "from the proxy tap")]
     return GateResult(
-        number=NUMBER,
-        gate=GATE,
-        title=TITLE,
         verdict=decide(len(bad) > 0, evidence),
         summary=f"{len(bad)} reconnect(s) of a session after a 404 said it was gone, by {bad['client_id'].nunique()} client(s)",
         budget={"violations_max": 0},
@@ -100,3 +95,14 @@ def _witness(r: pd.Series, ctx: Context) -> Witness:
     fields = row_of(r, ["client_id", "session", "flow", "t_req", "status", "told_flow", "told_at"])
     refs = client_wire.ref(r, "told_line") + client_wire.ref(r)
     return Witness("reconnect_after_gone", text, Attribution.CLIENT, fields, tuple(refs))
+
+
+RULE = Rule(
+    id="client_reconnect_after_gone",
+    number=10,
+    title="No reconnect after the session is gone",
+    blames=(Attribution.CLIENT,),
+    evidence="404s to a session on the wire",
+    check=None,
+    check_under_test=check,
+)

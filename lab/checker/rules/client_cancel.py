@@ -20,13 +20,11 @@ import pandas as pd
 from lab.checker.context import Context
 from lab.checker.explain import at, present, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
+from lab.checker.rules.base import Rule
 from lab.checker.truth import client_wire
 from lab.checker.truth.applog import app_logs, app_ref
 from lab.checker.truth.client_delivery import recoveries
 
-GATE = "client_disconnect_cancel"
-NUMBER = 9
-TITLE = "A disconnect is not a cancellation"
 TRUTH_FROM = "the wire (proxy tap) for the cancels sent; the application log for the cancels asked"
 CANCEL_WINDOW_S = 5.0
 
@@ -92,9 +90,6 @@ def check(ctx: Context) -> GateResult:
     losses = len(recoveries(ctx))
     evidence = [Evidence("streams of a call lost", 1, losses, losses >= 1, "disconnects on the wire")]
     return GateResult(
-        number=NUMBER,
-        gate=GATE,
-        title=TITLE,
         verdict=decide(len(bad) > 0, evidence),
         summary=f"{len(bad)} of {cancels} notifications/cancelled sent without the application asking; {losses} disconnects",
         budget={"violations_max": 0},
@@ -120,3 +115,14 @@ def _witness(r: pd.Series, ctx: Context) -> Witness:
     fields = row_of(r, ["client_id", "flow", "t_req", "session", "call", "call_status", "call_error"])
     refs = client_wire.ref(r) + app_ref(app_logs(ctx), r)
     return Witness("unasked_cancel", text, Attribution.CLIENT, fields, tuple(refs))
+
+
+RULE = Rule(
+    id="client_disconnect_cancel",
+    number=11,
+    title="A disconnect is not a cancellation",
+    blames=(Attribution.CLIENT,),
+    evidence="calls whose stream was lost on the wire",
+    check=None,
+    check_under_test=check,
+)

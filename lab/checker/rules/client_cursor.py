@@ -24,11 +24,9 @@ import pandas as pd
 from lab.checker.context import Context
 from lab.checker.explain import at, present, row_of, short
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
+from lab.checker.rules.base import Rule
 from lab.checker.truth import client_wire
 
-GATE = "client_resume_cursor"
-NUMBER = 7
-TITLE = "Resumption uses the last event ID of that stream"
 TRUTH_FROM = "the wire (proxy tap): the IDs forwarded to each client and the Last-Event-ID it sent"
 
 
@@ -101,9 +99,6 @@ def check(ctx: Context) -> GateResult:
     evidence = [Evidence("resumptions", 1, tried, tried >= 1, "GETs that get a stream back, on the wire")]
     by_check = {str(k): int(v) for k, v in bad["check"].value_counts().items()}
     return GateResult(
-        number=NUMBER,
-        gate=GATE,
-        title=TITLE,
         verdict=decide(len(bad) > 0, evidence),
         summary=f"{len(bad)} of {tried} resumptions without the last event ID seen on that stream",
         budget={"violations_max": 0},
@@ -130,3 +125,14 @@ def _witness(r: pd.Series, ctx: Context) -> Witness:
         text = f"client {r['client_id']} sent a GET without Last-Event-ID {when} to get a stream back: {r['why']}"
     fields = row_of(r, ["client_id", "flow", "t_req", "cursor", "last_seen"])
     return Witness(check, text, Attribution.CLIENT, fields, tuple(client_wire.ref(r)))
+
+
+RULE = Rule(
+    id="client_resume_cursor",
+    number=9,
+    title="Resumption uses the last event ID of that stream",
+    blames=(Attribution.CLIENT,),
+    evidence="resumptions on the wire",
+    check=None,
+    check_under_test=check,
+)

@@ -16,12 +16,10 @@ import pandas as pd
 from lab.checker.context import Context
 from lab.checker.explain import at, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
+from lab.checker.rules.base import Rule
 from lab.checker.truth import client_wire
 from lab.checker.truth.client_delivery import recoveries
 
-GATE = "client_resend"
-NUMBER = 10
-TITLE = "No request re-sent without the application asking"
 TRUTH_FROM = "the wire (proxy tap): idempotency keys of each client's tools/call requests"
 
 
@@ -45,9 +43,6 @@ def check(ctx: Context) -> GateResult:
     evidence = [Evidence("streams of a call lost", 1, losses, losses >= 1, "disconnects on the wire")]
     moved = int(bad["new_session"].sum()) if len(bad) else 0
     return GateResult(
-        number=NUMBER,
-        gate=GATE,
-        title=TITLE,
         verdict=decide(len(bad) > 0, evidence),
         summary=f"{len(bad)} request(s) re-sent by the implementation ({moved} into a new session); {losses} disconnects",
         budget={"violations_max": 0},
@@ -73,3 +68,14 @@ def _witness(r: pd.Series, ctx: Context) -> Witness:
     fields = row_of(r, ["client_id", "call", "flow", "previous", "session", "first_session", "t_req"])
     refs = client_wire.ref(r, "previous_line") + client_wire.ref(r)
     return Witness("resent_request", text, Attribution.CLIENT, fields, tuple(refs))
+
+
+RULE = Rule(
+    id="client_resend",
+    number=12,
+    title="No request re-sent without the application asking",
+    blames=(Attribution.CLIENT,),
+    evidence="tools/call requests on the wire",
+    check=None,
+    check_under_test=check,
+)

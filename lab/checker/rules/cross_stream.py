@@ -42,12 +42,10 @@ from lab.checker.context import Context, in_keys, text_ids, text_key
 from lab.checker.explain import at, client_ref, present, row_of, short, spread_head
 from lab.checker.inputs.load import ROWID, SOURCE
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
+from lab.checker.rules import cross_stream_sut
+from lab.checker.rules.base import Rule
 from lab.checker.truth.streams import StreamTruth, client_sessions, stream_truth
 from lab.checker.truth.wire import CHECKS, describe_flow, server_sends, server_witness
-
-GATE = "cross_stream"
-NUMBER = 1
-TITLE = "Events accepted on a stream they do not belong to"
 
 RECEIPT_COLUMNS = [
     "client_id",
@@ -146,9 +144,6 @@ def check(ctx: Context) -> GateResult:
         f"truth from the {truth.source}"
     )
     return GateResult(
-        number=NUMBER,
-        gate=GATE,
-        title=TITLE,
         verdict=verdict,
         summary=summary,
         budget={"cross_stream_max": budget},
@@ -433,3 +428,16 @@ def _rejections(ctx: Context, truth: StreamTruth) -> dict[str, Any]:
         matched = keyed.map(fault_of).dropna()
         by_fault = {str(k): int(v) for k, v in matched.value_counts().items()}
     return {"total": len(rej), "by_reason": by_reason, "by_fault": by_fault}
+
+
+RULE = Rule(
+    id="cross_stream",
+    number=1,
+    title="Events accepted on a stream they do not belong to",
+    blames=(Attribution.SERVER, Attribution.CLIENT),
+    evidence="events sent by the server (the tap), and crossings attempted (a fault or a resumption) for the client side",
+    check=check,
+    check_under_test=cross_stream_sut.check,
+    placed_in_time=True,
+    server_times=lambda ctx: server_sends(ctx)["t"].tolist(),
+)

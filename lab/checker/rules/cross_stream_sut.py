@@ -34,9 +34,6 @@ from lab.checker.truth.applog import app_logs, app_ref
 from lab.checker.truth.client_delivery import deliveries
 from lab.checker.truth.wire import server_sends, server_witness
 
-GATE = "cross_stream"
-NUMBER = 1
-TITLE = "Events accepted on a stream they do not belong to"
 TRUTH_FROM = (
     "the server's side from the wire (proxy tap); the client's from its application log joined to the tap"
 )
@@ -82,9 +79,6 @@ def check(ctx: Context) -> GateResult:
     witnesses += [server_witness(r, truth_ctx) for _, r in server_bad.head(ctx.witness_limit).iterrows()]
     by_check = {name: int((bad["match"] == m).sum()) for m, name in CLIENT_CHECKS.items()}
     return GateResult(
-        number=NUMBER,
-        gate=GATE,
-        title=TITLE,
         verdict=decide(count > budget, evidence),
         summary=(
             f"{len(bad)} message(s) of another stream delivered to the application, {len(server_bad)} sent "

@@ -41,11 +41,9 @@ from lab.checker.context import Context
 from lab.checker.explain import at, client_ref, plural, row_of, server_ref, short, tap_ref
 from lab.checker.inputs.load import MissingInput
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
+from lab.checker.rules import duplicates_sut
+from lab.checker.rules.base import Rule
 from lab.checker.truth.streams import stream_truth
-
-GATE = "duplicate_dispatch"
-NUMBER = 2
-TITLE = "Duplicate business dispatches"
 
 
 def check(ctx: Context) -> GateResult:
@@ -157,9 +155,6 @@ def check(ctx: Context) -> GateResult:
         "client": len(outbox_groups) + len(inbox_groups) + len(rekeyed),
     }
     return GateResult(
-        number=NUMBER,
-        gate=GATE,
-        title=TITLE,
         verdict=decide(count > budget, evidence),
         summary=f"{count} duplicate dispatch group(s) (budget {budget}); {retried} write retries seen",
         budget={"duplicate_dispatch_max": budget},
@@ -398,3 +393,21 @@ def _disagreements(
         if k in answered
     ]
     return out
+
+
+def check_under_test(ctx: Context) -> GateResult:
+    """The server's side as for the lab's clients; the client's from its application log."""
+    return duplicates_sut.check(ctx, check(ctx))
+
+
+RULE = Rule(
+    id="duplicate_dispatch",
+    number=2,
+    title="Duplicate business dispatches",
+    blames=(Attribution.SERVER, Attribution.CLIENT),
+    evidence="writes retried after a lost answer, with their side effects visible (server ledger or the tap)",
+    check=check,
+    check_under_test=check_under_test,
+    budget_key="duplicate_dispatch_max",
+    placed_in_time=True,
+)

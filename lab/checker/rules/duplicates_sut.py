@@ -22,14 +22,10 @@ import pandas as pd
 from lab.checker.context import Context
 from lab.checker.explain import at, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
-from lab.checker.rules import duplicates
 from lab.checker.truth import client_wire
 from lab.checker.truth.applog import app_logs, app_ref
 from lab.checker.truth.client_delivery import deliveries, recoveries
 
-GATE = duplicates.GATE
-NUMBER = duplicates.NUMBER
-TITLE = duplicates.TITLE
 TRUTH_FROM = (
     "the server ledger and the wire (tap `result` records); the client's side from its application log"
 )
@@ -37,8 +33,8 @@ CLIENT_LEDGER_EVIDENCE = ("client outbox compared", "writes retried")
 """Evidence of gate 2 that a client under test, which keeps no client ledger, replaces."""
 
 
-def check(ctx: Context) -> GateResult:
-    base = duplicates.check(ctx)
+def check(ctx: Context, base: GateResult) -> GateResult:
+    """Gate 2 for a client under test, given the server-side reading of gate 2 (`base`)."""
     dl = deliveries(ctx)
     # A foreign, made-up or altered answer is gate 1's; here, the call's own answer twice.
     answers = dl[

@@ -25,10 +25,7 @@ from lab.checker.context import Context
 from lab.checker.explain import at, fault_refs, present, row_of, server_ref, tap_ref
 from lab.checker.inputs.load import MissingInput
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
-
-GATE = "illegal_origin"
-NUMBER = 4
-TITLE = "Illegal-Origin requests rejected with 403"
+from lab.checker.rules.base import Rule
 
 
 def _is_false(values: pd.Series) -> pd.Series:
@@ -75,9 +72,6 @@ def check(ctx: Context) -> GateResult:
     ]
     shown = "n/a" if rate is None else f"{rate:.2%}"
     return GateResult(
-        number=NUMBER,
-        gate=GATE,
-        title=TITLE,
         verdict=decide(failed, evidence),
         summary=f"{rejected} of {total} illegal-Origin requests answered 403 ({shown}; budget {budget:.0%})",
         budget={"origin_reject_rate": budget, "min_illegal_origin": need},
@@ -130,3 +124,15 @@ def _disagreements(ctx: Context, tap_illegal: pd.DataFrame) -> list[str]:
     if not thought_allowed:
         return []
     return [f"the server judged {thought_allowed} Origin(s) allowed that the proxy judged illegal"]
+
+
+RULE = Rule(
+    id="illegal_origin",
+    number=4,
+    title="Illegal-Origin requests rejected with 403",
+    blames=(Attribution.SERVER,),
+    evidence="requests with an illegal Origin (sent so or rewritten by the proxy)",
+    check=check,
+    check_under_test=check,
+    placed_in_time=True,
+)

@@ -17,39 +17,15 @@ at least one reconnect, and a reconnect budget in run.json.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-import numpy as np
 import pandas as pd
 
 from lab.checker.context import Context
 from lab.checker.explain import at, client_ref, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
+from lab.checker.rules import reconnect_sut
+from lab.checker.rules.base import Rule
+from lab.checker.truth.reconnects import WAIT_ALLOWANCE_S, over_budget, per_second
 from lab.checker.truth.wire_streams import close_witness, closes_without_retry
-
-GATE = "reconnect_qps"
-NUMBER = 6
-TITLE = "Reconnect QPS within the budget"
-WAIT_ALLOWANCE_S = 0.001
-
-
-def per_second(reconnects: pd.DataFrame | Sequence[float] | np.ndarray) -> pd.Series:
-    """Reconnect attempts per 1 s bin (index: bin start, epoch s, int), bins in order.
-
-    Takes the `reconnects` rows (their `sent_at`) or the `sent_at` times themselves: the
-    one definition of "reconnects per second", used by this gate, the report's figure
-    and `lab run`'s progress line."""
-    times = reconnects["sent_at"] if isinstance(reconnects, pd.DataFrame) else reconnects
-    values = np.asarray(times, dtype="float64")
-    if not len(values):
-        return pd.Series(dtype="int64")
-    bins = np.floor(values).astype("int64")
-    return pd.Series(bins).value_counts().sort_index()
-
-
-def over_budget(counts: pd.Series, budget: float | None) -> pd.Series:
-    """The bins of `per_second` above the budget (the gate's violations)."""
-    return counts[counts > budget] if budget is not None else counts.iloc[0:0]
 
 
 def check(ctx: Context) -> GateResult:
@@ -87,9 +63,6 @@ def check(ctx: Context) -> GateResult:
     violations = len(over) + len(early) + len(unadvised)
     shown_budget = "none" if budget is None else f"{budget:g}/s"
     return GateResult(
-        number=NUMBER,
-        gate=GATE,
-        title=TITLE,
         verdict=decide(violations > 0, evidence),
         summary=(
             f"peak {peak} reconnects/s (budget {shown_budget}); {len(over)} second(s) over; "
@@ -159,3 +132,16 @@ def _early_witness(r: pd.Series, ctx: Context) -> Witness:
     )
     refs = client_ref(ctx.data.client_files, "reconnects", r)
     return Witness("waited_less_than_advised", text, Attribution.CLIENT, fields, tuple(refs))
+
+
+RULE = Rule(
+    id="reconnect_qps",
+    number=6,
+    title="Reconnect QPS within the budget",
+    blames=(Attribution.CLIENT, Attribution.SERVER),
+    evidence="at least one reconnect, and a reconnect budget in run.json",
+    check=check,
+    check_under_test=reconnect_sut.check,
+    budget_key="reconnect_qps",
+    judged_to_knee=True,
+)

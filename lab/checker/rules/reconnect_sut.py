@@ -8,7 +8,7 @@ saw them (lab.checker.truth.client_wire `attempts`): `resume` (a GET with Last-E
 whose idempotency key an earlier POST of the client carried).
 
 - `over_budget`: attempts of every client, merged, in 1 s bins of the time they reached
-  the proxy (the definition of lab.checker.rules.reconnect.per_second); each bin above
+  the proxy (the definition of lab.checker.truth.reconnects.per_second); each bin above
   reconnect_qps is a violation.
 - `waited_less_than_advised`: an attempt sent sooner after the loss it answers (the end
   of the stream it resumes, or the refusal of the previous attempt) than the server or
@@ -26,12 +26,9 @@ import pandas as pd
 from lab.checker.context import Context
 from lab.checker.explain import at, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
-from lab.checker.rules.reconnect import WAIT_ALLOWANCE_S, over_budget, per_second
 from lab.checker.truth import client_wire
+from lab.checker.truth.reconnects import WAIT_ALLOWANCE_S, over_budget, per_second
 
-GATE = "reconnect_qps"
-NUMBER = 6
-TITLE = "Reconnect QPS within the budget"
 TRUTH_FROM = "the wire (proxy tap): resumptions, re-opened streams, re-initializations and re-sent calls"
 
 
@@ -60,9 +57,6 @@ def check(ctx: Context) -> GateResult:
     violations = len(over) + len(early)
     shown = "none" if budget is None else f"{budget:g}/s"
     return GateResult(
-        number=NUMBER,
-        gate=GATE,
-        title=TITLE,
         verdict=decide(violations > 0, evidence),
         summary=(
             f"peak {peak} reconnects/s (budget {shown}); {len(over)} second(s) over; "

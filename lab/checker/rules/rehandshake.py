@@ -40,12 +40,10 @@ import pandas as pd
 from lab.checker.context import Context, split_conn
 from lab.checker.explain import at, client_ref, present, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
+from lab.checker.rules import rehandshake_sut
+from lab.checker.rules.base import Rule
 from lab.checker.truth import wire_sessions
 from lab.checker.truth.not_applicable import kill_session_refused
-
-GATE = "missing_rehandshake"
-NUMBER = 3
-TITLE = "404 without a new handshake"
 
 NEXT_COLUMNS = [
     "conn_id",
@@ -101,9 +99,6 @@ def check(ctx: Context) -> GateResult:
         )
     notes = _tap_cross_check(ctx, ex)
     return GateResult(
-        number=NUMBER,
-        gate=GATE,
-        title=TITLE,
         verdict=decide(count > budget, evidence),
         summary=(
             f"{len(bad)} of {len(lost)} session 404s not followed by a new initialize; {len(server_bad)} of "
@@ -244,3 +239,15 @@ def _recorded(status: object) -> str:
     if pd.isna(number):
         return f"status {status!r}"
     return f"recorded as {int(number)}"
+
+
+RULE = Rule(
+    id="missing_rehandshake",
+    number=3,
+    title="404 without a new handshake",
+    blames=(Attribution.SERVER, Attribution.CLIENT),
+    evidence="at least one 404 to a request that carried a session ID",
+    check=check,
+    check_under_test=rehandshake_sut.check,
+    placed_in_time=True,
+)

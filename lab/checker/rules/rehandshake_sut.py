@@ -26,9 +26,6 @@ from lab.checker.explain import at, present, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 from lab.checker.truth import client_wire
 
-GATE = "missing_rehandshake"
-NUMBER = 3
-TITLE = "404 without a new handshake"
 TRUTH_FROM = "the wire (proxy tap): each client's requests in the order they reached the proxy"
 
 
@@ -85,9 +82,6 @@ def check(ctx: Context) -> GateResult:
     outcomes = j["outcome"].value_counts().to_dict() if len(j) else {}
     kept = int(bad["client_id"].nunique()) if count else 0
     return GateResult(
-        number=NUMBER,
-        gate=GATE,
-        title=TITLE,
         verdict=decide(count > budget, evidence),
         summary=(
             f"{count} of {len(j)} session 404s not followed by a new initialize (budget {budget}); "

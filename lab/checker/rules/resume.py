@@ -31,95 +31,20 @@ witnessed first; the evidence minimum (recoveries) is the latency's.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import cast
 
 import numpy as np
 import pandas as pd
 
 from lab.checker.context import Context
 from lab.checker.explain import at, client_ref, finite_or_none, row_of, tap_ref
-from lab.checker.inputs.load import RunData
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
+from lab.checker.rules import resume_sut
+from lab.checker.rules.base import Rule
 from lab.checker.truth.liveness import describe_stuck, never_finished_latencies
+from lab.checker.truth.recoveries import NEVER_FINISHED, PERCENTILE, nearest_rank, run_latencies
 from lab.checker.truth.wire_streams import no_priming, no_priming_witness, silent_resumptions, silent_witness
 
-GATE = "resume_p99"
-NUMBER = 5
-TITLE = "Resume latency p99"
-PERCENTILE = 0.99
-NEVER_FINISHED = "never_finished"
-
-
-ENDED_BY_CLIENT = ("left", "client_stopped")
 """Recovery paths a client ends by going away (it left, or its process stopped it)."""
-
-
-def latencies(
-    recoveries: pd.DataFrame,
-    budget_s: float,
-    stopped_at: float | None,
-    client_ends: Mapping[str, float] | None = None,
-) -> pd.DataFrame:
-    """The recoveries with `latency` (s; inf = never recovered) and `censored` columns.
-
-    Censored: never recovered, and given no chance — lost less than the budget before the
-    run stopped, or before its own client went away (`client_ends`, from `client_ends()`:
-    a client that leaves or is stopped ends what it was recovering, path `left` /
-    `client_stopped`). A client gone longer than the budget after the loss had its chance:
-    that loss counts as never recovered."""
-    out = recoveries.copy()
-    lost = out["lost_at"].astype("float64")
-    recovered = pd.to_numeric(out["recovered_at"], errors="coerce").astype("float64")
-    out["latency"] = (recovered - lost).fillna(math.inf)
-    never = recovered.isna()
-    censored = never & (stopped_at is not None) & (lost + budget_s > (stopped_at or 0.0))
-    if client_ends and "path" in out.columns:
-        gone = pd.to_numeric(out["client_id"].astype(str).map(client_ends), errors="coerce").astype("float64")
-        by_client = out["path"].isin(ENDED_BY_CLIENT) & (lost + budget_s > gone).fillna(False)
-        censored = censored | (never & by_client)
-    out["censored"] = censored
-    return out
-
-
-def run_latencies(ctx: Context) -> pd.DataFrame:
-    """`latencies` of the run's client `recoveries`, as gate 5 judges them (computed once
-    per run: gate 5, the lab's limits and the lab-latency section all read it). Raises
-    `MissingInput` without a recoveries table."""
-    rec = ctx.require_client("recoveries")
-    return ctx.cached(
-        "resume_latencies",
-        lambda: latencies(rec, ctx.budgets.resume_p99_s, ctx.stopped_at, client_ends(ctx.data)),
-    )
-
-
-def server_violations(result: GateResult) -> int:
-    """Gate 5's violations the server committed on the wire (`no_priming`,
-    `silent_resumption`): never the lab's latency, so nothing may excuse them."""
-    m = result.measured
-    return sum(int(cast(int, m.get(name) or 0)) for name in ("no_priming", "silent_resumptions"))
-
-
-def client_ends(data: RunData) -> dict[str, float]:
-    """Per client, the last moment its ledger shows it at work (its last exchange's end)."""
-    if data.client is None or "http_exchanges" in data.client_tables_absent:
-        return {}
-    ex = data.client.get("http_exchanges")
-    if ex is None or not len(ex):
-        return {}
-    started = pd.to_numeric(ex["started_at"], errors="coerce")
-    t = pd.to_numeric(ex["ended_at"], errors="coerce").fillna(started)
-    last = t.groupby(ex["client_id"].astype(str)).max().dropna()
-    return {str(k): float(v) for k, v in last.items()}
-
-
-def nearest_rank(values: np.ndarray, q: float) -> float:
-    """The ceil(q n)-th smallest value (q in (0, 1]); NaN for no values."""
-    if len(values) == 0:
-        return math.nan
-    ordered = np.sort(values)
-    rank = max(1, math.ceil(q * len(ordered)))
-    return float(ordered[rank - 1])
 
 
 def check(ctx: Context) -> GateResult:
@@ -155,9 +80,6 @@ def check(ctx: Context) -> GateResult:
         notes.append(f"{censored} loss(es) still open when the run stopped were left out (censored)")
     p99_text = "n/a" if math.isnan(p99) else ("never (inf)" if math.isinf(p99) else f"{p99:.3f} s")
     return GateResult(
-        number=NUMBER,
-        gate=GATE,
-        title=TITLE,
         verdict=decide(failed, evidence),
         summary=f"p99 {p99_text} over {n} recoveries (budget < {budget:g} s)"
         + (
@@ -250,3 +172,17 @@ def _witness(r: pd.Series, budget: float, ctx: Context) -> Witness:
     fields["latency_s"] = None if math.isinf(latency) else latency
     refs = client_ref(ctx.data.client_files, "recoveries", r)
     return Witness("slow_recovery", text, Attribution.UNATTRIBUTED, fields, tuple(refs))
+
+
+RULE = Rule(
+    id="resume_p99",
+    number=5,
+    title="Resume latency p99",
+    blames=(Attribution.SERVER, Attribution.CLIENT, Attribution.UNATTRIBUTED),
+    evidence="enough recoveries (budgets.min_recoveries)",
+    check=check,
+    check_under_test=resume_sut.check,
+    budget_key="resume_p99_s",
+    judged_to_knee=True,
+    liveness=True,
+)

@@ -24,14 +24,11 @@ import pandas as pd
 from lab.checker.context import Context
 from lab.checker.explain import at, finite_or_none, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
-from lab.checker.rules.resume import PERCENTILE, nearest_rank
 from lab.checker.truth import client_wire
 from lab.checker.truth.applog import app_logs, app_ref
 from lab.checker.truth.client_delivery import recoveries
+from lab.checker.truth.recoveries import PERCENTILE, nearest_rank
 
-GATE = "resume_p99"
-NUMBER = 5
-TITLE = "Resume latency p99"
 TRUTH_FROM = "losses from the wire (proxy tap), recoveries from the application log"
 
 
@@ -68,9 +65,6 @@ def check(ctx: Context) -> GateResult:
     ]
     p99_text = "n/a" if n == 0 else ("never" if math.isinf(p99) else f"{p99:.3f} s")
     return GateResult(
-        number=NUMBER,
-        gate=GATE,
-        title=TITLE,
         verdict=decide(failed, evidence),
         summary=f"p99 {p99_text} over {n} recoveries (budget < {budget:g} s); {int(never.sum())} never recovered",
         budget={"resume_p99_s": budget, "min_recoveries": need},

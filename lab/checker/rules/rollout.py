@@ -49,13 +49,14 @@ from lab.checker.context import Context
 from lab.checker.explain import at, row_of, short, tap_ref
 from lab.checker.inputs.load import MissingInput
 from lab.checker.model import Attribution, Evidence, GateResult, JsonValue, Witness, decide
-from lab.checker.timeline import phases
+from lab.checker.rules import cross_stream
+from lab.checker.rules.base import Rule
+from lab.checker.timeline import capacity, phases
 from lab.checker.timeline.rollout import (
     FILE,
     NEW_STREAM_SLACK_S,
     ROLLOUT_KNOBS,
     Step,
-    gate1_times,
     knob_log,
     new_streams,
     resumptions,
@@ -65,10 +66,8 @@ from lab.checker.timeline.rollout import (
     shadow_comparison,
     within,
 )
+from lab.checker.truth.wire import server_sends
 
-GATE = "rollout"
-NUMBER = 8
-TITLE = "Rollout and rollback keep every stream's events apart"
 CURSOR_REFUSALS = (400, 409, 410, 422)
 """The statuses a server refuses a cursor with (the reference server's `--cursor-reject-status`)."""
 AGED_OUT = ("unknown_stream", "evicted")
@@ -98,6 +97,32 @@ class Outcome:
     evidence: list[Evidence] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     measured: dict[str, JsonValue] = field(default_factory=dict)
+
+
+def gate1_times(ctx: Context) -> list[tuple[float, Witness | None]]:
+    """Gate 1's violations with their times: every offending server send (with its
+    witness for the first few), and the clients' offending receipts by their witnesses."""
+
+    def make() -> list[tuple[float, Witness | None]]:
+        first = Context(ctx.data, ctx.budgets, 20, ctx._cache)
+        result = cross_stream.check(first)
+        if not result.violations:
+            return []
+        server = [w for w in result.witnesses if w.attribution is Attribution.SERVER]
+        shown = {(w.row.get("flow"), w.row.get("index")): w for w in server}
+        out: list[tuple[float, Witness | None]] = []
+        sends = server_sends(ctx)
+        for t, flow, index in zip(sends["t"], sends["flow"], sends["index"], strict=True):
+            out.append((float(t), shown.get((flow, index))))
+        if result.attribution_counts.get("client"):
+            full = Context(ctx.data, ctx.budgets, capacity.MAX_WITNESSES, ctx._cache)
+            for w in cross_stream.check(full).witnesses:
+                t = w.row.get("accepted_at")
+                if w.attribution is not Attribution.SERVER and isinstance(t, int | float):
+                    out.append((float(t), w))
+        return out
+
+    return ctx.cached("rollout_gate1", make)
 
 
 def check_cross_stream(ctx: Context, steps: list[Step]) -> Outcome:
@@ -396,9 +421,6 @@ def check(ctx: Context) -> GateResult:
         + f" (violations; {len(steps)} phases judged)"
     )
     return GateResult(
-        number=NUMBER,
-        gate=GATE,
-        title=TITLE,
         verdict=decide(violations > 0, all_evidence),
         summary=summary,
         budget={
@@ -452,3 +474,15 @@ def section(ctx: Context) -> dict[str, JsonValue] | None:
         for r in results
     ]
     return {"phases": list(rows), "checks": checks}
+
+
+RULE = Rule(
+    id="rollout",
+    number=8,
+    title="Rollout and rollback keep every stream's events apart",
+    blames=(Attribution.SERVER,),
+    evidence="phases that set the server's rollout knobs, and the knobs' log",
+    check=check,
+    check_under_test=check,
+    applies=applies,
+)

@@ -31,12 +31,9 @@ import math
 from lab.checker.context import Context
 from lab.checker.health import lab_limits
 from lab.checker.model import Attribution, Evidence, GateResult, JsonValue, Scalar, Witness, decide
+from lab.checker.rules.base import Rule
 from lab.checker.timeline import phases
 from lab.checker.timeline.phases import Metrics, PhaseSpec
-
-GATE = "steady_state"
-NUMBER = 7
-TITLE = "Steady state restored after each recovery phase"
 
 
 def applies(ctx: Context) -> bool:
@@ -208,9 +205,6 @@ def check(ctx: Context) -> GateResult:
         + (f"; {len(lab_limited)} limited by the lab" if lab_limited else "")
     )
     return GateResult(
-        number=NUMBER,
-        gate=GATE,
-        title=TITLE,
         verdict=decide(failed, evidence),
         summary=summary,
         budget={k: v for k, v in tol.values.items() if k.startswith(("recovery_", "min_baseline"))},
@@ -221,3 +215,15 @@ def check(ctx: Context) -> GateResult:
         attribution_counts={"unattributed": violations} if violations else {},
         notes=tuple(notes),
     )
+
+
+RULE = Rule(
+    id="steady_state",
+    number=7,
+    title="Steady state restored after each recovery phase",
+    blames=(Attribution.SERVER, Attribution.UNATTRIBUTED),
+    evidence="a steady phase before the first recovery phase, with min_baseline_events in its last half",
+    check=check,
+    check_under_test=check,
+    applies=applies,
+)

@@ -33,20 +33,29 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from types import ModuleType
 
 import pandas as pd
 
 from lab.checker.context import Context
 from lab.checker.health import lab_limits
 from lab.checker.model import Attribution, GateResult, JsonValue
-from lab.checker.rules import cross_stream, duplicates, origin, reconnect, rehandshake, resume
 from lab.checker.timeline import phases
 from lab.checker.timeline.phases import Metrics, PhaseSpec
-from lab.checker.truth.wire import server_sends
 
-WINDOW_GATES: tuple[ModuleType, ...] = (cross_stream, duplicates, rehandshake, origin)
-"""Gates whose violations are placed in a step by the time of their rows."""
+
+@dataclass(frozen=True, slots=True)
+class TimedRule:
+    """A rule whose violations are placed in a step by the times of their rows (the judge
+    gives them, from the rule registry: the timeline knows no rule)."""
+
+    id: str
+    check: Callable[[Context], GateResult]
+    server_times: Callable[[Context], Sequence[float]] | None = None
+    """The times of all the server's own offending sends, known without witnesses."""
+
+
+type Rejudge = Callable[[GateResult, Context], GateResult | None]
+"""A rule's verdict judged again on other inputs (None: that rule is not judged again)."""
 TIME_FIELDS = ("t", "accepted_at", "at", "started_at", "ended_at", "sent_at", "lost_at")
 MAX_WITNESSES = 500
 """Violations placed in time by their witnesses (beyond these, a step's count is a lower bound)."""
@@ -111,33 +120,36 @@ def _time_of(row: Mapping[str, object]) -> float | None:
     return None
 
 
-def gate_violation_times(ctx: Context, gates: Sequence[GateResult]) -> dict[str, list[float]]:
-    """gate name -> the times of its violations, for gates 1–4 that failed. The server's
-    offending sends (gate 1) all come with their time (`lab.checker.truth.wire.server_sends`);
+def gate_violation_times(
+    ctx: Context, gates: Sequence[GateResult], timed: Sequence[TimedRule] = ()
+) -> dict[str, list[float]]:
+    """rule ID -> the times of its violations, for the timed rules (gates 1–4) that failed.
+    The server's offending sends (gate 1) all come with their time (`server_times`);
     other violations are placed by their witnesses' times, re-run with up to
     `MAX_WITNESSES` of them (the verdict's copy keeps only the first few)."""
     failing = {g.gate: g for g in gates if g.violations}
     out: dict[str, list[float]] = {}
-    for module in WINDOW_GATES:
-        g = failing.get(module.GATE)
+    for rule in timed:
+        g = failing.get(rule.id)
         if g is None:
             continue
         times: list[float] = []
         rerun = True
-        if module is cross_stream:
-            sends = server_sends(ctx)
-            times += [float(t) for t in pd.to_numeric(sends["t"], errors="coerce").dropna()]
+        if rule.server_times is not None:
+            times += [
+                float(t) for t in pd.to_numeric(pd.Series(rule.server_times(ctx)), errors="coerce").dropna()
+            ]
             rerun = bool(g.attribution_counts.get("client"))
         if rerun:
             full = Context(ctx.data, ctx.budgets, MAX_WITNESSES, ctx._cache)
-            result: GateResult = module.check(full)
+            result = rule.check(full)
             times += [
                 t
                 for w in result.witnesses
-                if not (module is cross_stream and w.attribution is Attribution.SERVER)
+                if not (rule.server_times is not None and w.attribution is Attribution.SERVER)
                 and (t := _time_of(w.row)) is not None
             ]
-        out[module.GATE] = times
+        out[rule.id] = times
     return out
 
 
@@ -171,7 +183,9 @@ def bent(first: Metrics, m: Metrics, first_users: int | None, users: int | None)
     return out
 
 
-def section(ctx: Context, gates: Sequence[GateResult] = ()) -> dict[str, JsonValue] | None:
+def section(
+    ctx: Context, gates: Sequence[GateResult] = (), timed: Sequence[TimedRule] = ()
+) -> dict[str, JsonValue] | None:
     """report.json `capacity` (null for a run without ramp phases)."""
     specs = phases.specs(ctx)
     if not applies(specs):
@@ -183,7 +197,7 @@ def section(ctx: Context, gates: Sequence[GateResult] = ()) -> dict[str, JsonVal
         "call_error_rate_max": tol["call_error_rate_max"],
         "reconnect_qps": b.reconnect_qps,
     }
-    violations = gate_violation_times(ctx, gates)
+    violations = gate_violation_times(ctx, gates, timed)
     rows: list[dict[str, JsonValue]] = []
     metrics: list[Metrics] = []
     found = steps(specs)
@@ -294,7 +308,7 @@ def bounded_to_knee(
     ctx: Context,
     gates: Sequence[GateResult],
     section: Mapping[str, object],
-    run_gate: Callable[[ModuleType, Context], GateResult],
+    rejudge: Rejudge,
 ) -> tuple[GateResult, ...]:
     """Gates 5 and 6 of a ramp that passed its knee, judged on what happened before the
     first step past it: a capacity ramp goes past its budgets on purpose, and those steps
@@ -318,11 +332,10 @@ def bounded_to_knee(
     origin = ctx.origin or 0.0
     out = []
     for g in gates:
-        module = {resume.NUMBER: resume, reconnect.NUMBER: reconnect}.get(g.number)
-        if module is None:
+        r = rejudge(g, bounded)
+        if r is None:
             out.append(g)
             continue
-        r = run_gate(module, bounded)
         note = (
             f"judged up to the capacity ramp's first step past its knee (T+0..{bound - origin:.0f} s, step "
             f"{past['name']!r}): the steps from there are what found the knee ({section.get('text')})"

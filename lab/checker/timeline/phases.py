@@ -50,10 +50,10 @@ from lab.checker.context import Context
 from lab.checker.health import processes
 from lab.checker.inputs.load import RunData
 from lab.checker.model import JsonValue
-from lab.checker.rules.reconnect import per_second
-from lab.checker.rules.resume import PERCENTILE, client_ends, latencies, nearest_rank
 from lab.checker.truth.faults import SOURCE_OF
 from lab.checker.truth.liveness import active_clients, never_finished_latencies
+from lab.checker.truth.reconnects import per_second
+from lab.checker.truth.recoveries import PERCENTILE, client_ends, latencies, nearest_rank
 from lab.faults.kinds import REGISTRY
 
 IMPLICIT = "run"

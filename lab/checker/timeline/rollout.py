@@ -15,12 +15,10 @@ import pandas as pd
 from lab.checker.context import Context, text_key
 from lab.checker.inputs.jsonl import LedgerError, read_jsonl
 from lab.checker.inputs.load import MissingInput
-from lab.checker.model import Attribution, JsonValue, Witness
-from lab.checker.rules import cross_stream
-from lab.checker.timeline import capacity, phases
+from lab.checker.model import JsonValue
+from lab.checker.timeline import phases
 from lab.checker.timeline.phases import PhaseSpec
 from lab.checker.truth.streams import stream_truth
-from lab.checker.truth.wire import server_sends
 
 FILE = "phases.jsonl"
 SCHEMA = "mcpLabPhases.v1"
@@ -169,32 +167,6 @@ def shadow_comparison(ctx: Context) -> pd.DataFrame:
         return sent
 
     return ctx.cached("rollout_shadow", make)
-
-
-def gate1_times(ctx: Context) -> list[tuple[float, Witness | None]]:
-    """Gate 1's violations with their times: every offending server send (with its
-    witness for the first few), and the clients' offending receipts by their witnesses."""
-
-    def make() -> list[tuple[float, Witness | None]]:
-        first = Context(ctx.data, ctx.budgets, 20, ctx._cache)
-        result = cross_stream.check(first)
-        if not result.violations:
-            return []
-        server = [w for w in result.witnesses if w.attribution is Attribution.SERVER]
-        shown = {(w.row.get("flow"), w.row.get("index")): w for w in server}
-        out: list[tuple[float, Witness | None]] = []
-        sends = server_sends(ctx)
-        for t, flow, index in zip(sends["t"], sends["flow"], sends["index"], strict=True):
-            out.append((float(t), shown.get((flow, index))))
-        if result.attribution_counts.get("client"):
-            full = Context(ctx.data, ctx.budgets, capacity.MAX_WITNESSES, ctx._cache)
-            for w in cross_stream.check(full).witnesses:
-                t = w.row.get("accepted_at")
-                if w.attribution is not Attribution.SERVER and isinstance(t, int | float):
-                    out.append((float(t), w))
-        return out
-
-    return ctx.cached("rollout_gate1", make)
 
 
 def within(times: pd.Series, start: float, end: float) -> pd.Series:
