@@ -34,6 +34,7 @@ from lab.checker.context import Budgets, parse_budgets
 from lab.checker.explain import short_reason
 from lab.checker.health.processes import SATURATED_CPU, load_samples, saturation_phrases
 from lab.checker.inputs.load import RunData
+from lab.checker.inputs.phase_specs import PhaseSpec, phase_specs
 from lab.checker.inputs.records import run_data_from_records
 from lab.checker.judge.baseline import unknown_ids
 from lab.checker.judge.verdict import gate_check, judge, judge_dir, judge_records
@@ -42,7 +43,7 @@ from lab.checker.rules import REGISTRY, Audience, Rule
 from lab.checker.timeline.capacity import Step as CapacityStep
 from lab.checker.timeline.capacity import step_misses
 from lab.checker.timeline.capacity import steps as capacity_steps
-from lab.checker.timeline.phases import PhaseSpec, measure_frames, phase_specs
+from lab.checker.timeline.phases import measure_frames
 from lab.checker.truth.faults import configured_faults, count_faults
 from lab.checker.truth.liveness import active_clients
 from lab.checker.truth.reconnects import over_budget, per_second

@@ -16,7 +16,7 @@ from lab.exitcodes import ExitCode
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "report",
-        help="check a run folder against the six gates and write report.json/md/html, junit.xml, figures",
+        help="check a run folder against the rules (gates and checks) and write report.json/md/html, junit.xml, figures",
         description=(
             "Offline and re-runnable: reads the ledgers of RUN_DIR only, writes its outputs into RUN_DIR. "
             "Exit code 0 every gate passed, 1 a gate failed, 2 inconclusive or incomplete (evidence too "

@@ -4,7 +4,7 @@ pass -> a plain test case; fail -> `<failure>` whose text lists the witnesses;
 inconclusive -> `<error type="inconclusive">` (not `<skipped>`: a gate that could not be
 decided must not look green in CI, as in the MCP conformance suite's "could not test").
 An incomplete run adds a test case `run complete` with `<error type="incomplete">`, so
-six green gates of an interrupted run never read as a pass.
+green gates of an interrupted run never read as a pass.
 Rendered from the report.json document.
 """
 

@@ -54,8 +54,8 @@ from lab.checker.health import processes
 from lab.checker.health.lab_hops import delivery_delays, request_delays, upstream_delays
 from lab.checker.health.lab_limits import server_violations
 from lab.checker.inputs.load import MissingInput
+from lab.checker.inputs.phase_specs import IMPLICIT, phase_specs
 from lab.checker.model import Evidence, GateResult, JsonValue, Verdict, made_inconclusive
-from lab.checker.timeline import phases
 from lab.checker.truth.liveness import never_finished_latencies
 from lab.checker.truth.recoveries import nearest_rank, run_latencies
 
@@ -362,8 +362,8 @@ def _section(ctx: Context) -> dict[str, JsonValue]:
         )
         warned.append({"hop": h["hop"], "p99_s": p99, "process": process, "basis": basis, "text": text})
     per_phase: list[JsonValue] = []
-    specs = phases.specs(ctx)
-    if not (len(specs) == 1 and specs[0].kind == phases.IMPLICIT):
+    specs = phase_specs(ctx.data.run)
+    if not (len(specs) == 1 and specs[0].kind == IMPLICIT):
         origin = ctx.origin or 0.0
         for p in specs:
             row: dict[str, JsonValue] = {

@@ -42,8 +42,8 @@ from lab.checker.context import Context, in_keys, text_ids, text_key
 from lab.checker.explain import at, client_ref, present, row_of, short, spread_head
 from lab.checker.inputs.load import ROWID, SOURCE
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
-from lab.checker.rules import cross_stream_sut
 from lab.checker.rules.base import Rule
+from lab.checker.rules.cross_stream_sut import check as read_under_test
 from lab.checker.truth.streams import StreamTruth, client_sessions, stream_truth
 from lab.checker.truth.wire import CHECKS, describe_flow, server_sends, server_witness
 
@@ -437,7 +437,7 @@ RULE = Rule(
     blames=(Attribution.SERVER, Attribution.CLIENT),
     evidence="events sent by the server (the tap), and crossings attempted (a fault or a resumption) for the client side",
     check=check,
-    check_under_test=cross_stream_sut.check,
+    check_under_test=read_under_test,
     placed_in_time=True,
     server_times=lambda ctx: server_sends(ctx)["t"].tolist(),
 )

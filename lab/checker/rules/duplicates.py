@@ -41,8 +41,8 @@ from lab.checker.context import Context
 from lab.checker.explain import at, client_ref, plural, row_of, server_ref, short, tap_ref
 from lab.checker.inputs.load import MissingInput
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
-from lab.checker.rules import duplicates_sut
 from lab.checker.rules.base import Rule
+from lab.checker.rules.duplicates_sut import check as read_under_test
 from lab.checker.truth.streams import stream_truth
 
 
@@ -397,7 +397,7 @@ def _disagreements(
 
 def check_under_test(ctx: Context) -> GateResult:
     """The server's side as for the lab's clients; the client's from its application log."""
-    return duplicates_sut.check(ctx, check(ctx))
+    return read_under_test(ctx, check(ctx))
 
 
 RULE = Rule(

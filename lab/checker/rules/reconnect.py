@@ -22,8 +22,8 @@ import pandas as pd
 from lab.checker.context import Context
 from lab.checker.explain import at, client_ref, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
-from lab.checker.rules import reconnect_sut
 from lab.checker.rules.base import Rule
+from lab.checker.rules.reconnect_sut import check as read_under_test
 from lab.checker.truth.reconnects import WAIT_ALLOWANCE_S, over_budget, per_second
 from lab.checker.truth.wire_streams import close_witness, closes_without_retry
 
@@ -141,7 +141,7 @@ RULE = Rule(
     blames=(Attribution.CLIENT, Attribution.SERVER),
     evidence="at least one reconnect, and a reconnect budget in run.json",
     check=check,
-    check_under_test=reconnect_sut.check,
+    check_under_test=read_under_test,
     budget_key="reconnect_qps",
     judged_to_knee=True,
 )

@@ -40,8 +40,8 @@ import pandas as pd
 from lab.checker.context import Context, split_conn
 from lab.checker.explain import at, client_ref, present, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
-from lab.checker.rules import rehandshake_sut
 from lab.checker.rules.base import Rule
+from lab.checker.rules.rehandshake_sut import check as read_under_test
 from lab.checker.truth import wire_sessions
 from lab.checker.truth.not_applicable import kill_session_refused
 
@@ -248,6 +248,6 @@ RULE = Rule(
     blames=(Attribution.SERVER, Attribution.CLIENT),
     evidence="at least one 404 to a request that carried a session ID",
     check=check,
-    check_under_test=rehandshake_sut.check,
+    check_under_test=read_under_test,
     placed_in_time=True,
 )

@@ -38,8 +38,8 @@ import pandas as pd
 from lab.checker.context import Context
 from lab.checker.explain import at, client_ref, finite_or_none, row_of, tap_ref
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
-from lab.checker.rules import resume_sut
 from lab.checker.rules.base import Rule
+from lab.checker.rules.resume_sut import check as read_under_test
 from lab.checker.truth.liveness import describe_stuck, never_finished_latencies
 from lab.checker.truth.recoveries import NEVER_FINISHED, PERCENTILE, nearest_rank, run_latencies
 from lab.checker.truth.wire_streams import no_priming, no_priming_witness, silent_resumptions, silent_witness
@@ -181,7 +181,7 @@ RULE = Rule(
     blames=(Attribution.SERVER, Attribution.CLIENT, Attribution.UNATTRIBUTED),
     evidence="enough recoveries (budgets.min_recoveries)",
     check=check,
-    check_under_test=resume_sut.check,
+    check_under_test=read_under_test,
     budget_key="resume_p99_s",
     judged_to_knee=True,
     liveness=True,

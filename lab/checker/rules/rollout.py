@@ -49,8 +49,8 @@ from lab.checker.context import Context
 from lab.checker.explain import at, row_of, short, tap_ref
 from lab.checker.inputs.load import MissingInput
 from lab.checker.model import Attribution, Evidence, GateResult, JsonValue, Witness, decide
-from lab.checker.rules import cross_stream
 from lab.checker.rules.base import Rule
+from lab.checker.rules.cross_stream import check as cross_stream_check
 from lab.checker.timeline import capacity, phases
 from lab.checker.timeline.rollout import (
     FILE,
@@ -105,7 +105,7 @@ def gate1_times(ctx: Context) -> list[tuple[float, Witness | None]]:
 
     def make() -> list[tuple[float, Witness | None]]:
         first = Context(ctx.data, ctx.budgets, 20, ctx._cache)
-        result = cross_stream.check(first)
+        result = cross_stream_check(first)
         if not result.violations:
             return []
         server = [w for w in result.witnesses if w.attribution is Attribution.SERVER]
@@ -116,7 +116,7 @@ def gate1_times(ctx: Context) -> list[tuple[float, Witness | None]]:
             out.append((float(t), shown.get((flow, index))))
         if result.attribution_counts.get("client"):
             full = Context(ctx.data, ctx.budgets, capacity.MAX_WITNESSES, ctx._cache)
-            for w in cross_stream.check(full).witnesses:
+            for w in cross_stream_check(full).witnesses:
                 t = w.row.get("accepted_at")
                 if w.attribution is not Attribution.SERVER and isinstance(t, int | float):
                     out.append((float(t), w))

@@ -30,10 +30,11 @@ import math
 
 from lab.checker.context import Context
 from lab.checker.health import lab_limits
+from lab.checker.inputs.phase_specs import PhaseSpec
 from lab.checker.model import Attribution, Evidence, GateResult, JsonValue, Scalar, Witness, decide
 from lab.checker.rules.base import Rule
 from lab.checker.timeline import phases
-from lab.checker.timeline.phases import Metrics, PhaseSpec
+from lab.checker.timeline.phases import Metrics
 
 
 def applies(ctx: Context) -> bool:

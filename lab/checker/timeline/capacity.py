@@ -38,9 +38,10 @@ import pandas as pd
 
 from lab.checker.context import Context
 from lab.checker.health import lab_limits
+from lab.checker.inputs.phase_specs import PhaseSpec
 from lab.checker.model import Attribution, GateResult, JsonValue
 from lab.checker.timeline import phases
-from lab.checker.timeline.phases import Metrics, PhaseSpec
+from lab.checker.timeline.phases import Metrics
 
 
 @dataclass(frozen=True, slots=True)

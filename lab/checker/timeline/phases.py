@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,7 @@ import pandas as pd
 from lab.checker.context import Context
 from lab.checker.health import processes
 from lab.checker.inputs.load import RunData
+from lab.checker.inputs.phase_specs import PhaseSpec, number, phase_specs
 from lab.checker.model import JsonValue
 from lab.checker.truth.faults import SOURCE_OF
 from lab.checker.truth.liveness import active_clients, never_finished_latencies
@@ -56,92 +57,8 @@ from lab.checker.truth.reconnects import per_second
 from lab.checker.truth.recoveries import PERCENTILE, client_ends, latencies, nearest_rank
 from lab.faults.kinds import REGISTRY
 
-IMPLICIT = "run"
-"""Name and kind of the one implicit phase of a run without [[phases]]."""
 ERROR_OUTCOMES = ("error", "unknown")
 FINISHED_OUTCOMES = ("ok", "error", "unknown")
-
-
-@dataclass(frozen=True, slots=True)
-class PhaseSpec:
-    """One phase as the scenario planned it, on the run's clock (epoch s)."""
-
-    name: str
-    kind: str
-    start: float
-    end: float
-    """The planned end, cut at the run's stop."""
-    users: int | None
-    """Clients the load shape reaches by the phase's end."""
-    reached: bool = True
-    """False: the run stopped before the phase began."""
-    knobs: Mapping[str, Any] = field(default_factory=dict)
-    """Server knobs the phase sets (`[phases.server]`, docs/scenarios.md)."""
-    planned_end: float | None = None
-    """Its end as planned (None: as `end`); later than `end` when the run stopped in it."""
-
-    @property
-    def complete(self) -> bool:
-        """It ran to its planned end."""
-        return self.reached and (self.planned_end is None or self.end >= self.planned_end - 1e-6)
-
-    @property
-    def seconds(self) -> float:
-        return max(0.0, self.end - self.start)
-
-    def last_half(self) -> tuple[float, float]:
-        return self.start + self.seconds / 2.0, self.end
-
-
-def _number(value: object) -> float | None:
-    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
-    return None
-
-
-def phase_specs(run: Mapping[str, Any] | None) -> list[PhaseSpec]:
-    """The run's phases from run.json; one implicit phase (`run`) without [[phases]];
-    none without a start time."""
-    run = run or {}
-    started = _number(run.get("started_at"))
-    if started is None:
-        return []
-    stopped = _number(run.get("stopped_at"))
-    scenario = run.get("scenario")
-    scenario = scenario if isinstance(scenario, Mapping) else {}
-    raw = scenario.get("phases")
-    load_raw = scenario.get("load")
-    load: Mapping[str, Any] = load_raw if isinstance(load_raw, Mapping) else {}
-    if not isinstance(raw, list) or not raw:
-        end = stopped if stopped is not None else started + (_number(load.get("duration")) or 0.0)
-        users = load.get("users")
-        return [PhaseSpec(IMPLICIT, IMPLICIT, started, end, users if isinstance(users, int) else None)]
-    out = []
-    for i, p in enumerate(raw):
-        if not isinstance(p, Mapping):
-            continue
-        offset, duration = _number(p.get("start")), _number(p.get("duration"))
-        if offset is None or duration is None:
-            continue
-        start, end = started + offset, started + offset + duration
-        reached = stopped is None or start < stopped
-        if stopped is not None:
-            end = min(end, stopped)
-        users = p.get("users")
-        knobs = p.get("server")
-        out.append(
-            PhaseSpec(
-                str(p.get("name") or f"phase-{i}"),
-                str(p.get("kind") or "steady"),
-                start,
-                end if reached else start,
-                users if isinstance(users, int) and not isinstance(users, bool) else None,
-                reached,
-                dict(knobs) if isinstance(knobs, Mapping) else {},
-                started + offset + duration,
-            )
-        )
-    return out
 
 
 def specs(ctx: Context) -> list[PhaseSpec]:
@@ -474,7 +391,7 @@ def tolerances(run: Mapping[str, Any] | None) -> Tolerances:
     given: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
     values, defaulted = {}, []
     for name, default in TOLERANCE_DEFAULTS.items():
-        value = _number(given.get(name))
+        value = number(given.get(name))
         if value is None or value < 0:
             values[name], value = default, default
             defaulted.append(name)

@@ -15,9 +15,9 @@ import pandas as pd
 from lab.checker.context import Context, text_key
 from lab.checker.inputs.jsonl import LedgerError, read_jsonl
 from lab.checker.inputs.load import MissingInput
+from lab.checker.inputs.phase_specs import PhaseSpec
 from lab.checker.model import JsonValue
 from lab.checker.timeline import phases
-from lab.checker.timeline.phases import PhaseSpec
 from lab.checker.truth.streams import stream_truth
 
 FILE = "phases.jsonl"
