@@ -21,14 +21,11 @@ import pandas as pd
 
 from lab.checker.inputs.load import RunData
 from lab.checker.model import Evidence, Scalar
+from lab.wire.budgets import GATE_EVENTS, SPEC_BUDGETS
 
 SPEC_DEFAULTS: dict[str, float | int] = {
-    "resume_p99_s": 5.0,
-    "cross_stream_max": 0,
-    "duplicate_dispatch_max": 0,
-    "missing_rehandshake_max": 0,
-    "origin_reject_rate": 1.0,
-    "min_events": 100_000,
+    **SPEC_BUDGETS,
+    "min_events": GATE_EVENTS,
     "min_recoveries": 1,
     "min_404": 1,
     "min_illegal_origin": 1,

@@ -12,6 +12,7 @@ from lab.faults.checks import Issue
 from lab.faults.decisions import Window
 from lab.faults.plan import Plan, Rule
 from lab.resources import scenario_dir
+from lab.wire import budgets
 
 if TYPE_CHECKING:
     from lab.load.settings import LoadSettings
@@ -118,11 +119,11 @@ class Reconnect:
 @dataclass(frozen=True, slots=True)
 class Budgets:
     reconnect_qps: float
-    resume_p99_s: float = 5.0
-    cross_stream_max: int = 0
-    duplicate_dispatch_max: int = 0
-    missing_rehandshake_max: int = 0
-    origin_reject_rate: float = 1.0
+    resume_p99_s: float = budgets.RESUME_P99_S
+    cross_stream_max: int = budgets.CROSS_STREAM_MAX
+    duplicate_dispatch_max: int = budgets.DUPLICATE_DISPATCH_MAX
+    missing_rehandshake_max: int = budgets.MISSING_REHANDSHAKE_MAX
+    origin_reject_rate: float = budgets.ORIGIN_REJECT_RATE
     min_events: int = 0
     min_recoveries: int = 0
     min_404: int = 0

@@ -22,6 +22,7 @@ from lab.scenario.parts import (
     TargetSpec,
     Toxic,
 )
+from lab.wire import budgets
 
 
 def read_faults(
@@ -138,11 +139,11 @@ def read_budgets(
     )
     b = Budgets(
         reconnect_qps=f.number("reconnect_qps", reconnect.budget_qps, lo=0.0, lo_open=True),
-        resume_p99_s=f.duration("resume_p99_s", 5.0, positive=True),
-        cross_stream_max=f.integer("cross_stream_max", 0, lo=0),
-        duplicate_dispatch_max=f.integer("duplicate_dispatch_max", 0, lo=0),
-        missing_rehandshake_max=f.integer("missing_rehandshake_max", 0, lo=0),
-        origin_reject_rate=f.rate("origin_reject_rate", 1.0),
+        resume_p99_s=f.duration("resume_p99_s", budgets.RESUME_P99_S, positive=True),
+        cross_stream_max=f.integer("cross_stream_max", budgets.CROSS_STREAM_MAX, lo=0),
+        duplicate_dispatch_max=f.integer("duplicate_dispatch_max", budgets.DUPLICATE_DISPATCH_MAX, lo=0),
+        missing_rehandshake_max=f.integer("missing_rehandshake_max", budgets.MISSING_REHANDSHAKE_MAX, lo=0),
+        origin_reject_rate=f.rate("origin_reject_rate", budgets.ORIGIN_REJECT_RATE),
         min_events=f.integer("min_events", load.event_target or 0, lo=0),
         min_recoveries=f.integer("min_recoveries", 1 if breaks_streams else 0, lo=0),
         # Gate 3 needs 404s, gate 4 illegal Origins: a kind that makes them asks for the evidence.

@@ -490,7 +490,7 @@ def test_gate6_a_wait_shorter_than_the_servers_advice(tmp_path: Path) -> None:
     assert only_failing(report) == ["reconnect_qps"]
     (w,) = gate(report, "reconnect_qps").witnesses
     assert w.check == "waited_less_than_advised" and w.attribution is Attribution.CLIENT
-    assert w.row["advised_delay"] == 2.0 and "advised waiting 2.000 s" in w.explanation
+    assert w.row["advised_delay"] == 2.0 and "advised to wait 2.000 s" in w.explanation
 
 
 # ---------------------------------------------------------------------------- evidence

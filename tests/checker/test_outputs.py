@@ -279,14 +279,14 @@ def test_a_read_only_run_folder_exits_4(tmp_path: Path) -> None:
 def test_a_crash_inside_lab_report_exits_4_with_one_line_naming_the_log(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lab.checker.judge import verdict
+    import lab.checker
 
     run_dir = clean_run().sim.write(tmp_path / "run")
 
     def crash(*args: object, **kwargs: object) -> None:
         raise RuntimeError("the checker tripped")
 
-    monkeypatch.setattr(verdict, "judge_dir", crash)
+    monkeypatch.setattr(lab.checker, "judge_dir", crash)
     code, stdout, stderr = _report(run_dir)
     assert code == 4
     (line,) = stderr.splitlines()

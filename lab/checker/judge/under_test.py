@@ -11,7 +11,7 @@ and the adapters' application logs (lab.checker.truth.applog):
     3  missing_rehandshake        rehandshake_sut               wire
     4  illegal_origin             origin                        wire (as for any client)
     5  resume_p99                 resume_sut                    wire losses, app-log recoveries
-    6  reconnect_qps              reconnect_sut                 wire
+    6  reconnect_qps              reconnect (one judgement)     wire
     9  client_resume_cursor       client_cursor                 wire
     10 client_reconnect_after_gone client_after_gone            wire
     11 client_disconnect_cancel   client_cancel                 wire + app log (cancels asked)
