@@ -44,7 +44,6 @@ from lab.checker.truth.liveness import describe_stuck, never_finished_latencies
 from lab.checker.truth.recoveries import NEVER_FINISHED, PERCENTILE, nearest_rank, run_latencies
 from lab.checker.truth.wire_streams import no_priming, no_priming_witness, silent_resumptions, silent_witness
 
-"""Recovery paths a client ends by going away (it left, or its process stopped it)."""
 
 
 def check(ctx: Context) -> GateResult:
