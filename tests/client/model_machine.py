@@ -30,10 +30,11 @@ from lab.checker.context import Context, parse_budgets
 from lab.checker.load import RunData
 from lab.checker.model import GateResult, Verdict
 from lab.checker.verdict import run_gate
-from lab.client._acceptance import ALL_CHECKS, Check, MemoryInbox
+from lab.client._acceptance import ALL_CHECKS, Check
 from lab.client._commands import CallFinished, CallOutcome
 from lab.client._config import ClientConfig
 from lab.client._core import ClientCore
+from lab.client._memory_inbox import MemoryInbox
 from lab.client._reconnect import BackoffPolicy, ReconnectBudget
 from lab.wire.client_ledger import ReconnectAttempt
 from lab.wire.redact import Redactor

@@ -14,6 +14,7 @@ LAYERS = (
     "_commands",
     "_reconnect",
     "_acceptance",
+    "_memory_inbox",
     "_config",
     "_model",
     "_diagram",
