@@ -40,6 +40,8 @@ class Calling:
     `StreamTable`; what comes on them is `Streaming`'s (which is above, and ends a call
     here with `finish` or `lost`)."""
 
+    __slots__ = ("config", "http", "reconnector", "state", "table")
+
     def __init__(
         self,
         state: ClientState,

@@ -44,6 +44,18 @@ class Handshake:
     re-sends the queued calls and opens the standalone stream, a lost one ends them, and
     a 404 while leaving is the end of the leaving, so it is given every other part."""
 
+    __slots__ = (
+        "calling",
+        "config",
+        "http",
+        "leaving",
+        "pending_session_id",
+        "reconnector",
+        "state",
+        "streaming",
+        "table",
+    )
+
     def __init__(
         self,
         state: ClientState,

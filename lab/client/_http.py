@@ -18,6 +18,8 @@ from lab.wire.revisions import LAST_EVENT_ID_HEADER, PROTOCOL_VERSION_HEADER, SE
 
 
 class Connections:
+    __slots__ = ("_next", "config", "live", "state")
+
     def __init__(self, state: ClientState, config: ClientConfig) -> None:
         self.state = state
         self.config = config

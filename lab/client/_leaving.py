@@ -27,6 +27,8 @@ class Leaving:
     calls (`Calling`) and stops reading the streams (`StreamTable`); what comes on them
     no longer matters, so it needs nothing of `Streaming`."""
 
+    __slots__ = ("calling", "http", "reconnector", "state", "table")
+
     def __init__(
         self,
         state: ClientState,

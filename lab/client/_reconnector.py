@@ -149,6 +149,8 @@ class Reconnector:
     what it reconnects; the parts sit above this module, so they are not imported here:
     `handlers` makes the table of them (the core's `reconnect_handlers`)."""
 
+    __slots__ = ("_handlers", "_losses", "_make_handlers", "budget", "config", "rng", "state")
+
     def __init__(
         self,
         state: ClientState,

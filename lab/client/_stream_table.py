@@ -18,6 +18,8 @@ from lab.client._states import Machine, Role, Trigger
 
 
 class StreamTable:
+    __slots__ = ("_watched", "http", "state")
+
     def __init__(self, state: ClientState, http: Connections) -> None:
         self.state = state
         self.http = http

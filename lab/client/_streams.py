@@ -56,6 +56,18 @@ class Streaming:
     The initialize stream and the DELETE's answer are not streams of the session: the
     core hands those to `Handshake` and `Leaving`, which sit above this part."""
 
+    __slots__ = (
+        "_next_standalone",
+        "calling",
+        "config",
+        "http",
+        "inbox",
+        "reconnector",
+        "standalone",
+        "state",
+        "table",
+    )
+
     def __init__(
         self,
         state: ClientState,
