@@ -18,11 +18,12 @@ notices for the application), which is all it says.
 The core owns one `ClientState` (`_client_state`: the session's facts, its calls and
 streams, its flags, the effects sink) and six parts, one module each. Each part is given
 the state and exactly the parts it calls, when it is made; none knows the core. The
-modules are layered, each importing only those above it in this list, so the imports
-form no circle (a test walks them):
+modules are layered, each importing only those listed before it, so the imports form
+no circle (tests/client/test_parts.py walks them):
 
-    _client_state  the record every part reads and moves (over `_model`, `_states`,
-                   `_commands`, `_config`, `_acceptance`, `_reconnect`)
+    _client_state  the record every part reads and moves (it and all below use only the
+                   vocabulary: `_model`, `_states`, `_commands`, `_config`,
+                   `_acceptance`, `_reconnect`)
     _http          Connections: requests, their headers, one exchange record each
     _reconnector   Reconnector: every kind of reconnect, one table, one set of steps, the
                    only place Recovery rows are built; each kind's `Handler` comes from
@@ -34,9 +35,9 @@ form no circle (a test walks them):
     _handshake     Handshake: the session, a lost session (404), the new handshake
     _core          ClientCore: the public methods, and which part an answer is for
 
-A part lower in the list never calls one higher: where the answer of a request belongs
-to a higher part (the initialize stream, a DELETE's end), the core routes it there by the
-request's purpose, as `response_head` does. Every transition of a session or a stream is
+A part never calls one listed after it: where the answer to a request belongs to a later
+part (the initialize stream, the end of an initialize or DELETE connection), the core
+routes it there by the request's purpose, as `response_head` does. Every transition of a session or a stream is
 in `_states`.
 """
 
@@ -102,6 +103,9 @@ class ClientCore:
         )
 
     # ------------------------------------------------------------------ what the application does
+
+    # Read-only views of the client's state for drivers, Locust users and tests (the
+    # parts move it; nothing outside the core should).
 
     @property
     def state(self) -> State:

@@ -9,7 +9,8 @@
   without a valid cursor (or whose cursor the server refused) falls back to the next kind
   of the reconnector's table: its call is re-sent, or a fresh standalone stream opened.
 - A resumed call stream that stays silent, or a call stream that only keeps itself alive,
-  is lost like any other (`ClientConfig.resume_silence_s`, `stream_idle_s`).
+  is lost like any other (`ClientConfig.resume_silence_s`, `stream_idle_s`; the deadlines
+  are kept by `_stream_table`, which `_calls` shares, and `tick` acts on them here).
 """
 
 from __future__ import annotations
