@@ -18,7 +18,6 @@ from lab.client._acceptance import (
     DedupKey,
     InboxReceipt,
     InboxStore,
-    MemoryInbox,
     OutboxDispatch,
     Outcome,
     RejectReason,
@@ -48,6 +47,7 @@ from lab.client._commands import (
 from lab.client._config import ClientConfig
 from lab.client._core import ClientCore
 from lab.client._diagram import document as state_diagram_document
+from lab.client._memory_inbox import MemoryInbox
 from lab.client._reconnect import BackoffPolicy, ReconnectBudget, parse_retry_after
 from lab.client._states import State
 

@@ -31,8 +31,9 @@ so a late response and a retried call's response cannot both be dispatched: the 
 to a new attempt (a new request) of a completed operation is taken, as that attempt's
 answer, but not dispatched again.
 
-Checks are pure; the store is the only effect, and an in-memory store (`MemoryInbox`) and
-a durable SQLite one (`lab.inbox.SqliteInbox`) implement the same protocol.
+Checks are pure; the store is the only effect, and an in-memory store (`MemoryInbox`, in
+`_memory_inbox`) and a durable SQLite one (`lab.inbox.SqliteInbox`) implement the same
+protocol.
 """
 
 from __future__ import annotations
@@ -233,6 +234,10 @@ def _reject(event_id: str, digest: str, reason: RejectReason, detail: str) -> Ac
     return Acceptance(Outcome.REJECTED, event_id, digest, reason=reason, detail=detail)
 
 
+type _Refusal = tuple[RejectReason, str]
+"""Why a check refuses an event: the reason and its detail."""
+
+
 @dataclass(slots=True)
 class _Verdicts:
     parsed: ParsedEventId | None = None
@@ -257,16 +262,47 @@ def accept_stream_event(
 
     `event_id` is the event's ID, or a connection-unique synthetic one (starting with `~`)
     when the server sent none. `checks` exists for tests that show what each check stops.
-    """
-    data = event.data
-    digest = message_digest(data)
-    gen = session.generation
 
+    The checks run here in the order of the module docstring, each a helper that returns
+    the reason and detail of a refusal (or None); the first refusal decides. The store is
+    read only as far as the checks get, as in one function.
+    """
+    digest = message_digest(event.data)
+    gen = session.generation
     # 1-3: the connection must belong to the current session, version and subject.
+    bad = _check_connection(session, conn, checks)
+    if bad is not None:
+        return _reject(event_id, digest, *bad)
+    # 4: the event ID (known scheme).
+    v, bad = _check_event_id(session, stream, event, event_id, checks)
+    if bad is not None:
+        return _reject(event_id, digest, *bad)
+    # 5: duplicates are not errors, and not accepted twice.
+    key = DedupKey(gen, stream.stream_key, event_id, digest)
+    if Check.DUPLICATE in checks and store.has(key):
+        return Acceptance(Outcome.DUPLICATE, event_id, digest, detail="dedup key already in the inbox")
+    seen = None if event_id.startswith("~") else store.seen(gen, event_id)
+    bad = (
+        _check_other_stream(seen, stream, checks)  # 6
+        or _check_cursor(store, gen, stream, v.sequence, checks)  # 7
+        or _check_digest(seen, digest, checks)  # 8
+    )
+    if bad is not None:
+        return _reject(event_id, digest, *bad)
+    # 9-10: the data is JSON-RPC, and correlates with the stream.
+    message, bad = _check_message(event, stream, checks)
+    if bad is not None:
+        return _reject(event_id, digest, *bad)
+    return _commit(store, client_id, session, conn, stream, key, v, message, event.data, now)
+
+
+def _check_connection(
+    session: SessionView, conn: ConnectionView, checks: frozenset[Check]
+) -> _Refusal | None:
+    """1-3: the session (generation, active), the protocol version, the token's subject."""
+    gen = session.generation
     if Check.SESSION in checks and (not session.active or conn.session_generation != gen):
-        return _reject(
-            event_id,
-            digest,
+        return (
             RejectReason.STALE_SESSION,
             f"connection of session generation {conn.session_generation}, current is {gen}"
             + ("" if session.active else " (not active)"),
@@ -276,99 +312,111 @@ def accept_stream_event(
         if conn.protocol_version != session.protocol_version or (
             answered is not None and answered != session.protocol_version
         ):
-            return _reject(
-                event_id,
-                digest,
+            return (
                 RejectReason.PROTOCOL_VERSION_MISMATCH,
                 f"sent {conn.protocol_version!r}, answered {answered!r}, negotiated {session.protocol_version!r}",
             )
     if Check.SUBJECT in checks and conn.auth_subject != session.auth_subject:
-        return _reject(event_id, digest, RejectReason.SUBJECT_MISMATCH, "token subject is not the session's")
+        return RejectReason.SUBJECT_MISMATCH, "token subject is not the session's"
+    return None
 
-    # 4: the event ID (known scheme).
+
+def _check_event_id(
+    session: SessionView, stream: StreamView, event: SseEvent, event_id: str, checks: frozenset[Check]
+) -> tuple[_Verdicts, _Refusal | None]:
+    """4: a known-scheme ID names this session, server generation and stream, and the
+    content it was made for. What it names is read even when the check is off."""
     v = _Verdicts()
-    synthetic = event_id.startswith("~")
-    if session.structured_ids and not synthetic:
-        v.parsed = parse_event_id(event_id)
-        if v.parsed is None:
-            if Check.EVENT_ID in checks:
-                return _reject(event_id, digest, RejectReason.MALFORMED_EVENT_ID, "not an e1 event ID")
-        else:
-            v.sequence = v.parsed.sequence
-            v.server_stream_id = v.parsed.stream_id
-            v.server_generation = v.parsed.generation
-            verdict = classify_structured(
-                v.parsed,
-                session_tag=session.session_tag or "",
-                generation=session.server_generation,
-                stream_id=stream.server_stream_id,
-                data=data,
-            )
-            reason = _STRUCTURED_REASON.get(verdict)
-            if reason is not None and Check.EVENT_ID in checks:
-                return _reject(event_id, digest, reason, f"event ID is {verdict}")
+    if not session.structured_ids or event_id.startswith("~"):
+        return v, None
+    v.parsed = parse_event_id(event_id)
+    if v.parsed is None:
+        return v, (
+            RejectReason.MALFORMED_EVENT_ID,
+            "not an e1 event ID",
+        ) if Check.EVENT_ID in checks else None
+    v.sequence = v.parsed.sequence
+    v.server_stream_id = v.parsed.stream_id
+    v.server_generation = v.parsed.generation
+    verdict = classify_structured(
+        v.parsed,
+        session_tag=session.session_tag or "",
+        generation=session.server_generation,
+        stream_id=stream.server_stream_id,
+        data=event.data,
+    )
+    reason = _STRUCTURED_REASON.get(verdict)
+    if reason is not None and Check.EVENT_ID in checks:
+        return v, (reason, f"event ID is {verdict}")
+    return v, None
 
-    # 5: duplicates are not errors, and not accepted twice.
-    key = DedupKey(gen, stream.stream_key, event_id, digest)
-    if Check.DUPLICATE in checks and store.has(key):
-        return Acceptance(Outcome.DUPLICATE, event_id, digest, detail="dedup key already in the inbox")
 
-    # 6: an ID already accepted on another stream of this session.
-    seen = None if synthetic else store.seen(gen, event_id)
+def _check_other_stream(
+    seen: SeenEvent | None, stream: StreamView, checks: frozenset[Check]
+) -> _Refusal | None:
+    """6: an ID already accepted on another stream of this session."""
     if seen is not None and Check.EVENT_ID in checks and seen.stream_key != stream.stream_key:
-        return _reject(
-            event_id, digest, RejectReason.CROSSED_STREAM, f"event ID was accepted on {seen.stream_key}"
-        )
+        return RejectReason.CROSSED_STREAM, f"event ID was accepted on {seen.stream_key}"
+    return None
 
-    # 7: the cursor only moves forward by one.
-    if v.sequence is not None and Check.CURSOR in checks:
-        wm = store.watermark(gen, stream.stream_key)
-        if wm is not None and wm.sequence is not None:
-            if v.sequence <= wm.sequence:
-                return _reject(
-                    event_id,
-                    digest,
-                    RejectReason.CURSOR_REGRESSION,
-                    f"sequence {v.sequence} after watermark {wm.sequence}",
-                )
-            if v.sequence > wm.sequence + 1:
-                return _reject(
-                    event_id,
-                    digest,
-                    RejectReason.CURSOR_GAP,
-                    f"sequence {v.sequence} skips from {wm.sequence}",
-                )
-        elif v.sequence > 1:
-            return _reject(
-                event_id,
-                digest,
-                RejectReason.CURSOR_GAP,
-                f"first event of the stream has sequence {v.sequence}",
-            )
 
-    # 8: the same ID never with another content.
+def _check_cursor(
+    store: InboxStore, gen: int, stream: StreamView, sequence: int | None, checks: frozenset[Check]
+) -> _Refusal | None:
+    """7: the cursor only moves forward by one."""
+    if sequence is None or Check.CURSOR not in checks:
+        return None
+    wm = store.watermark(gen, stream.stream_key)
+    if wm is not None and wm.sequence is not None:
+        if sequence <= wm.sequence:
+            return RejectReason.CURSOR_REGRESSION, f"sequence {sequence} after watermark {wm.sequence}"
+        if sequence > wm.sequence + 1:
+            return RejectReason.CURSOR_GAP, f"sequence {sequence} skips from {wm.sequence}"
+    elif sequence > 1:
+        return RejectReason.CURSOR_GAP, f"first event of the stream has sequence {sequence}"
+    return None
+
+
+def _check_digest(seen: SeenEvent | None, digest: str, checks: frozenset[Check]) -> _Refusal | None:
+    """8: the same ID never with another content."""
     if seen is not None and Check.DIGEST in checks and seen.message_digest != digest:
-        return _reject(
-            event_id, digest, RejectReason.CONTENT_MISMATCH, "event ID seen before with other content"
-        )
+        return RejectReason.CONTENT_MISMATCH, "event ID seen before with other content"
+    return None
 
-    message: jsonrpc.Message | None = None
-    ends_stream = False
-    if event.is_message:
-        # 9: the data is JSON-RPC.
-        try:
-            message = jsonrpc.parse_message(data)
-        except RemoteProtocolError as e:
-            return _reject(event_id, digest, RejectReason.MALFORMED_MESSAGE, str(e))
-        # 10: correlation.
-        if Check.CORRELATION in checks:
-            bad = _correlate(message, stream)
-            if bad is not None:
-                return _reject(event_id, digest, bad[0], bad[1])
-        ends_stream = message.kind.is_response
-    elif Check.CORRELATION in checks and stream.ended:
-        return _reject(event_id, digest, RejectReason.STREAM_ALREADY_ENDED, "event after the response")
 
+def _check_message(
+    event: SseEvent, stream: StreamView, checks: frozenset[Check]
+) -> tuple[jsonrpc.Message | None, _Refusal | None]:
+    """9: the data is JSON-RPC; 10: correlation. A priming event (no data) carries no
+    message, and is refused only after the stream's response."""
+    if not event.is_message:
+        if Check.CORRELATION in checks and stream.ended:
+            return None, (RejectReason.STREAM_ALREADY_ENDED, "event after the response")
+        return None, None
+    try:
+        message = jsonrpc.parse_message(event.data)
+    except RemoteProtocolError as e:
+        return None, (RejectReason.MALFORMED_MESSAGE, str(e))
+    if Check.CORRELATION in checks:
+        bad = _correlate(message, stream)
+        if bad is not None:
+            return message, bad
+    return message, None
+
+
+def _commit(
+    store: InboxStore,
+    client_id: str,
+    session: SessionView,
+    conn: ConnectionView,
+    stream: StreamView,
+    key: DedupKey,
+    v: _Verdicts,
+    message: jsonrpc.Message | None,
+    data: str,
+    now: float,
+) -> Acceptance:
+    """The receipt and its dispatch, written in one `commit` (atomic in the store)."""
     receipt = InboxReceipt(
         client_id=client_id,
         key=key,
@@ -389,14 +437,14 @@ def accept_stream_event(
     store.commit(receipt, dispatch)
     return Acceptance(
         Outcome.ACCEPTED,
-        event_id,
-        digest,
+        key.event_id,
+        key.message_digest,
         message=message,
         receipt=receipt,
         dispatch=dispatch,
         bound_server_stream_id=v.server_stream_id if stream.server_stream_id is None else None,
         bound_server_generation=v.server_generation if session.server_generation is None else None,
-        ends_stream=ends_stream,
+        ends_stream=message is not None and message.kind.is_response,
         detail="" if dispatch is not None or message is None else "operation already dispatched",
     )
 
@@ -431,47 +479,3 @@ def _dispatch_key(message: jsonrpc.Message, stream: StreamView, key: DedupKey) -
     if message.kind.is_response and stream.operation_key is not None:
         return f"op:{stream.operation_key}"
     return f"ev:{key.session_generation}:{key.stream_key}:{key.event_id}"
-
-
-class MemoryInbox:
-    """An in-memory `InboxStore` with the same semantics as the SQLite one (for unit tests
-    and the model-based tests; it is not durable)."""
-
-    def __init__(self, *, enforce_unique: bool = True) -> None:
-        """`enforce_unique=False` drops the store's own uniqueness guard (the SQLite
-        constraints), so a test can show what the acceptance checks alone prevent."""
-        self.enforce_unique = enforce_unique
-        self.receipts: list[InboxReceipt] = []
-        self.dispatches: list[OutboxDispatch] = []
-        self._keys: set[DedupKey] = set()
-        self._seen: dict[tuple[int, str], SeenEvent] = {}
-        self._wm: dict[tuple[int, str], Watermark] = {}
-        self._dkeys: set[str] = set()
-
-    def has(self, key: DedupKey) -> bool:
-        return key in self._keys
-
-    def seen(self, session_generation: int, event_id: str) -> SeenEvent | None:
-        return self._seen.get((session_generation, event_id))
-
-    def watermark(self, session_generation: int, stream_key: str) -> Watermark | None:
-        return self._wm.get((session_generation, stream_key))
-
-    def dispatched(self, dispatch_key: str) -> bool:
-        return dispatch_key in self._dkeys
-
-    def commit(self, receipt: InboxReceipt, dispatch: OutboxDispatch | None) -> None:
-        k = receipt.key
-        dup = k in self._keys or (dispatch is not None and dispatch.dispatch_key in self._dkeys)
-        if dup and self.enforce_unique:
-            raise ValueError(f"duplicate commit of {k}")  # the SQLite store's UNIQUE constraints
-        self._keys.add(k)
-        self.receipts.append(receipt)
-        if not k.event_id.startswith("~"):
-            self._seen.setdefault(
-                (k.session_generation, k.event_id), SeenEvent(k.stream_key, k.message_digest)
-            )
-            self._wm[(k.session_generation, k.stream_key)] = Watermark(k.event_id, receipt.sequence)
-        if dispatch is not None:
-            self._dkeys.add(dispatch.dispatch_key)
-            self.dispatches.append(dispatch)

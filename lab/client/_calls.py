@@ -12,21 +12,21 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from lab.client._client_state import ClientState
 from lab.client._commands import CallFinished, CallHandle, CallOutcome, Purpose, SendRequest
+from lab.client._config import ClientConfig
+from lab.client._http import Connections
 from lab.client._model import Call, Conn
-from lab.client._reconnector import EndPath, Handler, Kind, Loss, Target
+from lab.client._reconnector import EndPath, Handler, Kind, Loss, Reconnector, Target
 from lab.client._states import State, Trigger
+from lab.client._stream_table import StreamTable
 from lab.wire import jsonrpc
 from lab.wire.client_ledger import OperationRecord
 from lab.wire.errors import LocalProtocolError
 from lab.wire.event_ids import post_stream_id
 from lab.wire.extensions import IDEMPOTENCY_META
-from lab.wire.sse import SseEvent
-
-if TYPE_CHECKING:
-    from lab.client._core import ClientCore
 
 _RETRY_STATUSES = frozenset({429, 503})
 """Refused before processing: re-send after the advised delay."""
@@ -36,8 +36,26 @@ travels with the new request."""
 
 
 class Calling:
-    def __init__(self, core: ClientCore) -> None:
-        self.core = core
+    """The calls of `ClientState.calls`. It opens and closes their streams through the
+    `StreamTable`; what comes on them is `Streaming`'s (which is above, and ends a call
+    here with `finish` or `lost`)."""
+
+    __slots__ = ("config", "http", "reconnector", "state", "table")
+
+    def __init__(
+        self,
+        state: ClientState,
+        config: ClientConfig,
+        *,
+        http: Connections,
+        reconnector: Reconnector,
+        table: StreamTable,
+    ) -> None:
+        self.state = state
+        self.config = config
+        self.http = http
+        self.reconnector = reconnector
+        self.table = table
 
     def handler(self) -> Handler:
         return Handler(self._ready, self._attempt, self._exhausted)
@@ -47,10 +65,10 @@ class Calling:
     def start(
         self, name: str, arguments: jsonrpc.JsonObject, now: float, idempotency_key: str | None, write: bool
     ) -> CallHandle:
-        c = self.core
+        c = self.state
         if c.leave_requested or c.stopped:
             raise LocalProtocolError("call_tool() after leave() or close_all()")
-        key = idempotency_key or f"{c.config.client_id}/op/{len(c.calls) + 1}"
+        key = idempotency_key or f"{self.config.client_id}/op/{len(c.calls) + 1}"
         if key in c.calls:
             raise LocalProtocolError(f"operation {key!r} already exists; use retry_call()")
         call = Call(CallHandle(key, name), dict(arguments), write, now, progress_at=now)
@@ -60,7 +78,7 @@ class Calling:
 
     def retry(self, handle: CallHandle, now: float) -> None:
         """Re-run an operation whose outcome was UNKNOWN (same idempotency key)."""
-        c = self.core
+        c = self.state
         call = c.calls[handle.operation_key]
         if not call.done:
             raise LocalProtocolError(f"operation {handle.operation_key!r} is still running")
@@ -71,24 +89,24 @@ class Calling:
         self.send(call, now)
 
     def cancel(self, handle: CallHandle, now: float, reason: str) -> None:
-        c = self.core
+        c = self.state
         call = c.calls[handle.operation_key]
         if call.done:
             return
         if call.request_id is not None and not call.queued and c.session_usable():
             body = jsonrpc.notification(jsonrpc.CANCELLED, {"requestId": call.request_id, "reason": reason})
-            c.http.open(Purpose.CANCEL, "POST", now, body=body)
+            self.http.open(Purpose.CANCEL, "POST", now, body=body)
         st = c.streams.get(call.stream_key or "")
         if st is not None and st.machine.can(Trigger.CANCELLED):
             st.machine.process(Trigger.CANCELLED)
-            c.streaming.close_conn(st, now, "cancelled")
+            self.table.close_conn(st, now, "cancelled")
         self.finish(call, CallOutcome.CANCELLED, now, reason=reason, path=EndPath.CANCELLED)
 
     # ------------------------------------------------------------------ sending
 
     def send(self, call: Call, now: float) -> SendRequest | None:
         """Send an attempt of the call now if the session is active; else it stays queued."""
-        c = self.core
+        c = self.state
         if c.session.state is not State.SESSION_ACTIVE or c.leave_requested:
             call.queued = True
             return None
@@ -101,43 +119,33 @@ class Calling:
         meta: dict[str, Any] = {"progressToken": rid, IDEMPOTENCY_META: call.handle.operation_key}
         params = {"name": call.handle.tool, "arguments": call.arguments, "_meta": meta}
         body = jsonrpc.request(rid, "tools/call", params)
-        return c.http.open(Purpose.CALL, "POST", now, body=body, stream_key=key, call=call)
+        return self.http.open(Purpose.CALL, "POST", now, body=body, stream_key=key, call=call)
 
     def head(self, conn: Conn, now: float) -> None:
-        c = self.core
+        c = self.state
         call = conn.call
         assert call is not None
         status = conn.status or 0
         if call.done:
-            c.http.abort(conn, now, "call_already_finished")  # cancelled before its answer came
+            self.http.abort(conn, now, "call_already_finished")  # cancelled before its answer came
             return
         if status == 200:
             if conn.sse:
                 structured = c.structured_ids and c.tag is not None
                 sid = post_stream_id(c.tag or "", call.request_id or 0) if structured else None
-                st = c.streaming.new_stream(conn, call.request_id, call, sid)
-                c.streaming.watch(st, now + c.config.stream_idle_s, "stream_idle")
+                st = self.table.new_stream(conn, call.request_id, call, sid)
+                self.table.watch(st, now + self.config.stream_idle_s, "stream_idle")
             return
-        c.http.abort(conn, now, f"http_{status}")
+        self.http.abort(conn, now, f"http_{status}")
         if status in _RETRY_STATUSES or status in _UNKNOWN_STATUSES:
             self.lost(call, now, f"http_{status}", conn.retry_after)
         else:
             self.finish(call, CallOutcome.ERROR, now, reason=f"http_{status}")
 
-    def json_body(self, conn: Conn, now: float) -> None:
-        """A request answered with `application/json`: one message, no event ID, no cursor."""
-        c = self.core
-        call = conn.call
-        assert call is not None
-        c.streaming.new_stream(conn, call.request_id, call, None)
-        c.streaming.on_event(conn, SseEvent(data=bytes(conn.body).decode("utf-8", errors="replace")), now)
-        if conn.conn_id in c.http.live:
-            c.streaming.connection_over(conn, now, "server_closed")
-
     def lost(self, call: Call, now: float, cause: str, retry_after: float | None) -> None:
         """The call must be sent again (nothing of it can be resumed)."""
         key = call.handle.operation_key
-        self.core.reconnector.lost(
+        self.reconnector.lost(
             Target.CALL,
             key,
             now,
@@ -151,7 +159,7 @@ class Calling:
     # ------------------------------------------------------------------ the re-send (a reconnect kind)
 
     def _ready(self, loss: Loss, now: float) -> bool:
-        c = self.core
+        c = self.state
         call = c.calls[loss.name]
         if call.done or c.leave_requested or c.stopped:
             loss.at = None
@@ -163,12 +171,12 @@ class Calling:
         return True
 
     def _attempt(self, loss: Loss, now: float) -> SendRequest:
-        send = self.send(self.core.calls[loss.name], now)
+        send = self.send(self.state.calls[loss.name], now)
         assert send is not None  # _ready checked the session
         return send
 
     def _exhausted(self, loss: Loss, now: float) -> None:
-        call = self.core.calls[loss.name]
+        call = self.state.calls[loss.name]
         self.finish(
             call, CallOutcome.UNKNOWN, now, reason=f"gave_up_after_{loss.cause}", path=EndPath.ABANDONED
         )
@@ -188,21 +196,21 @@ class Calling:
     ) -> None:
         """The call's one outcome. A recovery in progress ends with it: recovered if the
         call completed (ok or error), else never recovered, by `path`."""
-        c = self.core
+        c = self.state
         if call.done:
             return
         call.done = True
         call.queued = False
-        loss = c.reconnector.get(Target.CALL, call.handle.operation_key)
+        loss = self.reconnector.get(Target.CALL, call.handle.operation_key)
         if loss is not None:
             if outcome in (CallOutcome.OK, CallOutcome.ERROR):
-                c.reconnector.recovered(loss, now)
+                self.reconnector.recovered(loss, now)
             else:
-                c.reconnector.end(loss, path)
-        c.streaming.unwatch(call.stream_key)
+                self.reconnector.end(loss, path)
+        self.table.unwatch(call.stream_key)
         c.fx.records.append(
             OperationRecord(
-                c.config.client_id,
+                self.config.client_id,
                 call.handle.operation_key,
                 call.handle.tool,
                 call.write,
@@ -222,12 +230,12 @@ class Calling:
         """The client leaves or stops: every unfinished call ends UNKNOWN, and one still
         waiting without a recovery in progress is a loss that never recovered, from the
         last time it moved."""
-        c = self.core
+        c = self.state
         for call in c.calls.values():
             if call.done:
                 continue
             key = call.handle.operation_key
-            c.reconnector.open(
+            self.reconnector.open(
                 Target.CALL,
                 key,
                 now,

@@ -15,26 +15,47 @@ notices for the application), which is all it says.
     tick(now) when now >= next_wakeup()  ->  Output(commands=[SendRequest(resume ...)])
     call_tool / retry_call / cancel / leave / close_all -> Output (call_tool: with its handle)
 
-The parts, one module each: `_http` (requests and their exchange records), `_handshake`
-(the session), `_calls` (tool calls and their outcomes), `_streams` (the one door,
-losses, resumption, silent streams), `_leaving` (DELETE, stopping), `_reconnector` (every
-kind of reconnect, one table, one set of steps, the only place Recovery rows are built).
-Every transition of a session or a stream is in `_states`.
+The core owns one `ClientState` (`_client_state`: the session's facts, its calls and
+streams, its flags, the effects sink) and six parts, one module each. Each part is given
+the state and exactly the parts it calls, when it is made; none knows the core. The
+modules are layered, each importing only those listed before it, so the imports form
+no circle (tests/client/test_parts.py walks them):
+
+    _client_state  the record every part reads and moves (it and all below use only the
+                   vocabulary: `_model`, `_states`, `_commands`, `_config`,
+                   `_acceptance`, `_reconnect`)
+    _http          Connections: requests, their headers, one exchange record each
+    _reconnector   Reconnector: every kind of reconnect, one table, one set of steps, the
+                   only place Recovery rows are built; each kind's `Handler` comes from
+                   the part that owns what it reconnects (`reconnect_handlers` below)
+    _stream_table  StreamTable: streams made, their connections closed, silence deadlines
+    _calls         Calling: tool calls, their attempts and their one outcome
+    _streams       Streaming: the one door, losses, resumption, the standalone stream
+    _leaving       Leaving: DELETE and stopping
+    _handshake     Handshake: the session, a lost session (404), the new handshake
+    _core          ClientCore: the public methods, and which part an answer is for
+
+A part never calls one listed after it: where the answer to a request belongs to a later
+part (the initialize stream, the end of an initialize or DELETE connection), the core
+routes it there by the request's purpose, as `response_head` does. Every transition of a session or a stream is
+in `_states`.
 """
 
 from __future__ import annotations
 
 from lab.client._acceptance import ConnectionView, InboxStore
 from lab.client._calls import Calling
+from lab.client._client_state import ClientState
 from lab.client._commands import CallHandle, Effects, Headers, Output, Purpose
 from lab.client._config import ClientConfig
 from lab.client._handshake import Handshake
 from lab.client._http import Connections
 from lab.client._leaving import Leaving
-from lab.client._model import Call, Stream
+from lab.client._model import Call, Conn, Stream
 from lab.client._reconnect import RandomSource, ReconnectBudget, parse_retry_after
 from lab.client._reconnector import Handler, Kind, Reconnector, Target
-from lab.client._states import Machine, Role, State
+from lab.client._states import State
+from lab.client._stream_table import StreamTable
 from lab.client._streams import Streaming
 from lab.wire import jsonrpc
 from lab.wire.errors import LocalProtocolError
@@ -57,38 +78,70 @@ class ClientCore:
     ) -> None:
         self.config = config
         self.inbox = inbox
-        self.budget = budget
         self.redactor = redactor
-        self.rng = rng
-        self.session = Machine(Role.SESSION)
-        self.session_id: str | None = None
-        self.generation = 0
-        self.protocol_version = config.protocol_version
-        self.structured_ids = False
-        self.server_generation: int | None = None
-        self.tag: str | None = None
-        self.calls: dict[str, Call] = {}
-        self.streams: dict[str, Stream] = {}
-        self.leave_requested = False
-        self.stopped = False
-        self._next_request = 1
-        self.fx = Effects()
-        self.http = Connections(self)
-        self.reconnector = Reconnector(self)
-        self.handshake = Handshake(self)
-        self.calling = Calling(self)
-        self.streaming = Streaming(self)
-        self.leaving = Leaving(self)
+        self.client_state = s = ClientState(config.client_id, redactor, config.protocol_version)
+        # Made in layer order (see the module docstring): each part gets the parts below it.
+        self.http = http = Connections(s, config)
+        self.reconnector = rc = Reconnector(
+            s, config, budget=budget, rng=rng, handlers=self.reconnect_handlers
+        )
+        self.table = table = StreamTable(s, http)
+        self.calling = calling = Calling(s, config, http=http, reconnector=rc, table=table)
+        self.streaming = streaming = Streaming(
+            s, config, inbox=inbox, http=http, reconnector=rc, table=table, calling=calling
+        )
+        self.leaving = leaving = Leaving(s, http=http, reconnector=rc, calling=calling, table=table)
+        self.handshake = Handshake(
+            s,
+            config,
+            http=http,
+            reconnector=rc,
+            table=table,
+            calling=calling,
+            streaming=streaming,
+            leaving=leaving,
+        )
 
     # ------------------------------------------------------------------ what the application does
 
+    # Read-only views of the client's state for drivers, Locust users and tests (the
+    # parts move it; nothing outside the core should).
+
     @property
     def state(self) -> State:
-        return self.session.state
+        return self.client_state.session.state
+
+    @property
+    def session_id(self) -> str | None:
+        return self.client_state.session_id
 
     @property
     def session_pseudonym(self) -> str | None:
-        return self.redactor.session(self.session_id)
+        return self.client_state.session_pseudonym
+
+    @property
+    def generation(self) -> int:
+        return self.client_state.generation
+
+    @property
+    def protocol_version(self) -> str:
+        return self.client_state.protocol_version
+
+    @property
+    def structured_ids(self) -> bool:
+        return self.client_state.structured_ids
+
+    @property
+    def calls(self) -> dict[str, Call]:
+        return self.client_state.calls
+
+    @property
+    def streams(self) -> dict[str, Stream]:
+        return self.client_state.streams
+
+    @property
+    def fx(self) -> Effects:
+        return self.client_state.fx
 
     def stream_key_of(self, conn_id: int) -> str | None:
         """The client's name of the stream a connection carries (None if none, or unknown)."""
@@ -97,11 +150,8 @@ class ClientCore:
 
     def connect(self, now: float) -> Output:
         """Start the first handshake."""
-        if (
-            self.session.state is not State.REINITIALIZE_REQUIRED
-            or self.reconnector.get(Target.SESSION) is not None
-        ):
-            raise LocalProtocolError(f"connect() in {self.session.state}")
+        if self.state is not State.REINITIALIZE_REQUIRED or self.reconnector.get(Target.SESSION) is not None:
+            raise LocalProtocolError(f"connect() in {self.state}")
         self.handshake.send_initialize(now)
         return self.fx.take()
 
@@ -140,7 +190,7 @@ class ClientCore:
         return self.fx.take()
 
     def next_wakeup(self) -> float | None:
-        times = [t for t in (self.reconnector.next_wakeup(), self.streaming.next_deadline()) if t is not None]
+        times = [t for t in (self.reconnector.next_wakeup(), self.table.next_deadline()) if t is not None]
         return min(times) if times else None
 
     def tick(self, now: float) -> Output:
@@ -202,7 +252,10 @@ class ClientCore:
             if conn_id not in self.http.live:
                 self.streaming.after_close(conn, events[i:], now)
                 break
-            self.streaming.on_event(conn, ev, now)
+            if conn.purpose is Purpose.INITIALIZE:
+                self.handshake.event(conn, ev, now)  # no session yet: not the session's door
+            else:
+                self.streaming.on_event(conn, ev, now)
         return self.fx.take()
 
     def response_end(self, conn_id: int, now: float) -> Output:
@@ -212,11 +265,11 @@ class ClientCore:
             return self.fx.take()
         if conn.decoder is not None:
             cut = conn.decoder.end_of_stream()
-            self.streaming.connection_over(conn, now, "cut_mid_event" if cut else "server_closed")
+            self._connection_over(conn, now, "cut_mid_event" if cut else "server_closed")
         elif conn.purpose is Purpose.INITIALIZE:
             self.handshake.body(conn, now)
         elif conn.purpose is Purpose.CALL and conn.status == 200:
-            self.calling.json_body(conn, now)
+            self.streaming.json_body(conn, now)
         else:
             self.http.end(conn, now, "")
         return self.fx.take()
@@ -230,10 +283,22 @@ class ClientCore:
             return self.fx.take()
         if conn.decoder is not None:
             conn.decoder.end_of_stream()
-        self.streaming.connection_over(conn, now, error or "connection_lost")
+        self._connection_over(conn, now, error or "connection_lost")
         return self.fx.take()
 
-    # ------------------------------------------------------------------ shared by the parts
+    def _connection_over(self, conn: Conn, now: float, cause: str) -> None:
+        """A connection the core still held ended: its exchange record, then the part
+        whose request it was."""
+        if conn.purpose is Purpose.INITIALIZE:
+            self.http.over(conn, now, cause)
+            self.handshake.failed(conn, now, cause, ended=True)
+        elif conn.purpose is Purpose.DELETE:
+            self.http.over(conn, now, cause)
+            self.leaving.unanswered(now, cause)
+        else:
+            self.streaming.connection_over(conn, now, cause)
+
+    # ------------------------------------------------------------------ for the parts
 
     def reconnect_handlers(self) -> dict[Kind, Handler]:
         """What each kind of reconnect does, for the reconnector (it asks on first use)."""
@@ -244,11 +309,3 @@ class ClientCore:
             Kind.REINITIALIZE: self.handshake.handler(),
             Kind.DELETE: self.leaving.handler(),
         }
-
-    def session_usable(self) -> bool:
-        return self.session.state in (State.SESSION_ACTIVE, State.DELETE_REQUESTED)
-
-    def new_request_id(self) -> int:
-        rid = self._next_request
-        self._next_request += 1
-        return rid

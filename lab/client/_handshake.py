@@ -9,9 +9,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from lab.client._acceptance import RejectReason
+from lab.client._calls import Calling
+from lab.client._client_state import ClientState
 from lab.client._commands import (
     CallHandle,
     CallOutcome,
@@ -22,9 +22,14 @@ from lab.client._commands import (
     SessionEstablished,
     SessionLost,
 )
+from lab.client._config import ClientConfig
+from lab.client._http import Connections
+from lab.client._leaving import Leaving
 from lab.client._model import Conn
-from lab.client._reconnector import EndPath, Handler, Kind, Loss, Target
+from lab.client._reconnector import EndPath, Handler, Kind, Loss, Reconnector, Target
 from lab.client._states import State, Trigger
+from lab.client._stream_table import StreamTable
+from lab.client._streams import Streaming
 from lab.wire import jsonrpc
 from lab.wire.client_ledger import SessionEvent
 from lab.wire.errors import LocalProtocolError, RemoteProtocolError
@@ -33,13 +38,44 @@ from lab.wire.extensions import EVENT_ID_CAPABILITY
 from lab.wire.revisions import SUPPORTED_REVISIONS
 from lab.wire.sse import SseEvent
 
-if TYPE_CHECKING:
-    from lab.client._core import ClientCore
-
 
 class Handshake:
-    def __init__(self, core: ClientCore) -> None:
-        self.core = core
+    """The session of `ClientState`: made, lost, made again. The top part: a new session
+    re-sends the queued calls and opens the standalone stream, a lost one ends them, and
+    a 404 while leaving is the end of the leaving, so it is given every other part."""
+
+    __slots__ = (
+        "calling",
+        "config",
+        "http",
+        "leaving",
+        "pending_session_id",
+        "reconnector",
+        "state",
+        "streaming",
+        "table",
+    )
+
+    def __init__(
+        self,
+        state: ClientState,
+        config: ClientConfig,
+        *,
+        http: Connections,
+        reconnector: Reconnector,
+        table: StreamTable,
+        calling: Calling,
+        streaming: Streaming,
+        leaving: Leaving,
+    ) -> None:
+        self.state = state
+        self.config = config
+        self.http = http
+        self.reconnector = reconnector
+        self.table = table
+        self.calling = calling
+        self.streaming = streaming
+        self.leaving = leaving
         self.pending_session_id: str | None = None
         """The session ID of the initialize response in progress, until its result is read."""
 
@@ -49,21 +85,21 @@ class Handshake:
     # ------------------------------------------------------------------ handshake
 
     def send_initialize(self, now: float) -> SendRequest:
-        c = self.core
+        c = self.state
         c.session.process(Trigger.INITIALIZE_SENT)
         c.session_id = None
         self.pending_session_id = None
         params = {
-            "protocolVersion": c.config.protocol_version,
+            "protocolVersion": self.config.protocol_version,
             "capabilities": {},
-            "clientInfo": {"name": c.config.client_name, "version": "1"},
+            "clientInfo": {"name": self.config.client_name, "version": "1"},
         }
         body = jsonrpc.request(c.new_request_id(), jsonrpc.INITIALIZE, params)
-        return c.http.open(Purpose.INITIALIZE, "POST", now, body=body)
+        return self.http.open(Purpose.INITIALIZE, "POST", now, body=body)
 
     def body(self, conn: Conn, now: float) -> None:
         """An `application/json` answer to initialize."""
-        self.core.http.end(conn, now, "")
+        self.http.end(conn, now, "")
         try:
             msg = jsonrpc.parse_message(bytes(conn.body))
         except RemoteProtocolError as e:
@@ -79,10 +115,10 @@ class Handshake:
         try:
             init = jsonrpc.parse_message(ev.data)
         except RemoteProtocolError as e:
-            self.core.streaming.reject_event(conn, "", ev, RejectReason.MALFORMED_MESSAGE, str(e), now)
+            self.streaming.reject_event(conn, "", ev, RejectReason.MALFORMED_MESSAGE, str(e), now)
             return
         if not init.kind.is_response:
-            self.core.streaming.reject_event(
+            self.streaming.reject_event(
                 conn,
                 "",
                 ev,
@@ -91,11 +127,11 @@ class Handshake:
                 now,
             )
             return
-        self.core.http.abort(conn, now, "")
+        self.http.abort(conn, now, "")
         self.result(conn, init, now)
 
     def result(self, conn: Conn, msg: jsonrpc.Message, now: float) -> None:
-        c = self.core
+        c = self.state
         result = msg.body.get("result")
         if msg.kind is not jsonrpc.MessageKind.RESPONSE or not isinstance(result, dict):
             self.failed(conn, now, "initialize_error", ended=True)
@@ -114,39 +150,39 @@ class Handshake:
         c.protocol_version = str(version)
         c.structured_ids = isinstance(ids, dict) and ids.get("scheme") == "e1" and c.tag is not None
         c.server_generation = None
-        reinit = c.reconnector.get(Target.SESSION)
+        reinit = self.reconnector.get(Target.SESSION)
         if reinit is not None:
-            c.reconnector.session_reestablished()
-            c.reconnector.recovered(reinit, now)
-        self.session_event("established", now, version=c.protocol_version)
+            self.reconnector.session_reestablished()
+            self.reconnector.recovered(reinit, now)
+        c.session_event("established", now, version=c.protocol_version)
         c.fx.notices.append(SessionEstablished(c.generation, c.protocol_version, now))
-        c.http.open(Purpose.INITIALIZED, "POST", now, body=jsonrpc.notification(jsonrpc.INITIALIZED))
-        if c.config.open_standalone_stream and not c.leave_requested:
-            c.streaming.open_standalone(now)
+        self.http.open(Purpose.INITIALIZED, "POST", now, body=jsonrpc.notification(jsonrpc.INITIALIZED))
+        if self.config.open_standalone_stream and not c.leave_requested:
+            self.streaming.open_standalone(now)
         for call in c.calls.values():
-            loss = c.reconnector.get(Target.CALL, call.handle.operation_key)
+            loss = self.reconnector.get(Target.CALL, call.handle.operation_key)
             if call.queued and not call.done and (loss is None or loss.at is None):
-                c.calling.send(call, now)
+                self.calling.send(call, now)
 
     def failed(self, conn: Conn, now: float, cause: str, *, ended: bool = False) -> None:
-        c = self.core
+        c = self.state
         if not ended:
-            c.http.abort(conn, now, cause)
+            self.http.abort(conn, now, cause)
         if c.session.state is State.INITIALIZING:
             c.session.process(Trigger.INITIALIZE_FAILED)
         c.fx.records.append(
-            SessionEvent(c.config.client_id, None, c.generation, "initialize_failed", None, now)
+            SessionEvent(self.config.client_id, None, c.generation, "initialize_failed", None, now)
         )
         if c.stopped:
             return
-        c.reconnector.lost(
+        self.reconnector.lost(
             Target.SESSION, "", now, cause, kind=Kind.REINITIALIZE, retry_after=conn.retry_after
         )
 
     # ------------------------------------------------------------------ the new handshake (a reconnect kind)
 
     def _ready(self, loss: Loss, now: float) -> bool:
-        c = self.core
+        c = self.state
         if c.session.state is not State.REINITIALIZE_REQUIRED or c.stopped:
             loss.at = None
             return False
@@ -162,19 +198,19 @@ class Handshake:
 
     def session_not_found(self, conn: Conn, now: float) -> None:
         """404 to a request that carried the session ID: the session is gone."""
-        c = self.core
-        c.http.abort(conn, now, "session_not_found")
+        c = self.state
+        self.http.abort(conn, now, "session_not_found")
         if conn.view.session_generation != c.generation:
             return  # a straggler of an older session: already handled
         if c.session.state is State.DELETE_REQUESTED:
             # Leaving, and any 404 (to the DELETE or to a request still in flight) says the
             # session is gone: that is the end we asked for, not a reason for a new handshake.
-            c.leaving.done(LeaveReceipt.ALREADY_GONE, now, "terminated")
+            self.leaving.done(LeaveReceipt.ALREADY_GONE, now, "terminated")
             return
         if c.session.state is not State.SESSION_ACTIVE:
             return
         c.session.process(Trigger.SESSION_NOT_FOUND)
-        self.session_event("expired", now)
+        c.session_event("expired", now)
         self.drop_session(now, "session_not_found")
         c.session.process(Trigger.REINITIALIZE)
         if c.leave_requested:
@@ -182,43 +218,37 @@ class Handshake:
             return
         # The new handshake is the very next request: at once, but as a reconnect it still
         # waits for the budget (nothing else is sent meanwhile: the session is not active).
-        loss = c.reconnector.lost(
+        loss = self.reconnector.lost(
             Target.SESSION, "", now, "session_not_found", kind=Kind.REINITIALIZE, immediate=True
         )
-        c.reconnector.attempt(loss, now)
+        self.reconnector.attempt(loss, now)
 
     def drop_session(self, now: float, reason: str) -> None:
         """End every stream of the lost session; calls in flight become outcome-UNKNOWN."""
-        c = self.core
+        c = self.state
         for st in list(c.streams.values()):
             if st.machine.can(Trigger.SESSION_GONE):
                 st.machine.process(Trigger.SESSION_GONE)
-            c.streaming.close_conn(st, now, reason)
-        for conn in list(c.http.live.values()):
+            self.table.close_conn(st, now, reason)
+        for conn in list(self.http.live.values()):
             if conn.view.session_generation == c.generation and conn.purpose is not Purpose.INITIALIZE:
-                c.http.abort(conn, now, reason)
+                self.http.abort(conn, now, reason)
         unknown: list[CallHandle] = []
         for call in c.calls.values():
             if call.done:
                 continue
-            loss = c.reconnector.get(Target.CALL, call.handle.operation_key)
+            loss = self.reconnector.get(Target.CALL, call.handle.operation_key)
             if loss is not None and loss.kind is Kind.RESEND and loss.at is not None:
                 # A re-send held back (429/503) was never processed: it waits for the new session.
                 loss.at = None
                 call.queued = True
             elif not call.queued:
                 unknown.append(call.handle)
-                c.calling.finish(call, CallOutcome.UNKNOWN, now, reason=reason, path=EndPath.SESSION_LOST)
-        c.streaming.standalone = None
-        standalone = c.reconnector.get(Target.STANDALONE)
+                self.calling.finish(call, CallOutcome.UNKNOWN, now, reason=reason, path=EndPath.SESSION_LOST)
+        self.streaming.standalone = None
+        standalone = self.reconnector.get(Target.STANDALONE)
         if standalone is not None:
             # A standalone stream owes nothing a cursor could replay: the one the next
             # handshake opens brings it back (a call in flight, by contrast, is lost).
-            c.reconnector.park(standalone, Kind.REOPEN, reason)
+            self.reconnector.park(standalone, Kind.REOPEN, reason)
         c.fx.notices.append(SessionLost(c.generation, now, reason, tuple(unknown)))
-
-    def session_event(self, what: str, now: float, *, version: str | None = None) -> None:
-        c = self.core
-        c.fx.records.append(
-            SessionEvent(c.config.client_id, c.session_pseudonym, c.generation, what, version, now)
-        )

@@ -1,43 +1,47 @@
-"""Requests: their headers, the connections in flight, and one exchange record each."""
+"""Requests: their headers, the connections in flight, and one exchange record each.
+
+The layer just above `ClientState`: every part opens and ends its connections here, and
+this part needs no other (only the session facts that go into headers and records).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from lab.client._acceptance import ConnectionView
+from lab.client._client_state import ClientState
 from lab.client._commands import CloseConnection, Headers, Purpose, SendRequest
+from lab.client._config import ClientConfig
 from lab.client._model import Call, Conn
 from lab.wire import jsonrpc
 from lab.wire.client_ledger import HttpExchange
 from lab.wire.extensions import LAB_CONN_HEADER
 from lab.wire.revisions import LAST_EVENT_ID_HEADER, PROTOCOL_VERSION_HEADER, SESSION_HEADER, revision
 
-if TYPE_CHECKING:
-    from lab.client._core import ClientCore
-
 
 class Connections:
-    def __init__(self, core: ClientCore) -> None:
-        self.core = core
+    __slots__ = ("_next", "config", "live", "state")
+
+    def __init__(self, state: ClientState, config: ClientConfig) -> None:
+        self.state = state
+        self.config = config
         self.live: dict[int, Conn] = {}
         self._next = 1
 
     def headers(
         self, conn_id: int, purpose: Purpose, *, with_session: bool, last_event_id: str | None
     ) -> Headers:
-        c = self.core
+        c, cfg = self.state, self.config
         # x-lab-conn names the connection in every ledger (tap, server, client), so the
         # checker can join them; servers ignore headers they do not know.
-        h: list[tuple[str, str]] = [(LAB_CONN_HEADER, f"{c.config.client_id}:{conn_id}")]
+        h: list[tuple[str, str]] = [(LAB_CONN_HEADER, f"{cfg.client_id}:{conn_id}")]
         if purpose in (Purpose.STANDALONE, Purpose.RESUME):
             h.append(("accept", "text/event-stream"))
         elif purpose is not Purpose.DELETE:
             h.append(("accept", "application/json, text/event-stream"))
             h.append(("content-type", "application/json"))
-        if c.config.origin is not None:
-            h.append(("origin", c.config.origin))
-        if c.config.token is not None:
-            h.append(("authorization", f"Bearer {c.config.token}"))
+        if cfg.origin is not None:
+            h.append(("origin", cfg.origin))
+        if cfg.token is not None:
+            h.append(("authorization", f"Bearer {cfg.token}"))
         if with_session and c.session_id is not None:
             h.append((SESSION_HEADER, c.session_id))
         if purpose is not Purpose.INITIALIZE and revision(c.protocol_version).version_header:
@@ -58,12 +62,12 @@ class Connections:
         last_event_id: str | None = None,
     ) -> SendRequest:
         """A new connection: its command goes out with the core's output."""
-        c = self.core
+        c = self.state
         conn_id = self._next
         self._next += 1
         with_session = purpose is not Purpose.INITIALIZE
         headers = self.headers(conn_id, purpose, with_session=with_session, last_event_id=last_event_id)
-        view = ConnectionView(conn_id, c.generation, c.protocol_version, c.config.auth_subject)
+        view = ConnectionView(conn_id, c.generation, c.protocol_version, self.config.auth_subject)
         carried = with_session and c.session_id is not None
         self.live[conn_id] = Conn(
             conn_id,
@@ -86,9 +90,9 @@ class Connections:
         """Forget a connection and write its exchange record (exactly once per connection)."""
         if self.live.pop(conn.conn_id, None) is None:
             return
-        self.core.fx.records.append(
+        self.state.fx.records.append(
             HttpExchange(
-                client_id=self.core.config.client_id,
+                client_id=self.config.client_id,
                 conn_id=conn.conn_id,
                 purpose=str(conn.purpose),
                 method=conn.method,
@@ -104,10 +108,14 @@ class Connections:
             )
         )
 
+    def over(self, conn: Conn, now: float, cause: str) -> None:
+        """The response ended, by `cause` (`server_closed`: normally, so no error)."""
+        self.end(conn, now, "" if cause == "server_closed" else cause)
+
     def abort(self, conn: Conn, now: float, reason: str) -> None:
         """End a connection and tell the driver to close it."""
         self.end(conn, now, reason)
-        self.core.fx.commands.append(CloseConnection(conn.conn_id))
+        self.state.fx.commands.append(CloseConnection(conn.conn_id))
 
     def abort_id(self, conn_id: int | None, now: float, reason: str) -> None:
         conn = None if conn_id is None else self.live.get(conn_id)

@@ -30,15 +30,12 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from lab.client._client_state import ClientState
 from lab.client._commands import SendRequest
-from lab.client._reconnect import plan_reconnect
+from lab.client._config import ClientConfig
+from lab.client._reconnect import RandomSource, ReconnectBudget, plan_reconnect
 from lab.wire.client_ledger import ReconnectAttempt, Recovery
-
-if TYPE_CHECKING:
-    from lab.client._config import ClientConfig
-    from lab.client._core import ClientCore
 
 
 class Kind(enum.StrEnum):
@@ -148,19 +145,36 @@ class Handler:
 
 
 class Reconnector:
-    def __init__(self, core: ClientCore) -> None:
-        self.core = core
+    """The steps of every kind. What each kind does is a `Handler` of the part that owns
+    what it reconnects; the parts sit above this module, so they are not imported here:
+    `handlers` makes the table of them (the core's `reconnect_handlers`)."""
+
+    __slots__ = ("_handlers", "_losses", "_make_handlers", "budget", "config", "rng", "state")
+
+    def __init__(
+        self,
+        state: ClientState,
+        config: ClientConfig,
+        *,
+        budget: ReconnectBudget,
+        rng: RandomSource,
+        handlers: Callable[[], dict[Kind, Handler]],
+    ) -> None:
+        self.state = state
+        self.config = config
+        self.budget = budget
+        self.rng = rng
+        self._make_handlers = handlers
         self._losses: dict[tuple[Target, str], Loss] = {}
         self._handlers: dict[Kind, Handler] | None = None
 
     @property
     def handlers(self) -> dict[Kind, Handler]:
-        """Each kind's handler, which lives with what it reconnects (the core's
-        `reconnect_handlers`). Made on first use: five handlers of bound methods, ~1.5 KiB
-        that a client which never loses anything does not need (a Locust worker holds
-        thousands of those)."""
+        """Each kind's handler, which lives with what it reconnects. Made on first use:
+        five handlers of bound methods, ~1.5 KiB that a client which never loses anything
+        does not need (a Locust worker holds thousands of those)."""
         if self._handlers is None:
-            self._handlers = self.core.reconnect_handlers()
+            self._handlers = self._make_handlers()
         return self._handlers
 
     def get(self, target: Target, name: str = "") -> Loss | None:
@@ -208,7 +222,7 @@ class Reconnector:
         loss = self.open(target, name, now, cause, kind=kind, subject=subject, operation_key=operation_key)
         loss.kind, loss.cause, loss.at = kind, cause, None
         tried = loss.tried(kind)
-        limit = KINDS[kind].limit(self.core.config)
+        limit = KINDS[kind].limit(self.config)
         if limit is not None and tried >= limit:
             self.handlers[kind].exhausted(loss, now)
             return loss
@@ -218,8 +232,8 @@ class Reconnector:
             plan = plan_reconnect(
                 now,
                 tried,
-                self.core.config.backoff,
-                self.core.rng,
+                self.config.backoff,
+                self.rng,
                 retry_ms=retry_ms,
                 retry_after=retry_after,
             )
@@ -254,18 +268,18 @@ class Reconnector:
         handler = self.handlers[loss.kind]
         if not handler.ready(loss, now):
             return
-        budget = self.core.budget
+        budget = self.budget
         if not budget.try_acquire(now):
             # Wait for the next token, with a little jitter so that everything the budget
             # held back does not fire at the same instant.
-            loss.at = budget.next_available(now) + self.core.rng.random() * 0.05
+            loss.at = budget.next_available(now) + self.rng.random() * 0.05
             return
         loss.at = None
         kind = loss.kind
         send = handler.attempt(loss, now)
-        self.core.fx.records.append(
+        self.state.fx.records.append(
             ReconnectAttempt(
-                self.core.config.client_id,
+                self.config.client_id,
                 str(kind),
                 loss.subject or None,
                 loss.cause,
@@ -276,7 +290,7 @@ class Reconnector:
                 now - loss.lost_at,
                 loss.tried(kind),
                 send.conn_id,
-                self.core.generation,
+                self.state.generation,
             )
         )
         loss.tries[kind] = loss.tried(kind) + 1
@@ -307,9 +321,9 @@ class Reconnector:
         del self._losses[(loss.target, loss.name)]
         if loss.target not in RECOVERY_TARGETS:
             return
-        self.core.fx.records.append(
+        self.state.fx.records.append(
             Recovery(
-                self.core.config.client_id,
+                self.config.client_id,
                 loss.subject,
                 loss.operation_key,
                 loss.first_cause,

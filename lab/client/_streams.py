@@ -9,25 +9,30 @@
   without a valid cursor (or whose cursor the server refused) falls back to the next kind
   of the reconnector's table: its call is re-sent, or a fresh standalone stream opened.
 - A resumed call stream that stays silent, or a call stream that only keeps itself alive,
-  is lost like any other (`ClientConfig.resume_silence_s`, `stream_idle_s`).
+  is lost like any other (`ClientConfig.resume_silence_s`, `stream_idle_s`; the deadlines
+  are kept by `_stream_table`, which `_calls` shares, and `tick` acts on them here).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from lab.client._acceptance import (
     Acceptance,
+    InboxStore,
     Outcome,
     RejectReason,
     SessionView,
     StreamView,
     accept_stream_event,
 )
+from lab.client._calls import Calling
+from lab.client._client_state import ClientState
 from lab.client._commands import CallOutcome, Progress, Purpose, SendRequest
-from lab.client._model import Call, Conn, Stream
-from lab.client._reconnector import EndPath, Handler, Kind, Loss, Target
-from lab.client._states import Machine, Role, State, Trigger
+from lab.client._config import ClientConfig
+from lab.client._http import Connections
+from lab.client._model import Conn, Stream
+from lab.client._reconnector import EndPath, Handler, Kind, Loss, Reconnector, Target
+from lab.client._states import State, Trigger
+from lab.client._stream_table import StreamTable
 from lab.wire import jsonrpc
 from lab.wire.client_ledger import EventRejected
 from lab.wire.event_ids import (
@@ -39,9 +44,6 @@ from lab.wire.event_ids import (
 )
 from lab.wire.sse import SseEvent
 
-if TYPE_CHECKING:
-    from lab.client._core import ClientCore
-
 _CURSOR_REFUSED_STATUSES = frozenset({400, 405, 409, 410, 422})
 _UNTRUSTED_CONNECTION = frozenset(
     {RejectReason.CURSOR_GAP, RejectReason.PROTOCOL_VERSION_MISMATCH, RejectReason.SUBJECT_MISMATCH}
@@ -51,13 +53,43 @@ DUPLICATE = "duplicate"
 
 
 class Streaming:
-    def __init__(self, core: ClientCore) -> None:
-        self.core = core
+    """What comes on the streams of `ClientState.streams`, and getting a lost one back.
+    The initialize stream and the DELETE's answer are not streams of the session: the
+    core hands those to `Handshake` and `Leaving`, which sit above this part."""
+
+    __slots__ = (
+        "_next_standalone",
+        "calling",
+        "config",
+        "http",
+        "inbox",
+        "reconnector",
+        "standalone",
+        "state",
+        "table",
+    )
+
+    def __init__(
+        self,
+        state: ClientState,
+        config: ClientConfig,
+        *,
+        inbox: InboxStore,
+        http: Connections,
+        reconnector: Reconnector,
+        table: StreamTable,
+        calling: Calling,
+    ) -> None:
+        self.state = state
+        self.config = config
+        self.inbox = inbox
+        self.http = http
+        self.reconnector = reconnector
+        self.table = table
+        self.calling = calling
         self.standalone: str | None = None
         """Key of the current standalone stream (also while it is being resumed)."""
         self._next_standalone = 1
-        self._watched: dict[str, tuple[float, str]] = {}
-        """Call streams that must deliver a message by a deadline: key -> (deadline, cause)."""
 
     def resume_handler(self) -> Handler:
         return Handler(self._resume_ready, self._resume_attempt, self._resume_exhausted)
@@ -65,20 +97,11 @@ class Streaming:
     def reopen_handler(self) -> Handler:
         return Handler(self._reopen_ready, self._reopen_attempt, self._reopen_exhausted)
 
-    def new_stream(self, conn: Conn, request_id: int | None, call: Call | None, sid: str | None) -> Stream:
-        c = self.core
-        assert conn.stream_key is not None
-        st = Stream(conn.stream_key, Machine(Role.STREAM), c.generation, request_id, call, sid, conn.conn_id)
-        c.streams[st.key] = st
-        return st
-
     # ------------------------------------------------------------------ the door
 
     def on_event(self, conn: Conn, ev: SseEvent, now: float) -> None:
-        c = self.core
-        if conn.purpose is Purpose.INITIALIZE:
-            c.handshake.event(conn, ev, now)
-            return
+        """An event of a stream of the session (any connection but an initialize one)."""
+        c = self.state
         st = c.streams.get(conn.stream_key or "")
         if st is not None and ev.retry is not None:
             st.retry_ms = ev.retry
@@ -89,13 +112,13 @@ class Streaming:
             return
         call = st.call
         result = accept_stream_event(
-            c.inbox,
-            client_id=c.config.client_id,
+            self.inbox,
+            client_id=self.config.client_id,
             session=SessionView(
                 c.generation,
                 c.session_usable(),
                 c.protocol_version,
-                c.config.auth_subject,
+                self.config.auth_subject,
                 c.tag,
                 c.structured_ids,
                 c.server_generation,
@@ -112,7 +135,7 @@ class Streaming:
             event=ev,
             event_id=self._event_id(conn, ev),
             now=now,
-            checks=c.config.checks,
+            checks=self.config.checks,
         )
         if result.outcome is not Outcome.ACCEPTED:
             self._not_accepted(conn, st, result, now)
@@ -124,11 +147,11 @@ class Streaming:
         msg = result.message
         loss = self._loss_of(st)
         if loss is not None and (msg is not None or call is None):
-            c.reconnector.recovered(loss, now)  # the first message on the stream got back
+            self.reconnector.recovered(loss, now)  # the first message on the stream got back
         if msg is None or call is None:
             return
         call.progress_at = now
-        self.watch(st, now + c.config.stream_idle_s, "stream_idle")
+        self.table.watch(st, now + self.config.stream_idle_s, "stream_idle")
         if msg.method == jsonrpc.PROGRESS:
             p = msg.params.get("progress")
             c.fx.notices.append(Progress(call.handle, float(p) if isinstance(p, int | float) else None, now))
@@ -137,22 +160,32 @@ class Streaming:
         st.ended = True
         st.machine.process(Trigger.COMPLETED)
         st.conn_id = None
-        self.unwatch(st.key)
-        c.http.abort(conn, now, "")
+        self.table.unwatch(st.key)
+        self.http.abort(conn, now, "")
         if msg.kind is jsonrpc.MessageKind.RESPONSE:
             res = msg.body.get("result")
-            c.calling.finish(call, CallOutcome.OK, now, result=res if isinstance(res, dict) else None)
+            self.calling.finish(call, CallOutcome.OK, now, result=res if isinstance(res, dict) else None)
         else:
-            c.calling.finish(
+            self.calling.finish(
                 call, CallOutcome.ERROR, now, error=msg.body.get("error"), reason="jsonrpc_error"
             )
+
+    def json_body(self, conn: Conn, now: float) -> None:
+        """A call answered with `application/json`: one message, no event ID, no cursor,
+        through the same door as the events of a stream."""
+        call = conn.call
+        assert call is not None
+        self.table.new_stream(conn, call.request_id, call, None)
+        self.on_event(conn, SseEvent(data=bytes(conn.body).decode("utf-8", errors="replace")), now)
+        if conn.conn_id in self.http.live:
+            self.connection_over(conn, now, "server_closed")
 
     def after_close(self, conn: Conn, events: list[SseEvent], now: float) -> None:
         """Events that came in the same chunk after the client stopped reading `conn`.
         After the stream's response they still go through the door (which refuses them:
         nothing comes after a response); after the client gave up on the connection
         they are refused unread."""
-        st = self.core.streams.get(conn.stream_key or "")
+        st = self.state.streams.get(conn.stream_key or "")
         for ev in events:
             if ev.id is None and not ev.has_data:
                 continue
@@ -184,10 +217,10 @@ class Streaming:
     def _reject_row(
         self, conn: Conn, stream_key: str, event_id: str, digest: str, reason: str, detail: str, now: float
     ) -> None:
-        c = self.core
+        c = self.state
         c.fx.records.append(
             EventRejected(
-                c.config.client_id,
+                self.config.client_id,
                 conn.conn_id,
                 c.generation,
                 stream_key,
@@ -202,13 +235,13 @@ class Streaming:
     def _not_accepted(self, conn: Conn, st: Stream, result: Acceptance, now: float) -> None:
         reason = str(result.reason) if result.reason is not None else DUPLICATE
         self._reject_row(conn, st.key, result.event_id, result.digest, reason, result.detail, now)
-        if result.reason not in _UNTRUSTED_CONNECTION or conn.conn_id not in self.core.http.live:
+        if result.reason not in _UNTRUSTED_CONNECTION or conn.conn_id not in self.http.live:
             return
         # Something between us and the server lost events or changed identity: this
         # connection cannot be trusted further; resume from the watermark on a new one.
-        self.core.http.abort(conn, now, str(result.reason))
+        self.http.abort(conn, now, str(result.reason))
         st.conn_id = None
-        self.unwatch(st.key)
+        self.table.unwatch(st.key)
         if st.machine.can(Trigger.CONNECTION_LOST):
             st.machine.process(Trigger.CONNECTION_LOST)
             self.stream_lost(st, now, str(result.reason))
@@ -216,25 +249,20 @@ class Streaming:
     # ------------------------------------------------------------------ losses
 
     def _loss_of(self, st: Stream) -> Loss | None:
-        rc = self.core.reconnector
+        rc = self.reconnector
         if st.call is not None:
             return rc.get(Target.CALL, st.call.handle.operation_key)
         return rc.get(Target.STANDALONE) if st.key == self.standalone else None
 
     def connection_over(self, conn: Conn, now: float, cause: str) -> None:
-        """A connection ended (normally or not) while the core still held it."""
-        c = self.core
-        c.http.end(conn, now, "" if cause == "server_closed" else cause)
-        if conn.purpose is Purpose.INITIALIZE:
-            c.handshake.failed(conn, now, cause, ended=True)
-            return
-        if conn.purpose is Purpose.DELETE:
-            c.leaving.unanswered(now, cause)
-            return
+        """A connection ended (normally or not) while the core still held it (not an
+        initialize or a DELETE: the core hands those to their parts)."""
+        c = self.state
+        self.http.over(conn, now, cause)
         st = c.streams.get(conn.stream_key or "")
         if st is not None and st.conn_id == conn.conn_id:
             st.conn_id = None
-            self.unwatch(st.key)
+            self.table.unwatch(st.key)
             if st.state is State.STREAM_OPEN and not st.ended:
                 st.machine.process(
                     Trigger.SERVER_CLOSED if cause == "server_closed" else Trigger.CONNECTION_LOST
@@ -246,7 +274,7 @@ class Streaming:
         if conn.purpose is Purpose.CALL and conn.call is not None and st is None and conn.status is None:
             # Lost before any response head: the request may or may not have arrived.
             if not conn.call.done:
-                c.calling.lost(conn.call, now, cause, None)
+                self.calling.lost(conn.call, now, cause, None)
             return
         if conn.purpose is Purpose.STANDALONE and st is None and self.standalone == conn.stream_key:
             self.standalone = None
@@ -254,7 +282,7 @@ class Streaming:
 
     def stream_lost(self, st: Stream, now: float, cause: str) -> None:
         """The stream is DISCONNECTED: resume it if a valid cursor exists, else fall back."""
-        c = self.core
+        c = self.state
         if c.leave_requested or c.stopped or c.session.state is not State.SESSION_ACTIVE:
             st.machine.process(Trigger.ABANDONED)
             return
@@ -263,13 +291,13 @@ class Streaming:
         )
         if self.valid_cursor(st) is None:
             st.machine.process(Trigger.NO_VALID_CURSOR)
-            loss = c.reconnector.open(
+            loss = self.reconnector.open(
                 target, name, now, cause, kind=Kind.RESUME, subject=st.key, operation_key=name or None
             )
             self._unresumable(st, loss, now, "no_valid_cursor")
             return
         st.machine.process(Trigger.RESUME_SCHEDULED)
-        c.reconnector.lost(
+        self.reconnector.lost(
             target,
             name,
             now,
@@ -283,18 +311,18 @@ class Streaming:
     def _unresumable(self, st: Stream, loss: Loss, now: float, reason: str) -> None:
         """No cursor to resume from (or the server refused it): the table's next kind."""
         if st.call is not None and st.call.done:
-            self.core.reconnector.end(loss, EndPath.ABANDONED)
+            self.reconnector.end(loss, EndPath.ABANDONED)
             return
         if st.call is None:
             if st.key != self.standalone:
                 return
             self.standalone = None
-        self.core.reconnector.fall_back(loss, now, reason, after=Kind.RESUME)
+        self.reconnector.fall_back(loss, now, reason, after=Kind.RESUME)
 
     def valid_cursor(self, st: Stream) -> str | None:
         """The stream's watermark, if it is a cursor of this session and of this stream."""
-        c = self.core
-        wm = c.inbox.watermark(st.generation, st.key)
+        c = self.state
+        wm = self.inbox.watermark(st.generation, st.key)
         if wm is None or st.generation != c.generation:
             return None
         if c.structured_ids:
@@ -305,26 +333,14 @@ class Streaming:
                 parsed, session_tag=c.tag or "", generation=c.server_generation, stream_id=st.server_stream_id
             )
         else:
-            seen = c.inbox.seen(st.generation, wm.event_id)
+            seen = self.inbox.seen(st.generation, wm.event_id)
             verdict = classify_opaque(st.key, None if seen is None else seen.stream_key)
         return wm.event_id if verdict is CursorVerdict.VALID else None
-
-    def close_conn(self, st: Stream, now: float, reason: str) -> None:
-        self.unwatch(st.key)
-        conn_id, st.conn_id = st.conn_id, None
-        self.core.http.abort_id(conn_id, now, reason)
-
-    def abandon_all(self, now: float, reason: str) -> None:
-        """The client leaves or stops: it stops reading every stream."""
-        for st in list(self.core.streams.values()):
-            if st.machine.can(Trigger.ABANDONED):
-                st.machine.process(Trigger.ABANDONED)
-            self.close_conn(st, now, reason)
 
     # ------------------------------------------------------------------ resumption (a reconnect kind)
 
     def _stream_of(self, loss: Loss) -> Stream | None:
-        c = self.core
+        c = self.state
         key = c.calls[loss.name].stream_key if loss.target is Target.CALL else self.standalone
         return c.streams.get(key or "")
 
@@ -342,7 +358,7 @@ class Streaming:
     def _resume_attempt(self, loss: Loss, now: float) -> SendRequest:
         st = self._stream_of(loss)
         assert st is not None
-        send = self.core.http.open(
+        send = self.http.open(
             Purpose.RESUME, "GET", now, stream_key=st.key, call=st.call, last_event_id=self.valid_cursor(st)
         )
         st.conn_id = send.conn_id
@@ -353,14 +369,14 @@ class Streaming:
         if st is not None:
             if st.machine.can(Trigger.ABANDONED):
                 st.machine.process(Trigger.ABANDONED)
-            self.close_conn(st, now, "gave_up_resuming")
+            self.table.close_conn(st, now, "gave_up_resuming")
             self._unresumable(st, loss, now, f"gave_up_resuming_after_{loss.cause}")
 
     def resume_head(self, conn: Conn, now: float) -> None:
-        c = self.core
+        c = self.state
         st = c.streams.get(conn.stream_key or "")
         if st is None or st.conn_id != conn.conn_id or st.state is not State.RESUME_PENDING:
-            c.http.abort(conn, now, "stale_resume")
+            self.http.abort(conn, now, "stale_resume")
             return
         if conn.sse:
             st.machine.process(Trigger.RESUMED)
@@ -368,12 +384,12 @@ class Streaming:
                 # A standalone stream may stay silent: it has recovered once it is open again.
                 loss = self._loss_of(st)
                 if loss is not None:
-                    c.reconnector.recovered(loss, now)
+                    self.reconnector.recovered(loss, now)
             else:
-                self.watch(st, now + c.config.resume_silence_s, "resume_silent")
+                self.table.watch(st, now + self.config.resume_silence_s, "resume_silent")
             return
         status = conn.status or 0
-        c.http.abort(conn, now, f"http_{status}")
+        self.http.abort(conn, now, f"http_{status}")
         st.conn_id = None
         if status in _CURSOR_REFUSED_STATUSES:
             st.machine.process(Trigger.CURSOR_REFUSED)
@@ -385,7 +401,7 @@ class Streaming:
 
     def _resume_failed(self, st: Stream, now: float, cause: str, retry_after: float | None) -> None:
         """A resumption got no stream (network error, 429, 503): try again later."""
-        c = self.core
+        c = self.state
         st.machine.process(Trigger.RESUME_FAILED)
         if c.leave_requested or c.stopped:
             st.machine.process(Trigger.ABANDONED)
@@ -394,30 +410,17 @@ class Streaming:
         target, name = (
             (Target.CALL, st.call.handle.operation_key) if st.call is not None else (Target.STANDALONE, "")
         )
-        c.reconnector.lost(target, name, now, cause, kind=Kind.RESUME, retry_after=retry_after)
+        self.reconnector.lost(target, name, now, cause, kind=Kind.RESUME, retry_after=retry_after)
 
     # ------------------------------------------------------------------ silent streams
 
-    def watch(self, st: Stream, deadline: float, cause: str) -> None:
-        self._watched[st.key] = (deadline, cause)
-
-    def unwatch(self, key: str | None) -> None:
-        if key is not None:
-            self._watched.pop(key, None)
-
-    def next_deadline(self) -> float | None:
-        return min((t for t, _ in self._watched.values()), default=None)
-
     def tick(self, now: float) -> None:
-        c = self.core
-        for key, (deadline, cause) in list(self._watched.items()):
-            if deadline > now:
-                continue
-            del self._watched[key]
+        c = self.state
+        for key, cause in self.table.due(now):
             st = c.streams.get(key)
             if st is None or st.state is not State.STREAM_OPEN or st.ended:
                 continue
-            self.close_conn(st, now, cause)
+            self.table.close_conn(st, now, cause)
             st.machine.process(Trigger.CONNECTION_LOST)
             self.stream_lost(st, now, cause)
 
@@ -427,17 +430,16 @@ class Streaming:
         key = f"get:{self._next_standalone}"
         self._next_standalone += 1
         self.standalone = key
-        return self.core.http.open(Purpose.STANDALONE, "GET", now, stream_key=key)
+        return self.http.open(Purpose.STANDALONE, "GET", now, stream_key=key)
 
     def standalone_head(self, conn: Conn, now: float) -> None:
-        c = self.core
         if conn.sse:
-            self.new_stream(conn, None, None, None)
-            loss = c.reconnector.get(Target.STANDALONE)
+            self.table.new_stream(conn, None, None, None)
+            loss = self.reconnector.get(Target.STANDALONE)
             if loss is not None:
-                c.reconnector.recovered(loss, now)
+                self.reconnector.recovered(loss, now)
             return
-        c.http.abort(conn, now, f"http_{conn.status}")
+        self.http.abort(conn, now, f"http_{conn.status}")
         if self.standalone == conn.stream_key:
             self.standalone = None
         if conn.status != 405:
@@ -445,15 +447,15 @@ class Streaming:
             return
         # 405: the server offers no GET stream. Fine for a first open; a stream that was
         # being got back will not come back.
-        loss = c.reconnector.get(Target.STANDALONE)
+        loss = self.reconnector.get(Target.STANDALONE)
         if loss is not None:
-            c.reconnector.end(loss, EndPath.ABANDONED)
+            self.reconnector.end(loss, EndPath.ABANDONED)
 
     def _reopen_lost(self, now: float, cause: str, retry_after: float | None, subject: str | None) -> None:
-        c = self.core
+        c = self.state
         if c.session.state is not State.SESSION_ACTIVE or c.leave_requested or c.stopped:
             return
-        c.reconnector.lost(
+        self.reconnector.lost(
             Target.STANDALONE,
             "",
             now,
@@ -464,7 +466,7 @@ class Streaming:
         )
 
     def _reopen_ready(self, loss: Loss, now: float) -> bool:
-        c = self.core
+        c = self.state
         if c.session.state is not State.SESSION_ACTIVE or c.leave_requested or c.stopped:
             loss.at = None
             return False
@@ -477,4 +479,4 @@ class Streaming:
         return self.open_standalone(now)
 
     def _reopen_exhausted(self, loss: Loss, now: float) -> None:
-        self.core.reconnector.end(loss, EndPath.ABANDONED)
+        self.reconnector.end(loss, EndPath.ABANDONED)

@@ -24,10 +24,11 @@ from lab.checker.inputs.load import RunData
 from lab.checker.judge.verdict import run_rule
 from lab.checker.model import GateResult, Verdict
 from lab.checker.rules import cross_stream, duplicates, reconnect, rehandshake
-from lab.client._acceptance import ALL_CHECKS, Check, MemoryInbox
+from lab.client._acceptance import ALL_CHECKS, Check
 from lab.client._commands import CallFinished, CallOutcome
 from lab.client._config import ClientConfig
 from lab.client._core import ClientCore
+from lab.client._memory_inbox import MemoryInbox
 from lab.client._reconnect import BackoffPolicy, ReconnectBudget
 from lab.wire.client_ledger import ReconnectAttempt
 from lab.wire.redact import Redactor

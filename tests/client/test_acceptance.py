@@ -13,13 +13,13 @@ from lab.client._acceptance import (
     Acceptance,
     Check,
     ConnectionView,
-    MemoryInbox,
     Outcome,
     RejectReason,
     SessionView,
     StreamView,
     accept_stream_event,
 )
+from lab.client._memory_inbox import MemoryInbox
 from lab.wire import jsonrpc
 from lab.wire.event_ids import EventIdCodec, post_stream_id, session_tag
 from lab.wire.sse import SseEvent

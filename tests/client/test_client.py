@@ -9,7 +9,6 @@ from collections import Counter
 
 import pytest
 
-from lab.client._acceptance import MemoryInbox
 from lab.client._commands import (
     CallFinished,
     CallOutcome,
@@ -22,6 +21,7 @@ from lab.client._commands import (
 )
 from lab.client._config import ClientConfig
 from lab.client._core import ClientCore
+from lab.client._memory_inbox import MemoryInbox
 from lab.client._reconnect import BackoffPolicy, ReconnectBudget
 from lab.client._states import State
 from lab.wire.client_ledger import EventRejected, HttpExchange, ReconnectAttempt, Recovery, SessionEvent

@@ -45,7 +45,6 @@ from lab.checker.truth.recoveries import NEVER_FINISHED, PERCENTILE, nearest_ran
 from lab.checker.truth.wire_streams import no_priming, no_priming_witness, silent_resumptions, silent_witness
 
 
-
 def check(ctx: Context) -> GateResult:
     budget = ctx.budgets.resume_p99_s
     lat = run_latencies(ctx)
