@@ -91,6 +91,7 @@ class Unanswered:
 
 
 def read_unanswered(un: Mapping[str, Any]) -> Unanswered:
+    """The section as the block reads it; a key the checker left out reads as not known."""
     lab = un.get("lab_limit")
     return Unanswered(
         status=un.get("status"),
