@@ -90,7 +90,7 @@ def params_tables() -> list[str]:
 
 def order() -> list[str]:
     flow = sorted(
-        (k for k in REGISTRY.values() if k.unit is Unit.FLOW), key=lambda k: (k.name != "storm", k.number)
+        (k for k in REGISTRY.values() if k.unit is Unit.FLOW), key=lambda k: (not k.answers_alone, k.number)
     )
     event = sorted((k for k in REGISTRY.values() if _acts_on_events(k)), key=lambda k: k.event_order)
     return [

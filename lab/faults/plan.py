@@ -297,10 +297,10 @@ class ActivePlan:
 
     @cached_property
     def flow_rules(self) -> tuple[Rule, ...]:
-        """Flow-level rules in the order they are tried on a request: a storm first (it answers
-        alone), then by kind number."""
+        """Flow-level rules in the order they are tried on a request: a kind that answers
+        alone first (a storm), then by kind number."""
         flow = [r for r in self.plan.rules if r.unit is Unit.FLOW]
-        return tuple(sorted(flow, key=lambda r: (r.kind != "storm", r.spec.number)))
+        return tuple(sorted(flow, key=lambda r: (not r.spec.answers_alone, r.spec.number)))
 
     @cached_property
     def event_rules(self) -> tuple[Rule, ...]:

@@ -146,25 +146,62 @@ def on_init(environment: Environment, **_: Any) -> None:
 
 
 def _init_master(environment: Environment, runner: MasterRunner, run_dir: Path) -> None:
-    progress: dict[str, dict[str, int]] = {}
-    split_log = run_dir / "budget_split.jsonl"
-    current: dict[str, float] = {}
+    master = _Master(environment, runner, run_dir)
+    runner.register_message("lab_progress", master.on_progress)
+    gevent.spawn(master.loop)
+    events.test_start.add_listener(master.on_test_start)  # type: ignore[no-untyped-call]
+    events.test_stop.add_listener(master.on_test_stop)  # type: ignore[no-untyped-call]
 
-    def on_progress(environment: Environment, msg: Any, **_: Any) -> None:
-        progress[msg.node_id] = msg.data
 
-    runner.register_message("lab_progress", on_progress)
+class _Master:
+    """The master's share of the run: the workers' progress summed into progress.json, the
+    reconnect budget split across the workers, and the end of the load (`lab run`'s stop
+    request, or the web UI's STOP)."""
 
-    def resplit() -> None:
-        workers = sorted(runner.clients.keys())
+    def __init__(self, environment: Environment, runner: MasterRunner, run_dir: Path) -> None:
+        self.environment = environment
+        self.runner = runner
+        self.run_dir = run_dir
+        self.progress: dict[str, dict[str, int]] = {}
+        """Each worker's last counters, by node id."""
+        self.shares: dict[str, float] = {}
+        """The reconnect budget's split in force (reconnects/s by worker)."""
+        self.ending: str | None = None
+        """Why the load is ending, once `end_the_load` has been called."""
+        self.started: float | None = None
+        """When the load first started (the run's zero, once the clock is set)."""
+        self.horizon = SETTINGS.stages[-1][0] if SETTINGS.stages else None
+
+    def on_progress(self, environment: Environment, msg: Any, **_: Any) -> None:
+        self.progress[msg.node_id] = msg.data
+
+    def loop(self) -> None:
+        """Once a second until `lab run` asks for the end: re-split the budget, write the
+        progress."""
+        stop_file = self.run_dir / STOP_FILE
+        while True:
+            if stop_file.exists():
+                # `lab run` asks for the end (event target reached, Ctrl-C): Locust's own
+                # quit stops the users on every worker (they DELETE their sessions) and
+                # tells the workers to exit, which a signal to the master would not.
+                self.end_the_load(None)
+                return
+            self.resplit()
+            _write_json(self.run_dir / "progress.json", self.total())
+            gevent.sleep(1.0)
+
+    def resplit(self) -> None:
+        """Split the budget across the workers connected now, if that changes the split:
+        each is told its share, and the split is logged."""
+        workers = sorted(self.runner.clients.keys())
         shares = split_budget(SETTINGS.reconnect_qps, workers)
-        if shares == current:
+        if shares == self.shares:
             return
-        current.clear()
-        current.update(shares)
+        self.shares.clear()
+        self.shares.update(shares)
         for worker, qps in shares.items():
-            runner.send_message("lab_budget", {"qps": qps}, client_id=worker)
-        with split_log.open("a", encoding="utf-8") as f:
+            self.runner.send_message("lab_budget", {"qps": qps}, client_id=worker)
+        with (self.run_dir / "budget_split.jsonl").open("a", encoding="utf-8") as f:
             f.write(
                 json.dumps(
                     {"at": time.time(), "workers": len(workers), "shares": [shares[w] for w in workers]}
@@ -172,69 +209,51 @@ def _init_master(environment: Environment, runner: MasterRunner, run_dir: Path) 
                 + "\n"
             )
 
-    stop_file = run_dir / STOP_FILE
+    def total(self) -> dict[str, Any]:
+        """Every worker's counters summed (progress.json)."""
+        # Workers that quit keep their last report: the totals never go backwards.
+        total: dict[str, Any] = {"at": time.time(), "workers": len(self.runner.clients)}
+        for counters in self.progress.values():
+            for k, v in counters.items():
+                if isinstance(v, int | float):
+                    total[k] = total.get(k, 0) + v
+        return total
 
-    def loop() -> None:
-        while True:
-            if stop_file.exists():
-                # `lab run` asks for the end (event target reached, Ctrl-C): Locust's own
-                # quit stops the users on every worker (they DELETE their sessions) and
-                # tells the workers to exit, which a signal to the master would not.
-                end_the_load(None)
-                return
-            resplit()
-            # Workers that quit keep their last report: the totals never go backwards.
-            total: dict[str, Any] = {"at": time.time(), "workers": len(runner.clients)}
-            for counters in progress.values():
-                for k, v in counters.items():
-                    if isinstance(v, int | float):
-                        total[k] = total.get(k, 0) + v
-            _write_json(run_dir / "progress.json", total)
-            gevent.sleep(1.0)
-
-    gevent.spawn(loop)
-
-    ending: list[str] = []
-    started: list[float] = []
-    horizon = SETTINGS.stages[-1][0] if SETTINGS.stages else None
-
-    def end_the_load(reason: str | None) -> None:
+    def end_the_load(self, reason: str | None) -> None:
         """Quit the Locust way (once): users stop (and DELETE their sessions), workers
         exit, and the web UI (if any) closes, so the master process ends."""
-        if ending:
+        if self.ending is not None:
             return
-        ending.append(reason or "stop_requested")
+        self.ending = reason or "stop_requested"
         if reason is not None:
-            _write_json(run_dir / LOAD_ENDED_FILE, {"reason": reason, "at": time.time()})
+            _write_json(self.run_dir / LOAD_ENDED_FILE, {"reason": reason, "at": time.time()})
         # After a stop, Locust forgets each worker until it reports ready again (after
         # the stop timeout), and its quit reaches only the workers it knows: tell every
         # worker this master has heard from to quit, known now or not.
-        for worker in sorted(set(progress) | set(runner.clients.keys())):
-            runner.send_message(QUIT_MESSAGE, None, client_id=worker)
-        runner.quit()
-        if environment.web_ui is not None:
-            environment.web_ui.stop()  # type: ignore[no-untyped-call]
+        for worker in sorted(set(self.progress) | set(self.runner.clients.keys())):
+            self.runner.send_message(QUIT_MESSAGE, None, client_id=worker)
+        self.runner.quit()
+        if self.environment.web_ui is not None:
+            self.environment.web_ui.stop()  # type: ignore[no-untyped-call]
 
-    @events.test_start.add_listener  # type: ignore[untyped-decorator]
-    def on_test_start(environment: Environment, **_: Any) -> None:
+    def on_test_start(self, environment: Environment, **_: Any) -> None:
         # The run's zero is now (lab.load.clock): the plan and `lab run` learn it, and
         # the first user is spawned once both hold it. Runs before Locust resets the
         # shape's clock, so the shape counts from the same moment. Once: a restart from
         # the web UI is not a new run.
-        if not started:
-            start = start_the_clock(run_dir, SETTINGS.plan_file, time.time())
+        if self.started is None:
+            start = start_the_clock(self.run_dir, SETTINGS.plan_file, time.time())
             gevent.sleep(max(0.0, start - time.time()))
-        started.append(time.time())
+            self.started = time.time()
 
-    @events.test_stop.add_listener  # type: ignore[untyped-decorator]
-    def on_test_stop(environment: Environment, **_: Any) -> None:
+    def on_test_stop(self, environment: Environment, **_: Any) -> None:
         # With the web UI, Locust keeps the master up after a stop (the UI's STOP, or the
         # shape running out) until someone quits it: for the lab, the load is over.
-        if environment.web_ui is None or ending:
+        if environment.web_ui is None or self.ending is not None:
             return
-        elapsed = time.time() - started[0] if started else 0.0
-        done = horizon is not None and elapsed >= horizon - 1.0
-        gevent.spawn(end_the_load, "load_complete" if done else "stopped_in_ui")
+        elapsed = time.time() - self.started if self.started is not None else 0.0
+        done = self.horizon is not None and elapsed >= self.horizon - 1.0
+        gevent.spawn(self.end_the_load, "load_complete" if done else "stopped_in_ui")
 
 
 # -- worker ------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""The Toxiproxy v2 HTTP API of the nemesis: routing (`ApiApp`) and a small HTTP/1.1
-server on trio streams with h11 (`serve_api`).
+"""The Toxiproxy v2 HTTP API of the nemesis: routing (`ApiApp`, over the operations of
+`NemesisOps`, which refuse with `ApiError`) and a small HTTP/1.1 server on trio streams
+with h11 (`serve_api`).
 
 Endpoints (JSON in and out; errors are `{"error": message, "status": code}`):
 
@@ -39,17 +40,45 @@ import traceback
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
-from typing import Final
+from typing import Final, Protocol
 from urllib.parse import unquote, urlsplit
 
 import h11
 import trio
 
-from lab.nemesis.server import ApiError, Nemesis
+from lab.nemesis.proxy import Proxy
+from lab.nemesis.toxics import ToxicSpec
 
 _MAX_BODY: Final = 1024 * 1024
 _MAX_HEAD: Final = 16 * 1024
 _DEADLINE_S: Final = 10.0
+
+
+class ApiError(Exception):
+    """An API request refused, with the HTTP status to answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class NemesisOps(Protocol):
+    """What the API drives: one method per API operation, each raising `ApiError` with the
+    status to answer (`lab.nemesis.server.Nemesis` is the one implementation). Declared
+    here so that the API does not import the server, which imports the API to serve it."""
+
+    def proxies(self) -> list[Proxy]: ...
+    def proxy(self, name: str) -> Proxy: ...
+    def toxic(self, proxy_name: str, toxic_name: str) -> ToxicSpec: ...
+    async def create_proxy(self, body: object) -> Proxy: ...
+    async def update_proxy(self, name: str, body: object) -> Proxy: ...
+    async def delete_proxy(self, name: str) -> None: ...
+    async def populate(self, body: object) -> list[Proxy]: ...
+    async def add_toxic(self, proxy_name: str, body: object) -> ToxicSpec: ...
+    async def update_toxic(self, proxy_name: str, toxic_name: str, body: object) -> ToxicSpec: ...
+    async def remove_toxic(self, proxy_name: str, toxic_name: str) -> None: ...
+    async def reset(self) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +99,9 @@ type _Handler = Callable[[list[str], bytes], Awaitable[Reply]]
 
 
 class ApiApp:
-    """Maps requests to `Nemesis` operations; never raises."""
+    """Maps requests to `NemesisOps` operations; never raises."""
 
-    def __init__(self, nemesis: Nemesis, version: str, *, compat: bool = False) -> None:
+    def __init__(self, nemesis: NemesisOps, version: str, *, compat: bool = False) -> None:
         self._nemesis = nemesis
         self._version = version
         self._compat = compat

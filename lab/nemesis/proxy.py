@@ -26,6 +26,9 @@ once ("never drop data on the floor", as Toxiproxy puts it); reset_peer's wait i
 exception, as in Toxiproxy. Unlike Toxiproxy, the end of
 one direction is passed on as a half-close (FIN), and the connection closes when both
 directions have ended.
+
+A proxy's toxics are a `lab.nemesis.chain.ToxicChain`; each connection's toxic state is a
+`lab.nemesis.link.Link`.
 """
 
 from __future__ import annotations
@@ -39,11 +42,13 @@ import struct
 import sys
 import traceback
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Final
 
 import trio
 
+from lab.nemesis.chain import ToxicChain, ToxicEntry
+from lab.nemesis.link import Link
 from lab.nemesis.proxyspec import BIND_HOST, Address, ProxyConfig
 from lab.nemesis.toxics import ToxicSpec
 
@@ -64,126 +69,6 @@ _IO_ERRORS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, OSError
 type _Onward = Callable[[bytes, float], Awaitable[bool]]
 """The continuation a toxic hands its output to (a piece, and when it left the toxic);
 it answers False when the connection is over."""
-
-
-@dataclass(frozen=True, slots=True)
-class ToxicEntry:
-    """A toxic in a proxy's chain. `added_id` names it from its addition to its removal
-    (per-connection state such as limit_data's count is keyed by it); `version_id`
-    changes with every update (the toxicity roll is keyed by it)."""
-
-    spec: ToxicSpec
-    added_id: int
-    version_id: int
-
-
-class ToxicChain:
-    """The toxics of one proxy, in the order they were added, and a change signal."""
-
-    def __init__(self) -> None:
-        self._entries: dict[str, ToxicEntry] = {}
-        self._by_stream: dict[str, tuple[ToxicEntry, ...]] = {}
-        self._ids = itertools.count(1)
-        self._changed = trio.Event()
-
-    def get(self, name: str) -> ToxicEntry | None:
-        return self._entries.get(name)
-
-    def entries(self) -> list[ToxicEntry]:
-        return list(self._entries.values())
-
-    def listing(self) -> list[ToxicEntry]:
-        """As the API lists them: upstream toxics, then downstream ones, each in the order
-        they were added (Toxiproxy's order)."""
-        return sorted(self._entries.values(), key=lambda e: e.spec.stream != "upstream")
-
-    def for_stream(self, stream: str) -> tuple[ToxicEntry, ...]:
-        """The toxics of one direction, in the order they were added (kept ready: the
-        proxy asks for every chunk)."""
-        return self._by_stream.get(stream, ())
-
-    def is_current(self, entry: ToxicEntry) -> bool:
-        """The toxic is still in the chain (possibly updated since)."""
-        now = self._entries.get(entry.spec.name)
-        return now is not None and now.added_id == entry.added_id
-
-    def add(self, spec: ToxicSpec) -> ToxicEntry:
-        if spec.name in self._entries:
-            raise KeyError(spec.name)
-        entry = ToxicEntry(spec, next(self._ids), next(self._ids))
-        self._entries[spec.name] = entry
-        self._notify()
-        return entry
-
-    def update(self, spec: ToxicSpec) -> ToxicEntry:
-        old = self._entries[spec.name]
-        entry = ToxicEntry(spec, old.added_id, next(self._ids))
-        self._entries[spec.name] = entry
-        self._notify()
-        return entry
-
-    def remove(self, name: str) -> ToxicEntry:
-        entry = self._entries.pop(name)
-        self._notify()
-        return entry
-
-    def changed_event(self) -> trio.Event:
-        """An event set at the next change of the chain."""
-        return self._changed
-
-    def _notify(self) -> None:
-        streams = {e.spec.stream for e in self._entries.values()}
-        self._by_stream = {
-            st: tuple(e for e in self._entries.values() if e.spec.stream == st) for st in streams
-        }
-        self._changed.set()
-        self._changed = trio.Event()
-
-
-@dataclass(slots=True)
-class _ToxicState:
-    """Per-connection state of one toxic."""
-
-    paced_until: float = -math.inf  # bandwidth: when the last paced piece may leave
-    sent: int = 0  # limit_data: bytes passed so far
-    triggered: bool = False  # reset_peer: the reset is under way
-
-
-@dataclass(eq=False, slots=True)
-class Link:
-    """One proxied connection: its toxicity rolls, per-toxic state, and how it ended."""
-
-    number: int
-    rng: random.Random
-    rolls: dict[int, bool] = field(default_factory=dict)
-    state: dict[int, _ToxicState] = field(default_factory=dict)
-    scope: trio.CancelScope | None = None
-    end_reason: str | None = None
-    reset_side: str | None = None  # "client" | "upstream": the socket to close with RST
-    ended_directions: set[str] = field(default_factory=set)
-
-    def applies(self, entry: ToxicEntry) -> bool:
-        """Whether the toxic acts on this connection (toxicity, rolled once per version)."""
-        roll = self.rolls.get(entry.version_id)
-        if roll is None:
-            roll = self.rolls[entry.version_id] = self.rng.random() < entry.spec.toxicity
-        return roll
-
-    def state_for(self, entry: ToxicEntry) -> _ToxicState:
-        return self.state.setdefault(entry.added_id, _ToxicState())
-
-    def finish(self, reason: str, reset_side: str | None = None) -> None:
-        """End the connection (the first reason wins); its sockets close once its tasks stop."""
-        if self.end_reason is None:
-            self.end_reason = reason
-            self.reset_side = reset_side
-        if self.scope is not None:
-            self.scope.cancel()
-
-    def direction_ended(self, direction: str) -> None:
-        self.ended_directions.add(direction)
-        if len(self.ended_directions) == 2:
-            self.finish("closed")
 
 
 class Proxy:

@@ -1,9 +1,10 @@
 """The nemesis' state (trio): its proxies, every change to them, and the log of changes.
 
-`Nemesis` is what the HTTP API drives; each method is one API operation and raises
-`ApiError` with the status Toxiproxy answers (400 bad input, 404 unknown proxy or toxic,
-409 a name that exists or a listen address in use). Changes are serialised by one lock,
-and each is written to the `mcpLabNemesis.v1` log once it has taken effect.
+`Nemesis` is what the HTTP API drives (`lab.nemesis.api.NemesisOps`); each method is one
+API operation and raises `ApiError` with the status Toxiproxy answers (400 bad input, 404
+unknown proxy or toxic, 409 a name that exists or a listen address in use). Changes are
+serialised by one lock, and each is written to the `mcpLabNemesis.v1` log once it has
+taken effect.
 
 `run_nemesis` is the whole server: the API on 127.0.0.1, until SIGINT or SIGTERM; on the
 way out every proxy is stopped and its end logged.
@@ -21,6 +22,7 @@ from typing import Final
 import trio
 
 from lab import __version__
+from lab.nemesis.api import ApiApp, ApiError, serve_api
 from lab.nemesis.log import NemesisLog, down_record, proxy_record, toxic_record
 from lab.nemesis.proxy import Proxy
 from lab.nemesis.proxyspec import BIND_HOST, ProxyConfig, parse_populate, parse_proxy, parse_proxy_update
@@ -28,15 +30,6 @@ from lab.nemesis.toxics import ToxicSpec, parse_toxic, parse_toxic_update
 
 VERSION: Final = f"lab-nemesis {__version__} (Toxiproxy API v2)"
 _SHUTDOWN_GRACE_S: Final = 5.0
-
-
-class ApiError(Exception):
-    """An API request refused, with the HTTP status to answer."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
 
 
 _OWN_TEXTS: Final = ("missing required field", "invalid toxic type", "stream was invalid")
@@ -265,8 +258,6 @@ async def run_nemesis(
     `announce` gets one line, `lab-nemesis api http://127.0.0.1:PORT`, once the API listens.
     `compat` accepts what a real Toxiproxy accepts and answers as it does (docs/nemesis.md).
     """
-    from lab.nemesis.api import ApiApp, serve_api  # api imports this module
-
     with NemesisLog(log_path) as log:
         listeners = await trio.open_tcp_listeners(api_port, host=BIND_HOST)
         port = listeners[0].socket.getsockname()[1]

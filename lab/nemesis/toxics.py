@@ -59,6 +59,9 @@ KIND_ATTRIBUTES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
 )
 """Every toxic type this nemesis implements, with its attributes in display order."""
 
+BREAKS_CONNECTIONS: Final = frozenset({"timeout", "reset_peer", "limit_data"})
+"""The toxic types that end the connections they act on (clients must recover)."""
+
 _INT64_MAX: Final = 2**63 - 1  # Toxiproxy's attributes are Go int64
 _TOXIC_FIELDS: Final = frozenset({"name", "type", "stream", "toxicity", "attributes"})
 _UPDATE_FIELDS: Final = _TOXIC_FIELDS

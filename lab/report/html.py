@@ -58,64 +58,17 @@ def render(
     """The page. `images`: PNG bytes by file name; `evidence`: raw row text by ref."""
     evidence = evidence or {}
     run = doc["run"]
-    events = doc["event_count"]
-    facts = [
-        f"scenario {run.get('scenario') or '?'}",
-        f"seed {run.get('seed')}",
-        f"target {run.get('target') or '?'}",
-        f"{events:,} events ({doc['event_count_source']})" if events is not None else "event count unknown",
-    ]
-    if run.get("duration_s") is not None:
-        facts.append(f"{run['duration_s']:.1f} s")
-    who = client_text(doc)
-    if who:
-        facts.append(who)
-    gates = []
-    for g in rules_of(doc):
-        # A client under test: where the gate's truth came from, and its baseline status.
-        said = [EXPECTED_TEXT[g["expected"]]] if g.get("expected") else []
-        said += [f"truth from: {g['truth_from']}"] if g.get("truth_from") else []
-        witnesses = [
-            {
-                "attribution": w["attribution"],
-                "explanation": w["explanation"],
-                "refs": [{"ref": r, "anchor": anchor(r)} for r in w.get("refs", []) if r in evidence],
-            }
-            for w in g["witnesses"]
-        ]
-        gates.append(
-            {
-                "number": g["number"],
-                "title": g["title"],
-                "verdict": g["verdict"],
-                "summary": (f"{said[0]}. " if g.get("expected") else "") + g["summary"],
-                "unmet": [
-                    f"{e['name']}: need {e['required']}, have {e['observed']}"
-                    for e in g["evidence"]
-                    if not e["ok"]
-                ],
-                "witnesses": witnesses,
-                "violations": g["violations"],
-                "error": g["error"],
-                "notes": [*said, *g["notes"]],
-            }
-        )
-    figures = []
-    for f in doc.get("figures", []):
-        png = images.get(f["file"])
-        src = None if png is None else "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-        figures.append({"file": f["file"], "title": f["title"], "src": src})
     faults = doc["faults"]
     context = {
         "title": f"lab report — {run['run_id']}",
         "banner": banner(doc),
         "verdict": doc["verdict"],
         "exit_code": doc["exit_code"],
-        "facts": facts,
-        "gates": gates,
+        "facts": _facts(doc),
+        "gates": [_gate(g, evidence) for g in rules_of(doc)],
         "liveness": liveness_lines(doc),
         "sections": sections.blocks(doc),
-        "figures": figures,
+        "figures": [_figure(f, images) for f in doc.get("figures", [])],
         "faults": [
             {
                 "fault": f["fault"],
@@ -146,6 +99,60 @@ def render(
         "script": Markup(asset("report.js")),
     }
     return _template().render(context)
+
+
+def _facts(doc: Mapping[str, Any]) -> list[str]:
+    """The run in a few words, under the title."""
+    run = doc["run"]
+    events = doc["event_count"]
+    facts = [
+        f"scenario {run.get('scenario') or '?'}",
+        f"seed {run.get('seed')}",
+        f"target {run.get('target') or '?'}",
+        f"{events:,} events ({doc['event_count_source']})" if events is not None else "event count unknown",
+    ]
+    if run.get("duration_s") is not None:
+        facts.append(f"{run['duration_s']:.1f} s")
+    who = client_text(doc)
+    if who:
+        facts.append(who)
+    return facts
+
+
+def _gate(g: Mapping[str, Any], evidence: Mapping[str, str]) -> dict[str, Any]:
+    """One gate as the template shows it; its witnesses link only the refs whose raw rows
+    the appendix holds."""
+    # A client under test: where the gate's truth came from, and its baseline status.
+    said = [EXPECTED_TEXT[g["expected"]]] if g.get("expected") else []
+    said += [f"truth from: {g['truth_from']}"] if g.get("truth_from") else []
+    witnesses = [
+        {
+            "attribution": w["attribution"],
+            "explanation": w["explanation"],
+            "refs": [{"ref": r, "anchor": anchor(r)} for r in w.get("refs", []) if r in evidence],
+        }
+        for w in g["witnesses"]
+    ]
+    return {
+        "number": g["number"],
+        "title": g["title"],
+        "verdict": g["verdict"],
+        "summary": (f"{said[0]}. " if g.get("expected") else "") + g["summary"],
+        "unmet": [
+            f"{e['name']}: need {e['required']}, have {e['observed']}" for e in g["evidence"] if not e["ok"]
+        ],
+        "witnesses": witnesses,
+        "violations": g["violations"],
+        "error": g["error"],
+        "notes": [*said, *g["notes"]],
+    }
+
+
+def _figure(f: Mapping[str, Any], images: Mapping[str, bytes]) -> dict[str, Any]:
+    """A figure, embedded as a `data:` URL (None: its PNG was not drawn)."""
+    png = images.get(f["file"])
+    src = None if png is None else "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+    return {"file": f["file"], "title": f["title"], "src": src}
 
 
 def liveness_lines(doc: Mapping[str, Any]) -> list[str]:

@@ -11,12 +11,10 @@ from typing import Any
 from lab.report import sections
 from lab.report.document import EXPECTED_TEXT, client_text, rules_of
 from lab.report.html import banner, liveness_lines
+from lab.report.table import markdown as blocks_markdown
+from lab.report.table import md_cell
 
 VERDICT_MARK = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "incomplete": "INCOMPLETE"}
-
-
-def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def gate_table(doc: Mapping[str, Any]) -> str:
@@ -25,7 +23,7 @@ def gate_table(doc: Mapping[str, Any]) -> str:
         mark = f"**{VERDICT_MARK[g['verdict']]}**"
         if g.get("expected") in ("known", "fixed"):
             mark += " (known)" if g["expected"] == "known" else " (fixed: remove it from the baseline)"
-        lines.append(f"| {g['number']} | {_cell(g['title'])} | {mark} | {_cell(g['summary'])} |")
+        lines.append(f"| {g['number']} | {md_cell(g['title'])} | {mark} | {md_cell(g['summary'])} |")
     return "\n".join(lines)
 
 
@@ -54,7 +52,7 @@ def render(doc: Mapping[str, Any]) -> str:
     live = liveness_lines(doc)
     if live:
         out += ["## Liveness", ""] + [f"- {line}" for line in live] + [""]
-    out += sections.markdown(sections.blocks(doc))
+    out += blocks_markdown(sections.blocks(doc))
     for g in rules_of(doc):
         unmet = [e for e in g["evidence"] if not e["ok"]]
         if not (g["witnesses"] or unmet or g["error"] or g["notes"] or g.get("expected")):
@@ -89,7 +87,7 @@ def render(doc: Mapping[str, Any]) -> str:
         for f in faults["counts"]:
             seen = ", ".join(f"{k} {v}" for k, v in f["by_source"].items()) or "—"
             out.append(
-                f"| {_cell(f['fault'])} | {f['total']} | {'yes' if f['configured'] else 'no'} | {seen} |"
+                f"| {md_cell(f['fault'])} | {f['total']} | {'yes' if f['configured'] else 'no'} | {seen} |"
             )
         out.append("")
     if faults["never_fired"]:

@@ -19,7 +19,7 @@ import os
 import sys
 import tempfile
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -76,9 +76,8 @@ def _report_run(
     run_dir: Path, *, witness_limit: int, figures: bool, quiet: bool, out: TextIO, err: TextIO
 ) -> int:
     from lab.checker import judge_dir
-    from lab.report import document, junit, markdown
+    from lab.report import document
     from lab.report.evidence import raw_rows
-    from lab.report.html import liveness_lines, render
 
     if not run_dir.is_dir():
         print(f"lab report: {run_dir} is not a folder (expected a run folder, e.g. results/<run>)", file=err)
@@ -105,6 +104,37 @@ def _report_run(
     problems = doc["problems"]
     assert isinstance(problems, list)
     problems += [{"path": "report", "message": w} for w in warnings]
+    written, not_written = _write_outputs(run_dir, doc, drawn, evidence)
+    unwritten += not_written
+    unreadable = {s.path for s in report.sources if s.status == "error"}
+    said = [f"{'evidence unreadable: ' if p.path in unreadable else ''}{p}" for p in report.problems]
+    said += [f"note: {note}" for note in report.notes]
+    for line in [*said, *warnings]:
+        print(f"lab report: {line}", file=err)
+    code: int = report.verdict.exit_code
+    verdict: str = report.verdict.upper()
+    summary = (
+        f"verdict: {verdict} (exit {code}); "
+        f"checked in {report.check_seconds:.2f} s; wrote {', '.join(written) or 'nothing'} in {run_dir}"
+    )
+    _print_verdict(doc, f"{verdict} {run_dir}" if quiet else None, summary, out)
+    if unwritten:
+        print(
+            f"lab report: the lab failed: outputs not written in {run_dir} ({'; '.join(unwritten)}); "
+            f"the verdict would have been {verdict}",
+            file=err,
+        )
+        return ExitCode.LAB_FAILED
+    return code
+
+
+def _write_outputs(
+    run_dir: Path, doc: Mapping[str, Any], drawn: list[dict[str, str]], evidence: Mapping[str, str]
+) -> tuple[list[str], list[str]]:
+    """Write report.json, report.md, junit.xml and report.html, each on its own: (the
+    names written, why each of the others was not)."""
+    from lab.report import document, junit, markdown
+    from lab.report.html import render
 
     def html() -> None:
         images = {
@@ -118,25 +148,26 @@ def _report_run(
         ("junit.xml", lambda: _write_text(run_dir / "junit.xml", junit.render(doc))),
         ("report.html", html),
     ]
-    written = []
+    written: list[str] = []
+    unwritten: list[str] = []
     for name, write in writers:
         try:
             write()
             written.append(name)
         except OSError as e:
             unwritten.append(f"{name}: {e.strerror or e}")
-    unreadable = {s.path for s in report.sources if s.status == "error"}
-    for p in report.problems:
-        prefix = "evidence unreadable: " if p.path in unreadable else ""
-        print(f"lab report: {prefix}{p}", file=err)
-    for note in report.notes:
-        print(f"lab report: note: {note}", file=err)
-    for w in warnings:
-        print(f"lab report: {w}", file=err)
-    code: int = report.verdict.exit_code
+    return written, unwritten
+
+
+def _print_verdict(doc: Mapping[str, Any], quiet_line: str | None, summary: str, out: TextIO) -> None:
+    """The verdict on `out`: one line (`quiet_line`), or the gate table, the liveness
+    findings and `summary`."""
+    from lab.report import markdown
+    from lab.report.html import liveness_lines
+
     try:
-        if quiet:
-            print(f"{report.verdict.upper()} {run_dir}", file=out)
+        if quiet_line is not None:
+            print(quiet_line, file=out)
         else:
             text = markdown.incomplete_banner(doc)
             if text:
@@ -144,22 +175,10 @@ def _report_run(
             print(markdown.gate_table(doc), file=out)
             for line in liveness_lines(doc):
                 print(f"liveness: {line}", file=out)
-            print(
-                f"verdict: {report.verdict.upper()} (exit {code}); "
-                f"checked in {report.check_seconds:.2f} s; wrote {', '.join(written) or 'nothing'} in {run_dir}",
-                file=out,
-            )
+            print(summary, file=out)
         out.flush()
     except BrokenPipeError:
         # `lab report RUN | head`: the reader left early. The files are written and the
         # exit code still tells the verdict; stdout goes nowhere so exiting is quiet.
         if out is sys.stdout:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    if unwritten:
-        print(
-            f"lab report: the lab failed: outputs not written in {run_dir} ({'; '.join(unwritten)}); "
-            f"the verdict would have been {report.verdict.upper()}",
-            file=err,
-        )
-        return ExitCode.LAB_FAILED
-    return code

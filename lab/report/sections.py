@@ -1,173 +1,151 @@
 """The report's sections beside the gates — unanswered requests by hop, the lab's own
-latency, phases, capacity, rollout, the lab's own processes — as plain blocks of lines and tables, built from the report.json document
-alone, so report.md and report.html show exactly the same thing.
+latency, phases, capacity, rollout, the lab's own processes — as plain blocks of lines and
+tables, built from the report.json document alone, so report.md and report.html show
+exactly the same thing.
 
     blocks(doc) -> [Block]    each: id, title, lines, tables (caption, columns, rows)
-    markdown(blocks) -> str   report.md's sections
+
+The blocks, their tables and cell formatters, and their markdown for report.md are
+`lab.report.table`'s; the unanswered requests' block is `lab.report.unanswered_block`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
+from lab.report.table import NONE, Block, Column, Table, num, pct, secs, table
+from lab.report.unanswered_block import unanswered_block
+
 MIB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Table:
-    columns: Sequence[str]
-    rows: Sequence[Sequence[str]]
-    caption: str = ""
-
-
-@dataclass(frozen=True)
-class Block:
-    id: str
-    title: str
-    lines: Sequence[str] = ()
-    tables: Sequence[Table] = field(default_factory=tuple)
-
-
-def _num(value: Any, fmt: str = "{:g}", none: str = "—") -> str:
-    if value is None:
-        return none
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, int | float):
-        return fmt.format(value)
-    return str(value)
-
-
-def _pct(value: Any) -> str:
-    return "—" if value is None else f"{value:.2%}"
 
 
 def _p99(row: Mapping[str, Any]) -> str:
     if row.get("resume_p99_unbounded"):
         return "never"
-    return _num(row.get("resume_p99_s"), "{:.3f} s")
+    return num(row.get("resume_p99_s"), "{:.3f} s")
 
 
 def _top_cpu(peaks: Mapping[str, Any] | None, n: int = 3) -> str:
     if not peaks:
-        return "—"
+        return NONE
     ordered = sorted(peaks.items(), key=lambda kv: -float(kv[1] or 0))
     return ", ".join(f"{k} {float(v):.2f}" for k, v in ordered[:n])
 
 
 def _faults(faults: Mapping[str, Any] | None) -> str:
     if not faults:
-        return "—"
+        return NONE
     return ", ".join(f"{k} {v}" for k, v in faults.items())
-
-
-def _secs(value: Any) -> str:
-    return _num(value, "{:.3f} s")
 
 
 def _hop_cells(h: Mapping[str, Any] | None) -> list[str]:
     if not isinstance(h, Mapping):
-        return ["—"] * 4
-    return [_num(h.get("count")), _secs(h.get("p50_s")), _secs(h.get("p99_s")), _secs(h.get("max_s"))]
+        return [NONE] * 4
+    return [num(h.get("count")), secs(h.get("p50_s")), secs(h.get("p99_s")), secs(h.get("max_s"))]
 
 
 def lab_latency_block(doc: Mapping[str, Any]) -> Block | None:
     ll = doc.get("lab_latency")
     if not isinstance(ll, Mapping):
         return None
+    hops = ll.get("hops") or []
+    tables = [
+        Table(
+            ["hop", "count", "p50", "p99", "max", "p99 outside latency toxics", "notes"],
+            [_lab_hop_row(h) for h in hops],
+            "Per hop, over the run.",
+        ),
+    ]
+    workers = [
+        [h["hop"], w["part"], *_hop_cells(w)]
+        for h in hops
+        if h["hop"] != "nemesis" and h.get("measured")
+        for w in h.get("by_worker") or []
+    ]
+    if len({w[1] for w in workers}) > 1:  # one worker's rows would repeat the hop's
+        tables.append(Table(["hop", "worker", "count", "p50", "p99", "max"], workers, "Per Locust worker."))
+    reached = [p for p in ll.get("phases") or [] if p.get("reached")]
+    if reached:
+        tables.append(table(_LAB_PHASE_COLUMNS, reached, "Per phase."))
+    return Block("lab_latency", "Lab latency", _lab_latency_lines(ll), tables)
+
+
+def _lab_latency_lines(ll: Mapping[str, Any]) -> list[str]:
+    """The warnings, what raises one, and the resume latency net of the lab's own delay."""
     lines = [f"Warning: {w['text']}." for w in ll.get("warnings") or []]
     lines.append(
         f"A warning is raised when a hop's p99 is over {ll['warn_share']:.0%} of the resume budget "
-        f"({_secs(ll.get('warn_above_s'))}); CPU and memory of each lab process: *Lab processes*."
+        f"({secs(ll.get('warn_above_s'))}); CPU and memory of each lab process: *Lab processes*."
     )
     resume = ll.get("resume")
     if isinstance(resume, Mapping) and resume.get("recoveries"):
-        measured = "never" if resume.get("p99_unbounded") else _secs(resume.get("p99_s"))
-        net = "never" if resume.get("net_p99_unbounded") else _secs(resume.get("net_p99_s"))
+        measured = "never" if resume.get("p99_unbounded") else secs(resume.get("p99_s"))
+        net = "never" if resume.get("net_p99_unbounded") else secs(resume.get("net_p99_s"))
         lines.append(
             f"Resume latency p99 as measured {measured}; net of the lab's delivery delay {net} "
             f"({resume['joined']} of {resume['recoveries']} recoveries joined to the event that ended them)."
         )
-    rows = []
-    workers = []
-    for h in ll.get("hops") or []:
-        if h["hop"] == "nemesis":
-            windows = h.get("windows") or []
-            detail = "; ".join(
-                f"{_num(w.get('latency_ms'))} ± {_num(w.get('jitter_ms'))} ms on {w.get('proxy')} "
-                f"({w.get('stream')}) T+{_num(w.get('start_s'), '{:.0f}')}–{_num(w.get('end_s'), '{:.0f}')} s"
-                for w in windows
-            )
-            rows.append(
-                [
-                    h["title"],
-                    str(len(windows)),
-                    "—",
-                    "—",
-                    _secs(h.get("configured_max_s")),
-                    "—",
-                    f"{h.get('why_not')}{': ' + detail if detail else ''}",
-                ]
-            )
-            continue
-        if not h.get("measured"):
-            rows.append([h["title"], "—", "—", "—", "—", "—", f"not measured: {h.get('why_not')}"])
-            continue
-        outside = h.get("outside_toxics")
-        notes = [f"{h['unmatched']} not joined"] if h.get("unmatched") else []
-        if h.get("negative"):
-            notes.append(f"{h['negative']} negative (two processes' clocks read at one moment)")
-        rows.append(
-            [
-                h["title"],
-                *_hop_cells(h),
-                _secs(outside.get("p99_s")) if isinstance(outside, Mapping) else "—",
-                "; ".join(notes) or "—",
-            ]
-        )
-        workers += [[h["hop"], w["part"], *_hop_cells(w)] for w in h.get("by_worker") or []]
-    tables = [
-        Table(
-            ["hop", "count", "p50", "p99", "max", "p99 outside latency toxics", "notes"],
-            rows,
-            "Per hop, over the run.",
-        ),
+    return lines
+
+
+def _lab_hop_row(h: Mapping[str, Any]) -> list[str]:
+    """One hop's row: the nemesis' configured delay, a hop not measured, or a measured one."""
+    if h["hop"] == "nemesis":
+        return _nemesis_row(h)
+    if not h.get("measured"):
+        return [h["title"], NONE, NONE, NONE, NONE, NONE, f"not measured: {h.get('why_not')}"]
+    outside = h.get("outside_toxics")
+    notes = [f"{h['unmatched']} not joined"] if h.get("unmatched") else []
+    if h.get("negative"):
+        notes.append(f"{h['negative']} negative (two processes' clocks read at one moment)")
+    return [
+        h["title"],
+        *_hop_cells(h),
+        secs(outside.get("p99_s")) if isinstance(outside, Mapping) else NONE,
+        "; ".join(notes) or NONE,
     ]
-    if len({w[1] for w in workers}) > 1:
-        tables.append(Table(["hop", "worker", "count", "p50", "p99", "max"], workers, "Per Locust worker."))
-    per_phase = [
-        [
-            p["name"],
-            p["kind"],
-            *_hop_cells(p.get("request"))[2:],
-            *_hop_cells(p.get("upstream"))[2:],
-            *_hop_cells(p.get("delivery"))[2:],
-            _secs(p.get("nemesis_latency_max_s")),
-        ]
-        for p in ll.get("phases") or []
-        if p.get("reached")
+
+
+def _nemesis_row(h: Mapping[str, Any]) -> list[str]:
+    """The nemesis is not measured: its row lists the latency toxics' windows."""
+    windows = h.get("windows") or []
+    detail = "; ".join(
+        f"{num(w.get('latency_ms'))} ± {num(w.get('jitter_ms'))} ms on {w.get('proxy')} "
+        f"({w.get('stream')}) T+{num(w.get('start_s'), '{:.0f}')}–{num(w.get('end_s'), '{:.0f}')} s"
+        for w in windows
+    )
+    return [
+        h["title"],
+        str(len(windows)),
+        NONE,
+        NONE,
+        secs(h.get("configured_max_s")),
+        NONE,
+        f"{h.get('why_not')}{': ' + detail if detail else ''}",
     ]
-    if per_phase:
-        tables.append(
-            Table(
-                [
-                    "phase",
-                    "kind",
-                    "request p99",
-                    "request max",
-                    "upstream p99",
-                    "upstream max",
-                    "delivery p99",
-                    "delivery max",
-                    "nemesis latency (configured max)",
-                ],
-                per_phase,
-                "Per phase.",
-            )
-        )
-    return Block("lab_latency", "Lab latency", lines, tables)
+
+
+type _Phase = Mapping[str, Any]
+"""A phase of report.json `lab_latency.phases`."""
+
+
+def _p99_max(hop: str) -> tuple[Column[_Phase], Column[_Phase]]:
+    """A phase's p99 and max of one hop."""
+    return (
+        Column[_Phase](f"{hop} p99", lambda p: _hop_cells(p.get(hop))[2]),
+        Column[_Phase](f"{hop} max", lambda p: _hop_cells(p.get(hop))[3]),
+    )
+
+
+_LAB_PHASE_COLUMNS: tuple[Column[_Phase], ...] = (
+    Column[_Phase]("phase", lambda p: p["name"]),
+    Column[_Phase]("kind", lambda p: p["kind"]),
+    *_p99_max("request"),
+    *_p99_max("upstream"),
+    *_p99_max("delivery"),
+    Column[_Phase]("nemesis latency (configured max)", lambda p: secs(p.get("nemesis_latency_max_s"))),
+)
 
 
 def phases_block(doc: Mapping[str, Any]) -> Block | None:
@@ -195,8 +173,8 @@ def phases_block(doc: Mapping[str, Any]) -> Block | None:
     for p in rows:
         span = f"{p['start_s']:.0f}–{p['end_s']:.0f}"
         if not p.get("reached"):
-            row = [p["name"], p["kind"], f"{p['start_s']:.0f}–", _num(p.get("users")), "not reached"]
-            out.append(row + ["—"] * (len(columns) - len(row)))
+            row = [p["name"], p["kind"], f"{p['start_s']:.0f}–", num(p.get("users")), "not reached"]
+            out.append(row + [NONE] * (len(columns) - len(row)))
             continue
         if not p.get("complete", True):
             span += " (cut short)"
@@ -205,18 +183,18 @@ def phases_block(doc: Mapping[str, Any]) -> Block | None:
                 p["name"],
                 p["kind"],
                 span,
-                _num(p.get("users")),
-                _num(p.get("events_per_s"), "{:.1f}"),
-                _num(p.get("calls_per_s"), "{:.1f}"),
-                _pct(p.get("call_error_rate")),
-                _num(p.get("resume_p50_s"), "{:.3f} s"),
+                num(p.get("users")),
+                num(p.get("events_per_s"), "{:.1f}"),
+                num(p.get("calls_per_s"), "{:.1f}"),
+                pct(p.get("call_error_rate")),
+                num(p.get("resume_p50_s"), "{:.3f} s"),
                 _p99(p),
-                _num(p.get("reconnect_qps_peak")),
-                _num(p.get("status_4xx")),
-                _num(p.get("status_5xx")),
+                num(p.get("reconnect_qps_peak")),
+                num(p.get("status_4xx")),
+                num(p.get("status_5xx")),
                 _faults(p.get("faults")),
                 _top_cpu(p.get("lab_cpu_peak")),
-                ", ".join(p.get("lab_saturated") or []) or "—",
+                ", ".join(p.get("lab_saturated") or []) or NONE,
             ]
         )
     lines = []
@@ -256,20 +234,20 @@ def capacity_block(doc: Mapping[str, Any]) -> Block | None:
     rows = [
         [
             s["name"],
-            _num(s.get("users")),
-            _num(s.get("events_per_s"), "{:.1f}"),
-            _num(s.get("events_per_client_s"), "{:.3f}"),
+            num(s.get("users")),
+            num(s.get("events_per_s"), "{:.1f}"),
+            num(s.get("events_per_client_s"), "{:.3f}"),
             _p99(s),
-            _pct(s.get("call_error_rate")),
-            _num(s.get("reconnect_qps_peak")),
-            ", ".join(s.get("lab_saturated") or []) or "—",
+            pct(s.get("call_error_rate")),
+            num(s.get("reconnect_qps_peak")),
+            ", ".join(s.get("lab_saturated") or []) or NONE,
             "yes" if s.get("holds") else "no",
-            ", ".join(s.get("missed") or []) or "—",
+            ", ".join(s.get("missed") or []) or NONE,
         ]
         for s in cap.get("steps") or []
     ]
     return Block(
-        "capacity", f"Capacity: knee at {_num(cap.get('knee_users'))} clients", lines, [Table(columns, rows)]
+        "capacity", f"Capacity: knee at {num(cap.get('knee_users'))} clients", lines, [Table(columns, rows)]
     )
 
 
@@ -296,20 +274,20 @@ def rollout_block(doc: Mapping[str, Any]) -> Block | None:
         band = (
             f"{share:.1%} ({p['expected']:.1%} ± {p['band']:.1%})"
             if share is not None and p.get("expected") is not None
-            else "—"
+            else NONE
         )
         rows.append(
             [
                 p["phase"],
-                _num(p.get("resumable_fraction")),
+                num(p.get("resumable_fraction")),
                 "yes" if p.get("rollback") else "no",
-                _num(p.get("knob_applied_s"), "{:.1f} s"),
-                _num(p.get("sessions_created")),
-                _num(p.get("resumable_sessions")),
+                num(p.get("knob_applied_s"), "{:.1f} s"),
+                num(p.get("sessions_created")),
+                num(p.get("resumable_sessions")),
                 band,
-                _num(p.get("shadow_events")),
-                _num(p.get("shadow_crossed")),
-                _num(p.get("gate1_violations")),
+                num(p.get("shadow_events")),
+                num(p.get("shadow_crossed")),
+                num(p.get("gate1_violations")),
             ]
         )
     checks = []
@@ -323,9 +301,9 @@ def rollout_block(doc: Mapping[str, Any]) -> Block | None:
             [
                 c["check"],
                 str(c["violations"]),
-                evidence or "—",
-                measured or "—",
-                " | ".join(c["witnesses"]) or "—",
+                evidence or NONE,
+                measured or NONE,
+                " | ".join(c["witnesses"]) or NONE,
             ]
         )
     tables = [
@@ -386,14 +364,14 @@ def processes_block(doc: Mapping[str, Any]) -> Block | None:
         [
             p["part"],
             p["role"],
-            _num(p.get("samples")),
-            _num(p.get("cpu_mean"), "{:.2f}"),
-            _num(p.get("cpu_p95"), "{:.2f}"),
-            _num(p.get("cpu_max"), "{:.2f}"),
-            _pct(p.get("saturated_share")),
-            "—" if p.get("rss_max") is None else f"{p['rss_max'] / MIB:.0f} MiB",
-            _num(p.get("fds_max")) + (f" of {p['fd_limit']}" if p.get("fd_limit") else ""),
-            _num(p.get("threads_max")),
+            num(p.get("samples")),
+            num(p.get("cpu_mean"), "{:.2f}"),
+            num(p.get("cpu_p95"), "{:.2f}"),
+            num(p.get("cpu_max"), "{:.2f}"),
+            pct(p.get("saturated_share")),
+            NONE if p.get("rss_max") is None else f"{p['rss_max'] / MIB:.0f} MiB",
+            num(p.get("fds_max")) + (f" of {p['fd_limit']}" if p.get("fd_limit") else ""),
+            num(p.get("threads_max")),
         ]
         for p in pr.get("parts") or []
     ]
@@ -401,9 +379,6 @@ def processes_block(doc: Mapping[str, Any]) -> Block | None:
 
 
 def blocks(doc: Mapping[str, Any]) -> list[Block]:
-    # Imported here: that module builds on this one's Block, Table and cell helpers.
-    from lab.report.unanswered_block import unanswered_block
-
     made = (
         unanswered_block(doc),
         lab_latency_block(doc),
@@ -413,24 +388,3 @@ def blocks(doc: Mapping[str, Any]) -> list[Block]:
         processes_block(doc),
     )
     return [b for b in made if b is not None]
-
-
-def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def markdown(bs: Sequence[Block]) -> list[str]:
-    out: list[str] = []
-    for b in bs:
-        out += [f"## {b.title}", ""]
-        out += [f"{line}  " for line in b.lines if line]
-        if b.lines:
-            out.append("")
-        for t in b.tables:
-            if t.caption:
-                out += [t.caption, ""]
-            out.append("| " + " | ".join(_cell(c) for c in t.columns) + " |")
-            out.append("|" + " --- |" * len(t.columns))
-            out += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in t.rows]
-            out.append("")
-    return out

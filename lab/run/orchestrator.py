@@ -3,16 +3,18 @@
     Locust master + workers ──► TCP nemesis ──► mitmdump + addon ──► target server
     (clients/*.sqlite)          (nemesis.jsonl)  (proxy/tap.jsonl)   (server/ledger.sqlite)
 
-1. The scenario is loaded and checked whole, and a `--target URL` is asked for its
-   revision and tools (`lab.run.preflight`); a bad one is refused before anything starts.
+1. The scenario is loaded and checked whole (`lab.run.admission`), and a `--target URL` is
+   asked for its revision and tools (`lab.run.preflight`); a bad one is refused before
+   anything starts.
 2. The run gets a folder of its own (`lab.runfolder`); the parts of `lab.topology` start
    in order on free ports, each waited for (its ready line), logs in `logs/`. Secrets
    reach them by environment or 0600 files that are deleted, never by argv.
 3. While it runs, one progress line a second; it stops at the event target, at the end of
    the load shape, or at the hard time bound — or, incomplete, when a part dies, a toxic
-   cannot be removed, the traffic stalls (`lab.run.watch`) or a signal arrives.
-4. Every process it started is stopped by PID; `run.json` records what ran and how it
-   ended (`complete: false` if anything cut the run short).
+   cannot be removed, the traffic stalls (`lab.run.watch`) or a signal arrives
+   (`lab.run.console`).
+4. Every process it started is stopped by PID (`lab.run.stopping`); `run.json` records
+   what ran and how it ended (`complete: false` if anything cut the run short).
 5. The checker (`lab report`) reads the folder and its exit code is the run's.
 
 Exit codes (`lab.exitcodes`): 0 every gate passed, 1 a gate failed, 2 inconclusive or
@@ -24,12 +26,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from types import FrameType
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -37,26 +36,26 @@ from lab import topology
 from lab.exitcodes import ExitCode
 from lab.load.settings import SETTINGS_ENV, LoadSettings
 from lab.run import sut
+from lab.run.admission import check_load, check_local_chain
+from lab.run.console import Console, Interrupts
 from lab.run.monitor import FILE as PROCESSES_FILE
 from lab.run.monitor import ProcessMonitor
 from lab.run.options import (
-    BROKEN_CHAIN,
     PROXY_NAME,
-    STOP_GRACE,
     RunError,
     RunOptions,
     client_origin,
     free_port,
-    is_loopback,
     load_ended,
     wait_for_load_start,
 )
-from lab.run.phases import PhaseDriver, initial_knobs, refusal
+from lab.run.phases import PhaseDriver, initial_knobs
 from lab.run.processes import Child, ProcessGroup, StartError
 from lab.run.progress import JsonLines
 from lab.run.record import RunRecord
 from lab.run.serverconf import UnsafeSetting, serve_accepts_config, serve_options, server_config_file
 from lab.run.serverconf import server_settings as make_server_settings
+from lab.run.stopping import stop_parts
 from lab.run.watch import (
     LoadStopped,
     RunningSchedule,
@@ -98,9 +97,8 @@ class Run:
         self.outcomes: ToxicOutcomes | None = None
         self.monitor: ProcessMonitor | None = None
         self.phases: PhaseDriver | None = None
-        self._interrupted = threading.Event()
-        self._force = threading.Event()
-        self._mute_out = self._mute_err = False
+        self._console = Console(quiet=opts.quiet)
+        self._interrupts = Interrupts(self.say)
         self.server_settings = make_server_settings(self.sc.target, admin_token=self.admin_token)
         self.server_settings.update(initial_knobs(self.sc))  # the first phase's knobs (lab.run.phases)
         self.client = sut.ClientUnderTest("lab", None)
@@ -110,13 +108,7 @@ class Run:
     def check(self, *, compose: bool = False) -> None:
         """What can be refused before anything starts (RunError). In compose mode the parts
         are other containers, reached by service name: the loopback rule is the engine's."""
-        if self.workers < 1:
-            raise RunError(f"--workers must be at least 1, got {self.workers}")
-        if self.sc.reconnect.budget_qps < self.workers:
-            raise RunError(
-                f"{self.sc.path}: reconnect.budget_qps is {self.sc.reconnect.budget_qps:g}, below the number of "
-                f"workers ({self.workers}): each worker needs a whole reconnect per second of the budget"
-            )
+        check_load(self.sc, self.workers)
         try:
             self.client = sut.resolve(self.opts.client, self.sc, self.opts.baseline)
         except sut.ClientRefused as e:
@@ -127,18 +119,7 @@ class Run:
                     f"compose mode runs the lab's own clients only, not --client {self.client.spec}"
                 )
             return
-        if (why := refusal(self.sc, self.target)) is not None:
-            raise RunError(why)
-        if self.target != "reference" and not is_loopback(self.target):
-            raise RunError(f"target {self.target}: this lab only sends traffic to 127.0.0.1 (loopback)")
-        if self.target != "reference" and any(str(r.kind) == "expiry_race" for r in self.sc.faults):
-            raise RunError(
-                f"{self.sc.path}: the expiry_race fault needs the reference server's admin control"
-            )
-        if self.opts.toxiproxy is not None and not is_loopback(str(self.opts.toxiproxy)):
-            raise RunError(f"--toxiproxy {self.opts.toxiproxy}: only a Toxiproxy on 127.0.0.1 is allowed")
-        if not Path(topology.LOCAL.addon).is_file():
-            raise RunError(f"the mitmproxy addon is missing: {topology.LOCAL.addon}")
+        check_local_chain(self.sc, self.target, self.opts.toxiproxy)
         if self.target == "reference":
             try:
                 self._serve_options(None)
@@ -190,8 +171,7 @@ class Run:
         self.group = ProcessGroup(
             self.dir / "logs", {**os.environ, "LAB_LEDGER_KEY": self.record.key_hex}, self.dir
         )
-        signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-        old = {s: signal.signal(s, self._on_signal) for s in signals}
+        self._interrupts.install()
         self.say(f"run {self.dir.name}: {self.sc.description or self.sc.name}")
         self.say(f"results: {self.dir}")
         lab_failure: str | None = None
@@ -224,8 +204,7 @@ class Run:
             if self.monitor is not None:
                 self.monitor.stop()
             drop_secrets(self.dir)
-            for s, h in old.items():
-                signal.signal(s, h)
+            self._interrupts.restore()
             self._finish_record()
             try:
                 self.record.write()
@@ -246,28 +225,7 @@ class Run:
 
     def say(self, text: str, *, err: bool = False) -> None:
         """Print a line; a closed stdout or stderr (the terminal went away) does not stop the run."""
-        if (self.opts.quiet and not err) or (err and self._mute_err) or (not err and self._mute_out):
-            return
-        try:
-            print(text, file=sys.stderr if err else sys.stdout, flush=True)
-        except OSError:  # BrokenPipeError, EIO of a hung-up terminal
-            if err:
-                self._mute_err = True
-            else:
-                self._mute_out = True
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        name = signal.Signals(signum).name
-        if self._interrupted.is_set():
-            if not self._force.is_set():
-                self._force.set()
-                self.say(f"\n{name} again: stopping every part at once (SIGKILL)", err=True)
-            return
-        self._interrupted.set()
-        self.say(
-            f"\n{name}: stopping every part, keeping what was written (again to force)",
-            err=True,
-        )
+        self._console.say(text, err=err)
 
     def _start_monitor(self) -> None:
         """Every process of the run sampled once a second into processes.jsonl (lab.run.monitor)."""
@@ -300,12 +258,12 @@ class Run:
 
     def _start(self, part: topology.Part, name: str = "", **kw: Any) -> Child:
         assert self.group is not None
-        if self._interrupted.is_set():
+        if self._interrupts.interrupted.is_set():
             raise StartError("interrupted while starting")
         env = {**part.env, **kw.pop("env", {})}
         child = self.group.start(name or part.name, list(part.argv), extra_env=env, **kw)
         if part.ready_line is not None:
-            self.group.wait_ready(child, part.ready_line, interrupted=self._interrupted.is_set)
+            self.group.wait_ready(child, part.ready_line, interrupted=self._interrupts.interrupted.is_set)
         return child
 
     def _start_all(self) -> None:
@@ -403,7 +361,7 @@ class Run:
             if not said and time.time() - launched > 5:
                 said.append(True)
                 self.say("lab run: waiting for the Locust workers to connect and the load to start")
-            return self._interrupted.is_set() or any(
+            return self._interrupts.interrupted.is_set() or any(
                 c.died() for c in group.children if c.essential or c is self.master
             )
 
@@ -435,12 +393,12 @@ class Run:
         watcher = Watcher(self.dir, self.sc, self.record.run_start, outcomes)
         ui_stop = LoadStopped() if self.opts.ui else None
         while True:
-            self._interrupted.wait(1.0)
+            self._interrupts.interrupted.wait(1.0)
             now = time.time()
             elapsed = now - self.record.run_start
             text, reason, complete = watcher.tick(now)
             self.say(text)
-            if self._interrupted.is_set():
+            if self._interrupts.interrupted.is_set():
                 self.record.end("interrupted")
                 return
             for child in group.children:
@@ -489,37 +447,15 @@ class Run:
             # A shared Toxiproxy keeps no proxy of a run that is over.
             with contextlib.suppress(Exception):
                 self.toxiproxy.delete_proxy(self.record.proxy_name)
-        if self._force.is_set():
-            group.kill_all()
-            return
-        # Locust's own stop lets every user leave (DELETE its session): worth waiting for
-        # while the chain works. Not when a part died or stopped answering (the users' last
-        # requests would hang), nor with the web UI up (Locust's quit then stops the load
-        # but not the process, and a worker the UI's STOP let go is told nothing more).
-        reason = self.record.end_reason
-        patient = not self.opts.ui and self.record.died is None and not reason.startswith(BROKEN_CHAIN)
-        master = self.master
-        workers = [c for c in group.children if c.name.startswith("worker-")]
-        if patient and master is not None and master.alive():
-            # Ask the master to quit (see lab/load/locustfile.py): it tells its workers, which
-            # stop their users gracefully (users DELETE their sessions) and exit by themselves.
-            with contextlib.suppress(OSError):  # a full disk: the master is stopped by signal then
-                (self.dir / "stop-requested").touch()
-            self._wait_for([master], 20)
-        if master is not None:
-            group.stop(master, grace=STOP_GRACE if patient else 3)  # only if it did not go by itself
-        self._wait_for(workers, 30 if patient else 2)
-        for child in workers:  # only the ones that did not go by themselves
-            group.stop(child, grace=0 if self._force.is_set() else 15 if patient else 3)
-        if self._force.is_set():
-            group.kill_all()
-        for child in reversed(group.children):
-            group.stop(child, grace=0 if self._force.is_set() else STOP_GRACE)
-
-    def _wait_for(self, children: list[Child], seconds: float) -> None:
-        deadline = time.monotonic() + seconds
-        while any(c.alive() for c in children) and time.monotonic() < deadline and not self._force.is_set():
-            time.sleep(0.2)
+        stop_parts(
+            group,
+            self.master,
+            self.dir,
+            end_reason=self.record.end_reason,
+            died=self.record.died,
+            ui=self.opts.ui,
+            force=self._interrupts.force,
+        )
 
     # ------------------------------------------------------------------ records
 

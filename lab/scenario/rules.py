@@ -10,7 +10,7 @@ from lab.faults.checks import Fields, Issue, describe
 from lab.faults.decisions import Window
 from lab.faults.kinds import Need
 from lab.faults.plan import Rule, contradictions, read_rule
-from lab.nemesis.toxics import KIND_ATTRIBUTES, parse_attributes
+from lab.nemesis.toxics import BREAKS_CONNECTIONS, KIND_ATTRIBUTES, parse_attributes
 from lab.scenario.parts import (
     FAULT_FREE_PHASES,
     REQUIRED_ATTRIBUTES,
@@ -134,9 +134,7 @@ def read_budgets(
     f: Fields, load: Load, reconnect: Reconnect, faults: list[Rule], toxics: list[Toxic]
 ) -> Budgets:
     kinds = [r.spec for r in faults if r.rate > 0]
-    breaks_streams = any(k.breaks_streams for k in kinds) or any(
-        t.kind in ("reset_peer", "limit_data", "timeout") for t in toxics
-    )
+    breaks_streams = any(k.breaks_streams for k in kinds) or any(t.kind in BREAKS_CONNECTIONS for t in toxics)
     b = Budgets(
         reconnect_qps=f.number("reconnect_qps", reconnect.budget_qps, lo=0.0, lo_open=True),
         resume_p99_s=f.duration("resume_p99_s", budgets.RESUME_P99_S, positive=True),

@@ -24,14 +24,29 @@ from __future__ import annotations
 import json
 import math
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from lab.server.http import Receive, Refused, Request, Send, send_json
+from lab.server.config import ServerConfig
+from lab.server.http import Receive, Refused, Request, Send, read_body, send_json
+from lab.server.ledger import Ledger
 from lab.server.ratelimit import RequestRateLimiter
+from lab.server.requestlog import log_request
+from lab.server.state import ServerState
 from lab.wire.revisions import SESSION_HEADER
 
-if TYPE_CHECKING:
-    from lab.server.app import McpApp
+
+class AdminTarget(Protocol):
+    """What the admin control reads and changes of the server (`lab.server.app.McpApp`):
+    declared here because the app routes `/lab-admin/` to this module, which must not
+    import the app back."""
+
+    config: ServerConfig
+    state: ServerState
+    ledger: Ledger
+    max_rps: float
+    rate: RequestRateLimiter
+    open_sse: int
+
 
 ROLLBACK_MODES = ("keep-index", "drop-index")
 
@@ -64,7 +79,7 @@ def parse_knobs(raw: bytes) -> dict[str, Any]:
     return knobs
 
 
-def knobs_in_force(app: McpApp) -> dict[str, Any]:
+def knobs_in_force(app: AdminTarget) -> dict[str, Any]:
     state = app.state
     return {
         "resumable_fraction": state.resumable_fraction,
@@ -75,7 +90,7 @@ def knobs_in_force(app: McpApp) -> dict[str, Any]:
     }
 
 
-def apply_knobs(app: McpApp, knobs: dict[str, Any], now: float) -> None:
+def apply_knobs(app: AdminTarget, knobs: dict[str, Any], now: float) -> None:
     state = app.state
     if "resumable_fraction" in knobs:
         state.resumable_fraction = knobs["resumable_fraction"]
@@ -87,7 +102,7 @@ def apply_knobs(app: McpApp, knobs: dict[str, Any], now: float) -> None:
         app.rate = RequestRateLimiter(rate or float("inf"), burst=max(1.0, rate), now=now)
 
 
-async def admin_control(app: McpApp, req: Request, receive: Receive, send: Send) -> None:
+async def admin_control(app: AdminTarget, req: Request, receive: Receive, send: Send) -> None:
     client = req.scope.get("client") or ("", 0)
     token = app.config.admin_token
     if token is None or req.method != "POST":
@@ -96,7 +111,7 @@ async def admin_control(app: McpApp, req: Request, receive: Receive, send: Send)
         raise Refused(403, "admin_not_loopback", "admin control is loopback only")
     if req.header("x-lab-admin-token") != token:
         raise Refused(403, "bad_admin_token", "bad admin token")
-    raw = await app._read_body(receive)
+    raw = await read_body(receive, app.config.max_body)
     now = time.time()
     state = app.state
     if req.path == "/lab-admin/expire":
@@ -105,11 +120,11 @@ async def admin_control(app: McpApp, req: Request, receive: Receive, send: Send)
             raise Refused(404, "unknown_session", "session not found")
         req.session = s
         state.end_session(s, "admin_expired", now)
-        app._log(req, 200, "admin_expired")
+        log_request(app.ledger, req, 200, "admin_expired")
         await send_json(send, 200, {"expired": s.pseudonym})
     elif req.path == "/lab-admin/rollback":
         state.start_rollback()
-        app._log(req, 200, "rollback")
+        log_request(app.ledger, req, 200, "rollback")
         await send_json(send, 200, {"rollback": True, "generation": state.generation})
     elif req.path == "/lab-admin/knobs":
         try:
@@ -117,7 +132,7 @@ async def admin_control(app: McpApp, req: Request, receive: Receive, send: Send)
         except ValueError as e:
             raise Refused(400, "bad_knobs", str(e)) from None
         apply_knobs(app, knobs, now)
-        app._log(req, 200, "knobs")
+        log_request(app.ledger, req, 200, "knobs")
         await send_json(send, 200, knobs_in_force(app))
     elif req.path == "/lab-admin/stats":
         await send_json(

@@ -58,6 +58,7 @@ from lab.server.http import (
     Scope,
     Send,
     lone_surrogate,
+    read_body,
     send_empty,
     send_json,
     send_json_text,
@@ -66,6 +67,7 @@ from lab.server.http import (
 )
 from lab.server.model import LiveConn, Session, Stream
 from lab.server.ratelimit import RequestRateLimiter
+from lab.server.requestlog import log_request
 from lab.server.sse_out import SSE_HEADERS, serve_live
 from lab.server.state import Full, Resumption, ServerState
 from lab.server.tools import TOOL_LIST, ToolError, dispatch
@@ -197,24 +199,7 @@ class McpApp:
                     self.state.log_message(s, "info", "mcp-lab/heartbeat", {"heartbeat": n}, now)
 
     def _log(self, req: Request, status: int, reason: str | None, cursor_verdict: str | None = None) -> None:
-        if not self.ledger.enabled:
-            return
-        self.ledger.write(
-            L.INSERT_REQUEST,
-            (
-                time.time(),
-                req.method,
-                req.conn,
-                None if req.session is None else req.session.pseudonym,
-                status,
-                reason,
-                req.header("origin"),
-                None if req.origin_allowed is None else int(req.origin_allowed),
-                req.header(PROTOCOL_VERSION_HEADER),
-                req.header(LAST_EVENT_ID_HEADER),
-                cursor_verdict,
-            ),
-        )
+        log_request(self.ledger, req, status, reason, cursor_verdict)
 
     def _retry_after(self) -> list[tuple[bytes, bytes]]:
         return [(b"retry-after", str(self.config.retry_after).encode())]
@@ -279,21 +264,6 @@ class McpApp:
         self.state.touch(s, now)
         return s
 
-    async def _read_body(self, receive: Receive) -> bytes:
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            msg = await receive()
-            if msg["type"] == "http.disconnect":
-                raise Refused(400, "client_gone", "client went away")
-            chunk = msg.get("body", b"")
-            size += len(chunk)
-            if size > self.config.max_body:
-                raise Refused(413, "body_too_large", f"body larger than {self.config.max_body} bytes")
-            chunks.append(chunk)
-            if not msg.get("more_body", False):
-                return b"".join(chunks)
-
     async def _post(
         self, req: Request, receive: Receive, send: Send, subject: str | None, now: float
     ) -> None:
@@ -303,7 +273,7 @@ class McpApp:
         accept = (req.header("accept") or "").lower()
         if "application/json" not in accept or "text/event-stream" not in accept:
             raise Refused(406, "bad_accept", "Accept must list application/json and text/event-stream")
-        raw = await self._read_body(receive)
+        raw = await read_body(receive, self.config.max_body)
         try:
             body = json.loads(raw)
         except (ValueError, RecursionError) as e:

@@ -1,5 +1,6 @@
-"""The reference server's HTTP vocabulary: the request as it parsed it, a refusal, the
-responses it sends (plain ASGI), and the check that JSON text is Unicode."""
+"""The reference server's HTTP vocabulary: the request as it parsed it, its body read
+within a bound, a refusal, the responses it sends (plain ASGI), and the check that JSON
+text is Unicode."""
 
 from __future__ import annotations
 
@@ -49,6 +50,24 @@ class Request:
 
     def header(self, name: str) -> str | None:
         return self.headers.get(name)
+
+
+async def read_body(receive: Receive, max_body: int) -> bytes:
+    """The request's whole body; Refused 413 once it passes `max_body` bytes, 400 if the
+    client goes away before its end."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            raise Refused(400, "client_gone", "client went away")
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > max_body:
+            raise Refused(413, "body_too_large", f"body larger than {max_body} bytes")
+        chunks.append(chunk)
+        if not msg.get("more_body", False):
+            return b"".join(chunks)
 
 
 async def _send_whole(send: Send, status: int, ctype: bytes, body: bytes, headers: Headers | None) -> None:

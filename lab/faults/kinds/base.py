@@ -423,6 +423,9 @@ class FaultKind[P]:
     feeds: ClassVar[frozenset[int]] = frozenset()
     """The gates whose evidence it makes (1..6, docs/report.md)."""
     needs: ClassVar[frozenset[Need]] = frozenset()
+    answers_alone: ClassVar[bool] = False
+    """Whether it answers a request alone: it is tried before every other flow-level kind,
+    so that no other request fault applies to a request it answers."""
     event_order: ClassVar[int] = 100
     """Per SSE event, hooks run in this order (lowest first)."""
     params_type: type[P]

@@ -65,6 +65,7 @@ class Storm(FaultKind[StormParams]):
     applies_to = "any request"
     evidence = (Evidence.FLOW,)
     feeds = frozenset({6})
+    answers_alone = True
     params_type = StormParams
 
     def check(self, params: StormParams, f: Fields, window: Window | None, rate: float) -> None:

@@ -1,0 +1,58 @@
+"""One connection through a nemesis proxy (`Link`): which toxics act on it (the toxicity
+roll, once per toxic version), each toxic's state on it, and how it ended."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+import trio
+
+from lab.nemesis.chain import ToxicEntry
+
+
+@dataclass(slots=True)
+class ToxicState:
+    """Per-connection state of one toxic."""
+
+    paced_until: float = -math.inf  # bandwidth: when the last paced piece may leave
+    sent: int = 0  # limit_data: bytes passed so far
+    triggered: bool = False  # reset_peer: the reset is under way
+
+
+@dataclass(eq=False, slots=True)
+class Link:
+    """One proxied connection: its toxicity rolls, per-toxic state, and how it ended."""
+
+    number: int
+    rng: random.Random
+    rolls: dict[int, bool] = field(default_factory=dict)
+    state: dict[int, ToxicState] = field(default_factory=dict)
+    scope: trio.CancelScope | None = None
+    end_reason: str | None = None
+    reset_side: str | None = None  # "client" | "upstream": the socket to close with RST
+    ended_directions: set[str] = field(default_factory=set)
+
+    def applies(self, entry: ToxicEntry) -> bool:
+        """Whether the toxic acts on this connection (toxicity, rolled once per version)."""
+        roll = self.rolls.get(entry.version_id)
+        if roll is None:
+            roll = self.rolls[entry.version_id] = self.rng.random() < entry.spec.toxicity
+        return roll
+
+    def state_for(self, entry: ToxicEntry) -> ToxicState:
+        return self.state.setdefault(entry.added_id, ToxicState())
+
+    def finish(self, reason: str, reset_side: str | None = None) -> None:
+        """End the connection (the first reason wins); its sockets close once its tasks stop."""
+        if self.end_reason is None:
+            self.end_reason = reason
+            self.reset_side = reset_side
+        if self.scope is not None:
+            self.scope.cancel()
+
+    def direction_ended(self, direction: str) -> None:
+        self.ended_directions.add(direction)
+        if len(self.ended_directions) == 2:
+            self.finish("closed")
