@@ -43,7 +43,18 @@ from lab.checker.inputs.schemas import RUN_STATES_UNFINISHED
 from lab.checker.judge import baseline
 from lab.checker.judge import sections as extras
 from lab.checker.judge import under_test as sut
-from lab.checker.model import Evidence, GateResult, Problem, RunInfo, RunReport, Verdict, combine
+from lab.checker.model import (
+    Evidence,
+    FaultCount,
+    GateResult,
+    Liveness,
+    NotApplicable,
+    Problem,
+    RunInfo,
+    RunReport,
+    Verdict,
+    combine,
+)
 from lab.checker.rules import REGISTRY, Audience, Registry, Rule
 from lab.checker.timeline.capacity import Rejudge, TimedRule
 from lab.checker.truth import liveness
@@ -98,22 +109,10 @@ def judge(
     if unfinished is not None:
         problems.append(Problem("run.json", f"the run is incomplete ({unfinished}): it cannot pass"))
     unusable = data.run is None or any(s.status == "error" for s in sources)
-    try:
-        count, source = ctx.event_count()
-    except Exception as e:  # the count is also evidence inside the gates, which report it
-        count, source = None, f"error: {e}"
-    try:
-        faults, never = count_faults(data)
-        skipped = not_applicable(data)
-    except Exception as e:
-        faults, never, skipped = [], [], []
-        problems.append(Problem("proxy/tap.jsonl", f"fault counts failed: {type(e).__name__}: {e}"))
+    count, source = _event_count(ctx)
+    faults, never, skipped = _faults(data, problems)
     problems += [Problem("report", p) for p in section_problems]
-    try:
-        live = sut.liveness(ctx) if under_test else liveness.summary(ctx)
-    except Exception as e:
-        live = None
-        problems.append(Problem("liveness", f"could not be computed: {type(e).__name__}: {e}"))
+    live = _liveness(ctx, under_test, problems)
     return RunReport(
         run=run,
         verdict=run_verdict(
@@ -145,6 +144,33 @@ def judge(
         client=client,
         expectations=expectations,
     )
+
+
+def _event_count(ctx: Context) -> tuple[int | None, str]:
+    try:
+        return ctx.event_count()
+    except Exception as e:  # the count is also evidence inside the gates, which report it
+        return None, f"error: {e}"
+
+
+def _faults(
+    data: RunData, problems: list[Problem]
+) -> tuple[list[FaultCount], list[str], list[NotApplicable]]:
+    """(faults fired per kind, configured kinds never fired, faults the target refused)."""
+    try:
+        faults, never = count_faults(data)
+        return faults, never, not_applicable(data)
+    except Exception as e:
+        problems.append(Problem("proxy/tap.jsonl", f"fault counts failed: {type(e).__name__}: {e}"))
+        return [], [], []
+
+
+def _liveness(ctx: Context, under_test: bool, problems: list[Problem]) -> Liveness | None:
+    try:
+        return sut.liveness(ctx) if under_test else liveness.summary(ctx)
+    except Exception as e:
+        problems.append(Problem("liveness", f"could not be computed: {type(e).__name__}: {e}"))
+        return None
 
 
 def run_verdict(gate_verdicts: Iterable[Verdict], *, incomplete: bool, unusable: bool) -> Verdict:
