@@ -76,6 +76,43 @@ def check(ctx: Context) -> GateResult:
     unverifiable = int((status == "unverifiable").sum())
     count = len(bad) + len(server_bad)
     budget = ctx.budgets.cross_stream_max
+    evidence = _evidence(ctx, crossings, len(receipts), unverifiable)
+    attribution_counts = {
+        str(Attribution.SERVER): len(server_bad),
+        str(Attribution.CLIENT): len(bad),
+        str(Attribution.PROXY_FAULT_REJECTED): int(sum(rejected["by_fault"].values())),
+    }
+    failed = count > budget
+    verdict = decide(failed, evidence)
+    witnesses = tuple(
+        server_witness(row, ctx) for _, row in spread_head(server_bad, ctx.witness_limit).iterrows()
+    )
+    witnesses += tuple(_witness(row, truth, ctx) for _, row in bad.head(ctx.witness_limit).iterrows())
+    notes = _notes(receipts[status == "unverifiable"], truth)
+    summary = (
+        f"{len(bad)} of {len(receipts)} non-priming receipts accepted on a stream they do not belong to, "
+        f"{len(server_bad)} server send(s) where an event does not belong (budget {budget}); "
+        f"truth from the {truth.source}"
+    )
+    measured = _measured(
+        receipts, status, server_bad, truth, count=count, crossings=crossings, rejected=rejected
+    )
+    return GateResult(
+        verdict=verdict,
+        summary=summary,
+        budget={"cross_stream_max": budget},
+        measured=measured,
+        evidence=tuple(evidence),
+        violations=count,
+        witnesses=witnesses,
+        attribution_counts=attribution_counts,
+        notes=tuple(notes),
+    )
+
+
+def _evidence(ctx: Context, crossings: int | None, receipts: int, unverifiable: int) -> list[Evidence]:
+    """The gate's evidence: events, stream crossings injected (none shown without a tap),
+    receipts checked, no unverifiable receipt, and the client's."""
     evidence = [ctx.events_evidence()]
     if crossings is None:
         evidence.append(
@@ -101,8 +138,8 @@ def check(ctx: Context) -> GateResult:
         Evidence(
             "receipts checked",
             1,
-            len(receipts),
-            len(receipts) >= 1,
+            receipts,
+            receipts >= 1,
             "non-priming inbox receipts: without any, no client acceptance was judged",
         )
     )
@@ -116,63 +153,56 @@ def check(ctx: Context) -> GateResult:
         )
     )
     evidence.extend(ctx.client_evidence())
-    attribution_counts = {
-        str(Attribution.SERVER): len(server_bad),
-        str(Attribution.CLIENT): len(bad),
-        str(Attribution.PROXY_FAULT_REJECTED): int(sum(rejected["by_fault"].values())),
-    }
-    failed = count > budget
-    verdict = decide(failed, evidence)
-    witnesses = tuple(
-        server_witness(row, ctx) for _, row in spread_head(server_bad, ctx.witness_limit).iterrows()
-    )
-    witnesses += tuple(_witness(row, truth, ctx) for _, row in bad.head(ctx.witness_limit).iterrows())
+    return evidence
+
+
+def _notes(unverified: pd.DataFrame, truth: StreamTruth) -> list[str]:
+    """The gate's notes: receipts that could not be verified (a few named), and per-session
+    event IDs (replays then judged within their session)."""
     notes = []
-    if unverifiable:
-        sample = receipts[status == "unverifiable"].head(3)
+    if len(unverified):
+        sample = unverified.head(3)
         keys = ", ".join(f"{r.client_id} {r.stream_key} {r.event_id}" for r in sample.itertuples())
-        notes.append(f"{unverifiable} receipt(s) could not be verified (e.g. {keys})")
+        notes.append(f"{len(unverified)} receipt(s) could not be verified (e.g. {keys})")
     if truth.shared_ids:
         notes.append(
             f"the server's event IDs are per session ({truth.shared_ids} ID(s) sent live in several "
             "sessions): replays are judged within their own session, not across sessions"
         )
+    return notes
+
+
+def _measured(
+    receipts: pd.DataFrame,
+    status: pd.Series,
+    server_bad: pd.DataFrame,
+    truth: StreamTruth,
+    *,
+    count: int,
+    crossings: int | None,
+    rejected: dict[str, Any],
+) -> dict[str, Any]:
+    """report.json `measured` of gate 1: receipts by status, the server's offending sends
+    by check, crossings injected and events the client rejected."""
     by_check = server_bad["check"].value_counts()
-    summary = (
-        f"{len(bad)} of {len(receipts)} non-priming receipts accepted on a stream they do not belong to, "
-        f"{len(server_bad)} server send(s) where an event does not belong (budget {budget}); "
-        f"truth from the {truth.source}"
-    )
-    return GateResult(
-        verdict=verdict,
-        summary=summary,
-        budget={"cross_stream_max": budget},
-        measured={
-            "receipts_checked": len(receipts),
-            "verified": int((status == "verified").sum()),
-            "json_responses": int((status == "json_response").sum()),
-            "violations": count,
-            "not_sent_on_stream": int((status == "not_sent_on_stream").sum()),
-            "response_on_wrong_stream": int(receipts["wrong_response"].sum()),
-            "unverifiable": unverifiable,
-            "server_violations": len(server_bad),
-            "server_by_check": {name: int(by_check.get(name, 0)) for name in CHECKS},
-            "foreign_session_replays": int(server_bad["foreign"].astype(bool).sum())
-            if len(server_bad)
-            else 0,
-            "ids_shared_across_sessions": truth.shared_ids,
-            "crossings_injected": crossings,
-            "rejected_events": rejected["total"],
-            "rejected_by_reason": rejected["by_reason"],
-            "proxy_faults_rejected": rejected["by_fault"],
-            "truth_source": truth.source,
-        },
-        evidence=tuple(evidence),
-        violations=count,
-        witnesses=witnesses,
-        attribution_counts=attribution_counts,
-        notes=tuple(notes),
-    )
+    return {
+        "receipts_checked": len(receipts),
+        "verified": int((status == "verified").sum()),
+        "json_responses": int((status == "json_response").sum()),
+        "violations": count,
+        "not_sent_on_stream": int((status == "not_sent_on_stream").sum()),
+        "response_on_wrong_stream": int(receipts["wrong_response"].sum()),
+        "unverifiable": int((status == "unverifiable").sum()),
+        "server_violations": len(server_bad),
+        "server_by_check": {name: int(by_check.get(name, 0)) for name in CHECKS},
+        "foreign_session_replays": int(server_bad["foreign"].astype(bool).sum()) if len(server_bad) else 0,
+        "ids_shared_across_sessions": truth.shared_ids,
+        "crossings_injected": crossings,
+        "rejected_events": rejected["total"],
+        "rejected_by_reason": rejected["by_reason"],
+        "proxy_faults_rejected": rejected["by_fault"],
+        "truth_source": truth.source,
+    }
 
 
 def _receipts(ctx: Context, inbox: pd.DataFrame, truth: StreamTruth) -> pd.DataFrame:

@@ -47,7 +47,6 @@ from lab.checker.truth.streams import stream_truth
 
 
 def check(ctx: Context) -> GateResult:
-    data = ctx.data
     witnesses: list[Witness] = []
     measured: dict[str, Any] = dict.fromkeys(
         (
@@ -59,61 +58,14 @@ def check(ctx: Context) -> GateResult:
         )
     )  # None: not checked
     notes: list[str] = []
-    checked = 0
-
-    rekeyed: list[dict[str, Any]] = []
-    if data.server is not None:
-        groups = _server_twice(data.server["dispatches"])
-        measured["server_performed_twice"] = len(groups)
-        witnesses += [_server_witness(g, ctx) for g in groups[: ctx.witness_limit]]
-        checked += 1
-        if "arguments_digest" in data.server["dispatches"].columns:
-            rekeyed = _same_write_new_key(data.server["dispatches"])
-            measured["same_write_under_new_key"] = len(rekeyed)
-            witnesses += [_rekeyed_witness(g, ctx) for g in rekeyed[: ctx.witness_limit]]
-        else:
-            notes.append(
-                "writes re-run under a new key not checked: the server ledger has no arguments_digest"
-            )
-    else:
-        notes.append(f"server side effects not checked: {data.why_absent('server')}")
-
-    wire = _wire_results(ctx)
-    wire_groups: list[dict[str, Any]] = []
-    if wire is not None:
-        wire_groups = _wire_different(wire)
-        server_keys = set()
-        if data.server is not None:
-            server_keys = {str(g["idempotency_key"]) for g in _server_twice(data.server["dispatches"])}
-            disagree = _disagreements(data.server["dispatches"], wire, wire_groups, server_keys)
-            measured["ledger_wire_disagreements"] = len(disagree)
-            notes += disagree[:3]
-        measured["wire_different_results"] = len(wire_groups)
-        wire_groups = [g for g in wire_groups if str(g["idempotency_key"]) not in server_keys]
-        witnesses += [_wire_witness(g, ctx) for g in wire_groups[: ctx.witness_limit]]
-        checked += 1
-    else:
-        notes.append("results on the wire not compared: the tap has no `result` records")
-
-    outbox_groups: list[dict[str, Any]] = []
-    inbox_groups: list[dict[str, Any]] = []
-    if data.client is not None:
-        try:
-            truth = stream_truth(ctx)
-        except MissingInput as e:
-            notes.append(f"client outbox not compared with what the server sent: {e}")
-        else:
-            outbox_groups = _client_over_sent(ctx.require_client("outbox"), truth.sent)
-            measured["client_dispatched_more_than_sent"] = len(outbox_groups)
-            checked += 1
-        inbox_groups = _inbox_duplicates(ctx.require_client("inbox"))
-        measured["inbox_duplicate"] = len(inbox_groups)
-        checked += 1
-    else:
-        notes.append(f"client outbox and inbox not checked: {data.why_absent('client')}")
+    server_witnesses, rekeyed, checked = _server_checks(ctx, measured, notes)
+    witnesses += server_witnesses
+    wire, wire_groups, wire_checked = _wire_checks(ctx, measured, notes)
+    witnesses += [_wire_witness(g, ctx) for g in wire_groups[: ctx.witness_limit]]
+    outbox_groups, inbox_groups, client_checked = _client_checks(ctx, measured, notes)
     witnesses += [_outbox_witness(g, ctx) for g in outbox_groups[: ctx.witness_limit]]
     witnesses += [_inbox_witness(g, ctx) for g in inbox_groups[: ctx.witness_limit]]
-    if checked == 0:
+    if checked + wire_checked + client_checked == 0:
         raise MissingInput("neither a server nor a client ledger could be read")
 
     count = sum(
@@ -123,32 +75,7 @@ def check(ctx: Context) -> GateResult:
     ) + len(wire_groups)
     retried = _writes_retried(ctx)
     measured["writes_retried"] = retried
-    evidence = [
-        ctx.events_evidence(),
-        Evidence(
-            "writes retried",
-            1,
-            retried,
-            retried >= 1,
-            "replayed server dispatches, idempotency keys on several flows, write operations with attempts >= 2",
-        ),
-        *ctx.client_evidence(),
-    ]
-    answered = 0 if wire is None else int(wire["idempotency_key"].notna().sum())
-    if data.server is None and answered == 0:
-        evidence.append(
-            Evidence(
-                "server side effects visible",
-                True,
-                False,
-                False,
-                "no server ledger, and no answer to a call with an idempotency key in the tap's `result` records",
-            )
-        )
-    if measured["client_dispatched_more_than_sent"] is None:
-        evidence.append(
-            Evidence("client outbox compared", True, False, False, "; ".join(notes) or "no client ledger")
-        )
+    evidence = _evidence(ctx, measured, notes, wire, retried)
     budget = ctx.budgets.duplicate_dispatch_max
     attribution = {
         "server": int(measured["server_performed_twice"] or 0) + len(wire_groups),
@@ -165,6 +92,113 @@ def check(ctx: Context) -> GateResult:
         attribution_counts=attribution,
         notes=tuple(notes),
     )
+
+
+def _server_checks(
+    ctx: Context, measured: dict[str, Any], notes: list[str]
+) -> tuple[list[Witness], list[dict[str, Any]], int]:
+    """The server ledger's dispatches: keys performed twice, and writes re-run under a new
+    key (`measured` and `notes` filled in). (witnesses, the re-keyed groups, 1 when the
+    server ledger was checked else 0)."""
+    data = ctx.data
+    if data.server is None:
+        notes.append(f"server side effects not checked: {data.why_absent('server')}")
+        return [], [], 0
+    witnesses: list[Witness] = []
+    rekeyed: list[dict[str, Any]] = []
+    groups = _server_twice(data.server["dispatches"])
+    measured["server_performed_twice"] = len(groups)
+    witnesses += [_server_witness(g, ctx) for g in groups[: ctx.witness_limit]]
+    if "arguments_digest" in data.server["dispatches"].columns:
+        rekeyed = _same_write_new_key(data.server["dispatches"])
+        measured["same_write_under_new_key"] = len(rekeyed)
+        witnesses += [_rekeyed_witness(g, ctx) for g in rekeyed[: ctx.witness_limit]]
+    else:
+        notes.append("writes re-run under a new key not checked: the server ledger has no arguments_digest")
+    return witnesses, rekeyed, 1
+
+
+def _wire_checks(
+    ctx: Context, measured: dict[str, Any], notes: list[str]
+) -> tuple[pd.DataFrame | None, list[dict[str, Any]], int]:
+    """The tap's `result` records: one idempotency key answered with different results
+    (`measured` and `notes` filled in; with the server ledger, where the two disagree).
+    (the wire's results, the groups not already the server ledger's, 1 when checked else 0)."""
+    data = ctx.data
+    wire = _wire_results(ctx)
+    if wire is None:
+        notes.append("results on the wire not compared: the tap has no `result` records")
+        return None, [], 0
+    wire_groups = _wire_different(wire)
+    server_keys = set()
+    if data.server is not None:
+        server_keys = {str(g["idempotency_key"]) for g in _server_twice(data.server["dispatches"])}
+        disagree = _disagreements(data.server["dispatches"], wire, wire_groups, server_keys)
+        measured["ledger_wire_disagreements"] = len(disagree)
+        notes += disagree[:3]
+    measured["wire_different_results"] = len(wire_groups)
+    wire_groups = [g for g in wire_groups if str(g["idempotency_key"]) not in server_keys]
+    return wire, wire_groups, 1
+
+
+def _client_checks(
+    ctx: Context, measured: dict[str, Any], notes: list[str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], int]:
+    """The client ledger: messages dispatched more often than the server sent them, and
+    inbox duplicates (`measured` and `notes` filled in). (outbox groups, inbox groups,
+    how many of the two were checked)."""
+    data = ctx.data
+    if data.client is None:
+        notes.append(f"client outbox and inbox not checked: {data.why_absent('client')}")
+        return [], [], 0
+    checked = 0
+    outbox_groups: list[dict[str, Any]] = []
+    try:
+        truth = stream_truth(ctx)
+    except MissingInput as e:
+        notes.append(f"client outbox not compared with what the server sent: {e}")
+    else:
+        outbox_groups = _client_over_sent(ctx.require_client("outbox"), truth.sent)
+        measured["client_dispatched_more_than_sent"] = len(outbox_groups)
+        checked += 1
+    inbox_groups = _inbox_duplicates(ctx.require_client("inbox"))
+    measured["inbox_duplicate"] = len(inbox_groups)
+    checked += 1
+    return outbox_groups, inbox_groups, checked
+
+
+def _evidence(
+    ctx: Context, measured: dict[str, Any], notes: list[str], wire: pd.DataFrame | None, retried: int
+) -> list[Evidence]:
+    """The gate's evidence: events, writes retried, the client's; and, when missing, the
+    server's side effects and the client outbox's comparison."""
+    evidence = [
+        ctx.events_evidence(),
+        Evidence(
+            "writes retried",
+            1,
+            retried,
+            retried >= 1,
+            "replayed server dispatches, idempotency keys on several flows, write operations with attempts >= 2",
+        ),
+        *ctx.client_evidence(),
+    ]
+    answered = 0 if wire is None else int(wire["idempotency_key"].notna().sum())
+    if ctx.data.server is None and answered == 0:
+        evidence.append(
+            Evidence(
+                "server side effects visible",
+                True,
+                False,
+                False,
+                "no server ledger, and no answer to a call with an idempotency key in the tap's `result` records",
+            )
+        )
+    if measured["client_dispatched_more_than_sent"] is None:
+        evidence.append(
+            Evidence("client outbox compared", True, False, False, "; ".join(notes) or "no client ledger")
+        )
+    return evidence
 
 
 def _server_twice(dispatches: pd.DataFrame) -> list[dict[str, Any]]:

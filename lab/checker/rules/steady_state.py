@@ -91,27 +91,8 @@ def check(ctx: Context) -> GateResult:
     base_spec = baseline(specs)
     recovery = [p for p in specs if p.kind == "recovery"]
     reached = [p for p in recovery if p.reached and p.seconds > 0]
-    evidence = [
-        Evidence(
-            "steady baseline phase",
-            "a steady phase before the first recovery phase",
-            base_spec.name if base_spec else None,
-            base_spec is not None and base_spec.reached,
-        ),
-        Evidence("recovery phases reached", len(recovery), len(reached), len(reached) == len(recovery)),
-    ]
-    origin = ctx.origin or 0.0
     base = phases.phase_metrics(ctx, base_spec, last_half=True) if base_spec and base_spec.reached else None
-    need = max(1, int(tol["min_baseline_events"]))
-    evidence.append(
-        Evidence(
-            "baseline events",
-            need,
-            None if base is None else base.events,
-            base is not None and (base.events or 0) >= need,
-            "SSE events with a message in the baseline's last half",
-        )
-    )
+    evidence = _evidence(base_spec, base, recovery, reached, need=max(1, int(tol["min_baseline_events"])))
     judged: list[dict[str, JsonValue]] = []
     witnesses: list[Witness] = []
     notes: list[str] = []
@@ -120,75 +101,17 @@ def check(ctx: Context) -> GateResult:
     if base is not None and base_spec is not None:
         lim = limits(base, tol)
         for spec in reached:
-            m = phases.phase_metrics(ctx, spec, last_half=True)
-            assert m is not None
-            missed = misses(m, lim)
-            limited = (
-                lab_limits.limit(
-                    ctx, m.start, m.end, users=spec.users, reference=(base.start, base.end, base_spec.users)
-                )
-                if missed
-                else None
-            )
-            judged.append(
-                {
-                    "phase": spec.name,
-                    "judged_start": m.start,
-                    "judged_end": m.end,
-                    "events_per_s": m.events_per_s,
-                    "resume_p99_s": m.resume_p99_s,
-                    "resume_p99_unbounded": m.resume_p99_unbounded,
-                    "call_error_rate": m.call_error_rate,
-                    "events": m.events,
-                    "recoveries": m.recoveries,
-                    "calls": m.calls,
-                    "missed": [name for name, _, _ in missed],
-                    "limited_by_lab": lab_limits.limit_json(limited),  # type: ignore[dict-item]
-                }
-            )
+            row, limited, missed = _judge_phase(ctx, spec, base, base_spec, lim)
+            judged.append(row)
             if limited is not None:
                 lab_limited.append(spec.name)
                 notes.append(f"recovery phase {spec.name!r}: {limited.text()}")
                 evidence.append(lab_limits.lab_evidence(limited))
                 continue
-            for name, value, bound in missed:
-                violations += 1
-                base_value = {
-                    "events_per_s": base.events_per_s,
-                    "resume_p99_s": base.resume_p99_s,
-                    "call_error_rate": base.call_error_rate,
-                }[name]
-                relation = ">=" if name == "events_per_s" else "<="
-                text = (
-                    f"recovery phase {spec.name!r} (T+{spec.start - origin:.0f}..{spec.end - origin:.0f} s, judged on "
-                    f"T+{m.start - origin:.0f}..{m.end - origin:.0f} s) did not restore {name}: "
-                    f"{_fmt(name, value)}, needed {relation} {_fmt(name, bound)} "
-                    f"(steady baseline {base_spec.name!r}: {_fmt(name, base_value)})"
-                )
-                row: dict[str, Scalar] = {
-                    "phase": spec.name,
-                    "metric": name,
-                    "measured": value,
-                    "limit": round(bound, 4),
-                    "baseline_phase": base_spec.name,
-                    "baseline": base_value,
-                    "judged_start": m.start,
-                    "judged_end": m.end,
-                }
-                witnesses.append(Witness(name, text, Attribution.UNATTRIBUTED, row))
+            violations += len(missed)
+            witnesses += missed
         measured: dict[str, JsonValue] = {
-            "baseline": {
-                "phase": base_spec.name,
-                "judged_start": base.start,
-                "judged_end": base.end,
-                "events_per_s": base.events_per_s,
-                "resume_p99_s": base.resume_p99_s,
-                "resume_p99_unbounded": base.resume_p99_unbounded,
-                "call_error_rate": base.call_error_rate,
-                "events": base.events,
-                "recoveries": base.recoveries,
-                "calls": base.calls,
-            },
+            "baseline": _baseline_json(base_spec, base),
             "limits": {k: round(v, 4) for k, v in lim.items()},
             "phases": list(judged),
             "lab_limited": list(lab_limited),
@@ -216,6 +139,120 @@ def check(ctx: Context) -> GateResult:
         attribution_counts={"unattributed": violations} if violations else {},
         notes=tuple(notes),
     )
+
+
+def _evidence(
+    base_spec: PhaseSpec | None,
+    base: Metrics | None,
+    recovery: list[PhaseSpec],
+    reached: list[PhaseSpec],
+    *,
+    need: int,
+) -> list[Evidence]:
+    """The gate's evidence: a steady baseline reached, every recovery phase reached, and
+    at least `need` events in the baseline's last half."""
+    return [
+        Evidence(
+            "steady baseline phase",
+            "a steady phase before the first recovery phase",
+            base_spec.name if base_spec else None,
+            base_spec is not None and base_spec.reached,
+        ),
+        Evidence("recovery phases reached", len(recovery), len(reached), len(reached) == len(recovery)),
+        Evidence(
+            "baseline events",
+            need,
+            None if base is None else base.events,
+            base is not None and (base.events or 0) >= need,
+            "SSE events with a message in the baseline's last half",
+        ),
+    ]
+
+
+def _judge_phase(
+    ctx: Context, spec: PhaseSpec, base: Metrics, base_spec: PhaseSpec, lim: dict[str, float]
+) -> tuple[dict[str, JsonValue], lab_limits.LabLimit | None, list[Witness]]:
+    """One recovery phase judged on its last half: (its row in `measured.phases`, the lab's
+    limit when it missed while the lab was saturated, else a witness per metric missed)."""
+    m = phases.phase_metrics(ctx, spec, last_half=True)
+    assert m is not None
+    missed = misses(m, lim)
+    limited = (
+        lab_limits.limit(
+            ctx, m.start, m.end, users=spec.users, reference=(base.start, base.end, base_spec.users)
+        )
+        if missed
+        else None
+    )
+    row: dict[str, JsonValue] = {
+        "phase": spec.name,
+        "judged_start": m.start,
+        "judged_end": m.end,
+        "events_per_s": m.events_per_s,
+        "resume_p99_s": m.resume_p99_s,
+        "resume_p99_unbounded": m.resume_p99_unbounded,
+        "call_error_rate": m.call_error_rate,
+        "events": m.events,
+        "recoveries": m.recoveries,
+        "calls": m.calls,
+        "missed": [name for name, _, _ in missed],
+        "limited_by_lab": lab_limits.limit_json(limited),  # type: ignore[dict-item]
+    }
+    if limited is not None:
+        return row, limited, []
+    origin = ctx.origin or 0.0
+    return row, None, [_not_restored(spec, m, base, base_spec, miss, origin) for miss in missed]
+
+
+def _not_restored(
+    spec: PhaseSpec,
+    m: Metrics,
+    base: Metrics,
+    base_spec: PhaseSpec,
+    miss: tuple[str, float | None, float],
+    origin: float,
+) -> Witness:
+    """The witness of one metric a recovery phase did not bring back to the baseline's."""
+    name, value, bound = miss
+    base_value = {
+        "events_per_s": base.events_per_s,
+        "resume_p99_s": base.resume_p99_s,
+        "call_error_rate": base.call_error_rate,
+    }[name]
+    relation = ">=" if name == "events_per_s" else "<="
+    text = (
+        f"recovery phase {spec.name!r} (T+{spec.start - origin:.0f}..{spec.end - origin:.0f} s, judged on "
+        f"T+{m.start - origin:.0f}..{m.end - origin:.0f} s) did not restore {name}: "
+        f"{_fmt(name, value)}, needed {relation} {_fmt(name, bound)} "
+        f"(steady baseline {base_spec.name!r}: {_fmt(name, base_value)})"
+    )
+    row: dict[str, Scalar] = {
+        "phase": spec.name,
+        "metric": name,
+        "measured": value,
+        "limit": round(bound, 4),
+        "baseline_phase": base_spec.name,
+        "baseline": base_value,
+        "judged_start": m.start,
+        "judged_end": m.end,
+    }
+    return Witness(name, text, Attribution.UNATTRIBUTED, row)
+
+
+def _baseline_json(base_spec: PhaseSpec, base: Metrics) -> dict[str, JsonValue]:
+    """`measured.baseline`: the steady baseline phase and its metrics on its last half."""
+    return {
+        "phase": base_spec.name,
+        "judged_start": base.start,
+        "judged_end": base.end,
+        "events_per_s": base.events_per_s,
+        "resume_p99_s": base.resume_p99_s,
+        "resume_p99_unbounded": base.resume_p99_unbounded,
+        "call_error_rate": base.call_error_rate,
+        "events": base.events,
+        "recoveries": base.recoveries,
+        "calls": base.calls,
+    }
 
 
 RULE = Rule(

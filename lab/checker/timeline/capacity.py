@@ -199,95 +199,18 @@ def section(
         "reconnect_qps": b.reconnect_qps,
     }
     violations = gate_violation_times(ctx, gates, timed)
-    rows: list[dict[str, JsonValue]] = []
-    metrics: list[Metrics] = []
     found = steps(specs)
-    knee: int | None = None
-    past: int | None = None
-    bends: dict[str, str] = {}
-    bend_at: dict[str, int] = {}
-    for i, st in enumerate(found):
-        m = ctx.cached(f"capacity:{st.name}", partial(phases.measure, ctx, st.judged_start, st.judged_end))
-        metrics.append(m)
-        missed = step_misses(
-            m,
-            resume_p99_s=b.resume_p99_s,
-            call_error_rate_max=tol["call_error_rate_max"],
-            reconnect_qps=b.reconnect_qps,
-        )
-        in_step = {
-            gate: sum(1 for t in times if st.judged_start <= t < st.judged_end)
-            for gate, times in violations.items()
-        }
-        missed += [f"gate:{gate}" for gate, n in in_step.items() if n]
-        if i > 0:
-            for name in bent(metrics[0], m, found[0].users, st.users):
-                if name not in bend_at:
-                    bend_at[name], bends[name] = i, st.name
-        row: dict[str, JsonValue] = {
-            "name": st.name,
-            "users": st.users,
-            "start": st.start,
-            "end": st.end,
-            "judged_start": st.judged_start,
-            "judged_end": st.judged_end,
-            **phases.metrics_json(m),
-            "events_per_client_s": None if (v := _per_client(m, st.users)) is None else round(v, 4),
-            "gate_violations": {k: v for k, v in in_step.items() if v},
-            "missed": list(missed),
-            "holds": not missed,
-        }
-        rows.append(row)
-        if missed and past is None:
-            past = i
-        if past is None:
-            knee = i
-    limited = None
-    if past is not None:
-        st = found[past]
-        reference = (
-            (found[knee].judged_start, found[knee].judged_end, found[knee].users)
-            if knee is not None
-            else None
-        )
-        limited = lab_limits.limit(ctx, st.judged_start, st.judged_end, users=st.users, reference=reference)
-        rows[past]["limited_by_lab"] = lab_limits.limit_json(limited)  # type: ignore[assignment]
-    first_bend = min(bend_at.values(), default=None)
+    ramp = _walk_steps(ctx, found, violations, tol["call_error_rate_max"])
+    rows, knee, past = ramp.rows, ramp.knee, ramp.past
+    limited = _lab_limit_past_knee(ctx, ramp, found)
+    first_bend = min(ramp.bend_at.values(), default=None)
     bent_first = (
-        [name for name, _ in BEND_RULES if bend_at.get(name) == first_bend] if first_bend is not None else []
+        [name for name, _ in BEND_RULES if ramp.bend_at.get(name) == first_bend]
+        if first_bend is not None
+        else []
     )
     knee_users = found[knee].users if knee is not None else None
-    if past is None:
-        text = (
-            f"no knee: every step held, up to {knee_users} clients (the target's capacity is at least that)"
-            if found
-            else "no step of the ramp was reached"
-        )
-        limited_by = None
-    else:
-        broke = ", ".join(str(x) for x in rows[past]["missed"])  # type: ignore[union-attr]
-        where = f"{knee_users} clients" if knee_users is not None else "below the first step"
-        if limited is not None:
-            limited_by = "lab"
-            text = (
-                f"knee at {where}, {limited.text()}: step {found[past].name!r} ({found[past].users} clients) "
-                f"broke {broke} while the lab was saturated — the lab's limit, not the target's capacity"
-            )
-        else:
-            st = found[past]
-            busy = lab_limits.target_cpu_p95(ctx, st.judged_start, st.judged_end)
-            rows[past]["target_cpu_p95"] = None if busy is None else round(busy, 3)
-            text = f"knee at {where}: step {st.name!r} ({st.users} clients) broke {broke}"
-            if busy is not None and busy < lab_limits.TARGET_IDLE_CPU:
-                # Neither the lab nor the target ran out of CPU: something waited in the chain.
-                limited_by = "unclear"
-                text += (
-                    f", but no process was CPU-bound: the reference server used at most {busy:.2f} cores "
-                    "(p95) and no lab process was saturated, so the time went to waiting somewhere in the "
-                    "chain (client, nemesis, proxy, sockets), not to the target's work"
-                )
-            else:
-                limited_by = "target"
+    text, limited_by = _knee_text(ctx, ramp, found, limited)
     return {
         "steps": list(rows),
         "knee_users": knee_users,
@@ -298,11 +221,128 @@ def section(
         "limited_by_lab": lab_limits.limit_json(limited),  # type: ignore[dict-item]
         "bent_first": list(bent_first),
         "bent_first_step": found[first_bend].name if first_bend is not None else None,
-        "bends": dict(bends),
+        "bends": dict(ramp.bends),
         "bend_rules": {name: rule for name, rule in BEND_RULES},
         "budgets": budgets,
         "text": text,
     }
+
+
+@dataclass(slots=True)
+class _Ramp:
+    """The steps of a ramp as judged, in order: their report rows, the knee (the last step
+    before the first that does not hold) and that first step past it (indices in the
+    steps; None when there is none), and for each bent metric the step it first bent at
+    (`bends`: its name, `bend_at`: its index)."""
+
+    rows: list[dict[str, JsonValue]]
+    knee: int | None
+    past: int | None
+    bends: dict[str, str]
+    bend_at: dict[str, int]
+
+
+def _walk_steps(
+    ctx: Context, found: Sequence[Step], violations: Mapping[str, list[float]], call_error_rate_max: float
+) -> _Ramp:
+    """Each step measured on its judged window and judged against the budgets, the gate
+    violations in it and the first step's level, until the knee and past it."""
+    ramp = _Ramp([], None, None, {}, {})
+    metrics: list[Metrics] = []
+    for i, st in enumerate(found):
+        m = ctx.cached(f"capacity:{st.name}", partial(phases.measure, ctx, st.judged_start, st.judged_end))
+        metrics.append(m)
+        missed = step_misses(
+            m,
+            resume_p99_s=ctx.budgets.resume_p99_s,
+            call_error_rate_max=call_error_rate_max,
+            reconnect_qps=ctx.budgets.reconnect_qps,
+        )
+        in_step = {
+            gate: sum(1 for t in times if st.judged_start <= t < st.judged_end)
+            for gate, times in violations.items()
+        }
+        missed += [f"gate:{gate}" for gate, n in in_step.items() if n]
+        if i > 0:
+            for name in bent(metrics[0], m, found[0].users, st.users):
+                if name not in ramp.bend_at:
+                    ramp.bend_at[name], ramp.bends[name] = i, st.name
+        ramp.rows.append(_step_row(st, m, in_step, missed))
+        if missed and ramp.past is None:
+            ramp.past = i
+        if ramp.past is None:
+            ramp.knee = i
+    return ramp
+
+
+def _step_row(st: Step, m: Metrics, in_step: Mapping[str, int], missed: list[str]) -> dict[str, JsonValue]:
+    """report.json `capacity.steps[]`: one step, its metrics and what it missed."""
+    return {
+        "name": st.name,
+        "users": st.users,
+        "start": st.start,
+        "end": st.end,
+        "judged_start": st.judged_start,
+        "judged_end": st.judged_end,
+        **phases.metrics_json(m),
+        "events_per_client_s": None if (v := _per_client(m, st.users)) is None else round(v, 4),
+        "gate_violations": {k: v for k, v in in_step.items() if v},
+        "missed": list(missed),
+        "holds": not missed,
+    }
+
+
+def _lab_limit_past_knee(ctx: Context, ramp: _Ramp, found: Sequence[Step]) -> lab_limits.LabLimit | None:
+    """Whether the lab was saturated in the first step past the knee (compared with the
+    knee's step); said in that step's row too. None without a step past the knee."""
+    if ramp.past is None:
+        return None
+    knee = ramp.knee
+    st = found[ramp.past]
+    reference = (
+        (found[knee].judged_start, found[knee].judged_end, found[knee].users) if knee is not None else None
+    )
+    limited = lab_limits.limit(ctx, st.judged_start, st.judged_end, users=st.users, reference=reference)
+    ramp.rows[ramp.past]["limited_by_lab"] = lab_limits.limit_json(limited)  # type: ignore[assignment]
+    return limited
+
+
+def _knee_text(
+    ctx: Context, ramp: _Ramp, found: Sequence[Step], limited: lab_limits.LabLimit | None
+) -> tuple[str, str | None]:
+    """(text, limited_by): the capacity's sentence, and what limited it — `lab`, `target`,
+    `unclear` (no process was CPU-bound), None without a knee. A step past the knee that
+    the lab did not limit gets its `target_cpu_p95` in its row."""
+    rows, knee, past = ramp.rows, ramp.knee, ramp.past
+    knee_users = found[knee].users if knee is not None else None
+    if past is None:
+        text = (
+            f"no knee: every step held, up to {knee_users} clients (the target's capacity is at least that)"
+            if found
+            else "no step of the ramp was reached"
+        )
+        return text, None
+    broke = ", ".join(str(x) for x in rows[past]["missed"])  # type: ignore[union-attr]
+    where = f"{knee_users} clients" if knee_users is not None else "below the first step"
+    if limited is not None:
+        text = (
+            f"knee at {where}, {limited.text()}: step {found[past].name!r} ({found[past].users} clients) "
+            f"broke {broke} while the lab was saturated — the lab's limit, not the target's capacity"
+        )
+        return text, "lab"
+    st = found[past]
+    busy = lab_limits.target_cpu_p95(ctx, st.judged_start, st.judged_end)
+    rows[past]["target_cpu_p95"] = None if busy is None else round(busy, 3)
+    text = f"knee at {where}: step {st.name!r} ({st.users} clients) broke {broke}"
+    if busy is not None and busy < lab_limits.TARGET_IDLE_CPU:
+        # Neither the lab nor the target ran out of CPU: something waited in the chain.
+        text += (
+            f", but no process was CPU-bound: the reference server used at most {busy:.2f} cores "
+            "(p95) and no lab process was saturated, so the time went to waiting somewhere in the "
+            "chain (client, nemesis, proxy, sockets), not to the target's work"
+        )
+        return text, "unclear"
+    return text, "target"
 
 
 def bounded_to_knee(

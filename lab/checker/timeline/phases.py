@@ -224,42 +224,10 @@ def measure_frames(
     seconds = max(0.0, end - start)
     times = event_times(data)
     events = int(_in(times, start, end).sum()) if times is not None else None
-
-    ops = _client(data, "operations")
-    calls = errors = None
-    if ops is not None:
-        done = ops[_in(ops["finished_at"], start, end) & ops["outcome"].isin(FINISHED_OUTCOMES).to_numpy()]
-        calls, errors = len(done), int(done["outcome"].isin(ERROR_OUTCOMES).sum())
-
-    rec = _client(data, "recoveries")
-    recoveries = never = None
-    p50 = p99 = math.nan
-    if rec is not None:
-        lat = latencies(rec[_in(rec["lost_at"], start, end)], budget_s, stopped_at, client_ends(data))
-        values = lat.loc[~lat["censored"], "latency"].to_numpy(dtype="float64")
-        if stuck is not None and len(stuck):
-            values = np.concatenate(
-                [values, np.full(int(_in(stuck["started_at"], start, end).sum()), math.inf)]
-            )
-        recoveries, never = len(values), int(np.isinf(values).sum())
-        p50, p99 = nearest_rank(values, 0.5), nearest_rank(values, PERCENTILE)
-
-    rc = _client(data, "reconnects")
-    reconnects = peak = None
-    if rc is not None:
-        inside = rc[_in(rc["sent_at"], start, end)]
-        reconnects = len(inside)
-        bins = per_second(inside)
-        peak = int(bins.max()) if len(bins) else 0
-
-    status = _statuses(data)
-    s4 = s5 = None
-    if status is not None:
-        t, code = status
-        answered = (t >= start) & (t < end)
-        s4 = int((answered & (code >= 400) & (code < 500)).sum())
-        s5 = int((answered & (code >= 500) & (code < 600)).sum())
-
+    calls, errors = _calls(data, start, end)
+    recoveries, never, p50, p99 = _resume_latency(data, start, end, budget_s, stopped_at, stuck)
+    reconnects, peak = _reconnects(data, start, end)
+    s4, s5 = _status_counts(data, start, end)
     if active is None:
         active = _active(data)
     clients_max = None
@@ -267,11 +235,9 @@ def measure_frames(
         idx = active.index.to_numpy(dtype="float64")
         inside_a = active[(idx >= math.floor(start)) & (idx < end)]
         clients_max = int(inside_a.max()) if len(inside_a) else 0
-
     fired: Counter[str] = Counter()
     if faults is not None and len(faults):
         fired = Counter(faults.loc[_in(faults["t"], start, end), "fault"].astype(str))
-
     peaks: dict[str, float] = {}
     sat: tuple[processes.Saturation, ...] = ()
     if samples is not None and samples.present:
@@ -302,6 +268,58 @@ def measure_frames(
         lab_cpu_peak=peaks,
         lab_saturated=sat,
     )
+
+
+def _calls(data: RunData, start: float, end: float) -> tuple[int | None, int | None]:
+    """(calls, errors): the client's operations that finished in [start, end), and in error."""
+    ops = _client(data, "operations")
+    if ops is None:
+        return None, None
+    done = ops[_in(ops["finished_at"], start, end) & ops["outcome"].isin(FINISHED_OUTCOMES).to_numpy()]
+    return len(done), int(done["outcome"].isin(ERROR_OUTCOMES).sum())
+
+
+def _resume_latency(
+    data: RunData,
+    start: float,
+    end: float,
+    budget_s: float,
+    stopped_at: float | None,
+    stuck: pd.DataFrame | None,
+) -> tuple[int | None, int | None, float, float]:
+    """(recoveries, never recovered, p50, p99) of the losses in [start, end), censored ones
+    left out; a call that never finished (`stuck`) counts as a loss never recovered."""
+    rec = _client(data, "recoveries")
+    if rec is None:
+        return None, None, math.nan, math.nan
+    lat = latencies(rec[_in(rec["lost_at"], start, end)], budget_s, stopped_at, client_ends(data))
+    values = lat.loc[~lat["censored"], "latency"].to_numpy(dtype="float64")
+    if stuck is not None and len(stuck):
+        values = np.concatenate([values, np.full(int(_in(stuck["started_at"], start, end).sum()), math.inf)])
+    p50, p99 = nearest_rank(values, 0.5), nearest_rank(values, PERCENTILE)
+    return len(values), int(np.isinf(values).sum()), p50, p99
+
+
+def _reconnects(data: RunData, start: float, end: float) -> tuple[int | None, int | None]:
+    """(reconnects, the busiest second's count) of the client's attempts sent in [start, end)."""
+    rc = _client(data, "reconnects")
+    if rc is None:
+        return None, None
+    inside = rc[_in(rc["sent_at"], start, end)]
+    bins = per_second(inside)
+    return len(inside), int(bins.max()) if len(bins) else 0
+
+
+def _status_counts(data: RunData, start: float, end: float) -> tuple[int | None, int | None]:
+    """(4xx, 5xx): the answers with those statuses in [start, end)."""
+    status = _statuses(data)
+    if status is None:
+        return None, None
+    t, code = status
+    answered = (t >= start) & (t < end)
+    s4 = int((answered & (code >= 400) & (code < 500)).sum())
+    s5 = int((answered & (code >= 500) & (code < 600)).sum())
+    return s4, s5
 
 
 def metrics_json(m: Metrics) -> dict[str, JsonValue]:

@@ -194,30 +194,69 @@ def _recoveries(ctx: Context) -> pd.DataFrame:
     dl = deliveries(ctx)
     chained = call_flows(flows)
     outcome_of = {r["call"]: r for r in client_wire.records(logs.of("outcome").drop_duplicates("call"))}
+    times = _call_delivery_times(chained, dl)
+    stopped = ctx.stopped_at
+    never = stopped if stopped is not None else math.inf
+    lost = _lost_flows(chained, dl, outcome_of, never)
+    rows = _loss_episodes(lost, outcome_of, times, never)
+    columns = [
+        "client_id",
+        "call",
+        "flow",
+        "end_reason",
+        "lost_at",
+        "recovered_at",
+        "latency_s",
+        "outcome",
+        "outcome_at",
+        "tap_line",
+        "_src",
+        "_app_line",
+    ]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def _call_delivery_times(chained: pd.DataFrame, dl: pd.DataFrame) -> dict[object, np.ndarray]:
+    """call -> the times (in order) of the deliveries of messages the server sent on the
+    call's flows."""
+    by_flow_call = dict(zip(chained["flow"].tolist(), chained["call"].tolist(), strict=True))
+    of_call = dl.assign(owner=dl["src_flow"].map(by_flow_call))
+    of_call = of_call[of_call["owner"].notna()].sort_values("t", kind="stable")
+    return {
+        call: group["t"].to_numpy(dtype="float64") for call, group in of_call.groupby("owner", sort=False)
+    }
+
+
+def _lost_flows(
+    chained: pd.DataFrame, dl: pd.DataFrame, outcome_of: dict[Any, dict[str, Any]], never: float
+) -> pd.DataFrame:
+    """The candidate losses of every call at once (vectorized): its flows that opened
+    (200), did not carry its answer and ended before the call did, by call then end."""
     response_flow = (
         dl[dl["call"].notna() & dl["kind"].isin(("response", "error")) & dl["flow"].notna()]
         .drop_duplicates("call", keep="first")
         .set_index("call")
     )
-    # Deliveries of messages the server sent on a call's flows: (client, call) -> times.
-    by_flow_call = dict(zip(chained["flow"].tolist(), chained["call"].tolist(), strict=True))
-    of_call = dl.assign(owner=dl["src_flow"].map(by_flow_call))
-    of_call = of_call[of_call["owner"].notna()].sort_values("t", kind="stable")
-    times: dict[object, np.ndarray] = {
-        call: group["t"].to_numpy(dtype="float64") for call, group in of_call.groupby("owner", sort=False)
-    }
-    stopped = ctx.stopped_at
-    never = stopped if stopped is not None else math.inf
-    # The candidate losses of every call at once (vectorized), then one pass over them.
     answered_on = chained["call"].map(response_flow["flow"]).astype("object")
     ended = chained["call"].map({c: float(r["t"]) for c, r in outcome_of.items()}).fillna(never)
-    lost = chained[
+    return chained[
         (chained["status"] == 200)
         & (chained["flow"] != answered_on)
         & ~chained["answered"].astype(bool)
         & chained["end_t"].notna()
         & (chained["end_t"] < ended)
     ].sort_values(["call", "end_t"], kind="stable")
+
+
+def _loss_episodes(
+    lost: pd.DataFrame,
+    outcome_of: dict[Any, dict[str, Any]],
+    times: dict[object, np.ndarray],
+    never: float,
+) -> list[dict[str, Any]]:
+    """One pass over the candidate losses: a flow lost again before its call recovered is
+    the same episode; an episode recovers at the call's first delivery after the loss,
+    if that came before the call ended."""
     rows: list[dict[str, Any]] = []
     recovered_until: dict[object, float] = {}
     for call, client, flow, end_t, reason, line in zip(
@@ -253,18 +292,4 @@ def _recoveries(ctx: Context) -> pd.DataFrame:
             }
         )
         recovered_until[call] = recovered if not math.isnan(recovered) else math.inf
-    columns = [
-        "client_id",
-        "call",
-        "flow",
-        "end_reason",
-        "lost_at",
-        "recovered_at",
-        "latency_s",
-        "outcome",
-        "outcome_at",
-        "tap_line",
-        "_src",
-        "_app_line",
-    ]
-    return pd.DataFrame(rows, columns=columns)
+    return rows

@@ -132,6 +132,43 @@ def _from_tap(ctx: Context) -> StreamTruth:
     data = ctx.data
     tap = data.tap
     assert tap is not None
+    flows = _tap_flows(tap)
+    sent = _tap_sent(tap)
+    flows["has_events"] = flows["flow"].isin(sent["flow"])
+    flow_session = pd.Series(flows["session"].to_numpy(dtype=object), index=flows["flow"].to_numpy())
+    sent["session"] = sent["session"].where(sent["session"].notna(), sent["flow"].map(flow_session))
+    base = _opening_logicals(ctx, flows, sent)
+
+    sent_flow_pos = pd.Index(flows["flow"]).get_indexer(sent["flow"])
+    on_resumption = _take(flows["resumption"].astype(object), sent_flow_pos, sent.index).eq(True).to_numpy()
+    has_sid = sent["stream_id"].notna()
+    has_id = sent["event_id"].notna()
+    first_in_session, first_anywhere = _first_sends(sent, has_id)
+    ids = has_id.to_numpy()
+    safe_fs = np.where(ids, first_in_session.to_numpy(), 0)
+    safe_fg = np.where(ids, first_anywhere.to_numpy(), 0)
+    foreign, shared_ids = _foreign_replays(sent, on_resumption, safe_fs, safe_fg)
+    definer = np.where(foreign, safe_fg, np.where(ids, safe_fs, sent["order"].to_numpy()))
+    logical, home = _resolve_logicals(flows, sent, base, sent_flow_pos, definer)
+
+    flows["logical"] = logical.astype("object")
+    sent["on_logical"] = _take(flows["logical"], sent_flow_pos, sent.index)
+    sent["home"] = home.where(home.notna(), sent["on_logical"])
+    # The order in which each event was first sent on its home (what a replay must keep).
+    sent["home_order"] = np.where(has_sid.to_numpy() & ids, safe_fs, definer)
+    sent["resend"] = ids & (on_resumption | (safe_fs != sent["order"].to_numpy()))
+    sent["foreign"] = foreign
+    sent["first_flow"] = sent["flow"].to_numpy(dtype=object)[sent["home_order"].to_numpy()]
+    sent["conn"] = _take(flows["conn"], sent_flow_pos, sent.index)
+    sent["client_id"] = _take(flows["client_id"], sent_flow_pos, sent.index)
+    sent["send_key"] = _send_keys(sent)
+    sent = sent.drop(columns=["stream_id"])
+    return StreamTruth("tap", flows, sent, _stream_map_tap(ctx, flows), shared_ids)
+
+
+def _tap_flows(tap: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """One row per tap flow (its last record), with its client, connection and session
+    (an initialize's: the session it created), and whether it is a resumption."""
     flows = tap["flow"].drop_duplicates("flow", keep="last").reset_index(drop=True)
     flows = pd.DataFrame(
         {
@@ -150,7 +187,12 @@ def _from_tap(ctx: Context) -> StreamTruth:
         flows["session"] = flows["session"].where(flows["session"].notna(), assigned.to_numpy())
     flows["client_id"], flows["conn_id"] = split_conn(flows["conn"])
     flows["resumption"] = flows["last_event_id_out"].notna() & (flows["method"] == "GET")
+    return flows
 
+
+def _tap_sent(tap: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """The tap's `sent` records in the order the server sent them (by t, then index),
+    numbered by that order."""
     raw = tap["sent"].sort_values(["t", "index"], kind="stable")  # the order the server sent them in
     sent = pd.DataFrame(
         {
@@ -167,10 +209,13 @@ def _from_tap(ctx: Context) -> StreamTruth:
         }
     )
     sent["order"] = np.arange(len(sent), dtype="int64")
-    flows["has_events"] = flows["flow"].isin(sent["flow"])
-    flow_session = pd.Series(flows["session"].to_numpy(dtype=object), index=flows["flow"].to_numpy())
-    sent["session"] = sent["session"].where(sent["session"].notna(), sent["flow"].map(flow_session))
+    return sent
 
+
+def _opening_logicals(ctx: Context, flows: pd.DataFrame, sent: pd.DataFrame) -> pd.Series:
+    """The logical stream of each opening flow (null for resumption flows): the server
+    ledger's `streams` row of its connection, else its first event's stream ID, else the
+    flow itself."""
     # Opening flows: the server's own record of the stream, else its first event's ID.
     named = sent[sent["stream_id"].notna()].sort_values(["flow", "index"], kind="stable")
     first = named.drop_duplicates("flow")
@@ -180,8 +225,8 @@ def _from_tap(ctx: Context) -> StreamTruth:
         dtype="object",
     )
     base = flows["flow"].map(first_logical).astype("object")
-    if data.server is not None:
-        st = data.server["streams"]
+    if ctx.data.server is not None:
+        st = ctx.data.server["streams"]
         by_conn = pd.Series(
             _key(st["session"], st["stream_id"]).to_numpy(dtype=object),
             index=st["conn"].values,
@@ -191,23 +236,22 @@ def _from_tap(ctx: Context) -> StreamTruth:
         server_says = flows["conn"].map(by_conn).astype("object").where(flows["conn"].notna())
         base = server_says.where(server_says.notna(), base)
     base = base.where(base.notna(), ("flow:" + flows["flow"].astype(str)).astype("object"))
-    base = base.where(~flows["resumption"])
+    return base.where(~flows["resumption"])
 
-    sent_flow_pos = pd.Index(flows["flow"]).get_indexer(sent["flow"])
-    on_resumption = _take(flows["resumption"].astype(object), sent_flow_pos, sent.index).eq(True).to_numpy()
+
+def _foreign_replays(
+    sent: pd.DataFrame, on_resumption: np.ndarray, safe_fs: np.ndarray, safe_fg: np.ndarray
+) -> tuple[np.ndarray, int]:
+    """(foreign, shared_ids): which sends are foreign replays (opaque IDs: their home is
+    another session's stream), and how many IDs the server sent live in two or more
+    sessions. `safe_fs`/`safe_fg`: the order of each send's first send of its (ID, digest)
+    in its session / in any session (0 for sends without ID)."""
     has_sid = sent["stream_id"].notna()
-    has_id = sent["event_id"].notna()
-    event_key = _key(sent["session"], sent["event_id"]).where(has_id)
-    named_home = _key(sent["session"], sent["stream_id"]).where(has_sid)
-    first_in_session, first_anywhere = _first_sends(sent, has_id)
+    ids = sent["event_id"].notna().to_numpy()
     # An event's home for opaque IDs: the stream of its first send in this session; but a
     # first send in this session that is a replay (a resumption flow) of an event another
     # session was sent earlier belongs to that other session's stream (a foreign replay).
-    fs = first_in_session.to_numpy()
-    fg = first_anywhere.to_numpy()
     sessions = sent["session"].to_numpy(dtype=object)
-    ids = has_id.to_numpy()
-    safe_fs, safe_fg = np.where(ids, fs, 0), np.where(ids, fg, 0)
     foreign = (
         ids
         & ~has_sid.to_numpy()
@@ -220,8 +264,19 @@ def _from_tap(ctx: Context) -> StreamTruth:
     # Per-session IDs (some ID live in two sessions): an identical (ID, content) in another
     # session says nothing about where an event belongs, so homes stay within the session.
     foreign &= (live_sessions <= 1) & (shared_ids == 0)
-    definer = np.where(foreign, safe_fg, np.where(ids, safe_fs, sent["order"].to_numpy()))
+    return foreign, shared_ids
 
+
+def _resolve_logicals(
+    flows: pd.DataFrame, sent: pd.DataFrame, base: pd.Series, sent_flow_pos: np.ndarray, definer: np.ndarray
+) -> tuple[pd.Series, pd.Series]:
+    """(logical of each flow, home of each send): a resumption flow carries the logical
+    stream its cursor was sent on, and an opaque-ID event's home is the logical stream of
+    the flow of its `definer` send; chains of resumptions resolve one link per round."""
+    has_sid = sent["stream_id"].notna()
+    has_id = sent["event_id"].notna()
+    event_key = _key(sent["session"], sent["event_id"]).where(has_id)
+    named_home = _key(sent["session"], sent["stream_id"]).where(has_sid)
     logical = base
     home = named_home
     for _ in range(MAX_RESOLVE_ROUNDS):
@@ -234,19 +289,7 @@ def _from_tap(ctx: Context) -> StreamTruth:
         if new_logical.equals(logical):
             break
         logical = new_logical
-    flows["logical"] = logical.astype("object")
-    sent["on_logical"] = _take(flows["logical"], sent_flow_pos, sent.index)
-    sent["home"] = home.where(home.notna(), sent["on_logical"])
-    # The order in which each event was first sent on its home (what a replay must keep).
-    sent["home_order"] = np.where(has_sid.to_numpy() & ids, safe_fs, definer)
-    sent["resend"] = ids & (on_resumption | (safe_fs != sent["order"].to_numpy()))
-    sent["foreign"] = foreign
-    sent["first_flow"] = sent["flow"].to_numpy(dtype=object)[sent["home_order"].to_numpy()]
-    sent["conn"] = _take(flows["conn"], sent_flow_pos, sent.index)
-    sent["client_id"] = _take(flows["client_id"], sent_flow_pos, sent.index)
-    sent["send_key"] = _send_keys(sent)
-    sent = sent.drop(columns=["stream_id"])
-    return StreamTruth("tap", flows, sent, _stream_map_tap(ctx, flows), shared_ids)
+    return logical, home
 
 
 def _first_sends(sent: pd.DataFrame, has_id: pd.Series) -> tuple[pd.Series, pd.Series]:
