@@ -127,6 +127,13 @@ CASES: tuple[Case, ...] = (
         ("terminated_session_not_404",),
         "after a DELETE of the session answered 2xx, a request carrying it is still served",
     ),
+    _case(
+        Defect.SLOW_RESUME,
+        5,
+        ("slow_recovery",),
+        "the target's own share of the recoveries, timed at the proxy from the resumption it "
+        "forwarded to the first event the target sent back, is over the budget",
+    ),
 )
 BY_NAME: dict[str, Case] = {c.name: c for c in CASES}
 

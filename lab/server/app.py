@@ -50,7 +50,7 @@ from typing import Any
 from lab.server import ledger as L
 from lab.server.admin import admin_control
 from lab.server.config import ServerConfig, matches
-from lab.server.defects import Defect
+from lab.server.defects import SLOW_RESUME_S, Defect
 from lab.server.http import (
     Receive,
     Refused,
@@ -425,7 +425,8 @@ class McpApp:
         found = self.state.resolve_cursor(s, cursor)
         if isinstance(found, Resumption):
             self._log(req, 200, None, "valid")
-            await self._stream(req, receive, send, found.stream, found)
+            hold = SLOW_RESUME_S if Defect.SLOW_RESUME in self.defects else 0.0  # defect: replay late
+            await self._stream(req, receive, send, found.stream, found, hold_s=hold)
             return
         verdict = found
         if Defect.UNKNOWN_CURSOR_SILENT in self.defects:  # defect: 200 and a stream that carries nothing
@@ -458,13 +459,23 @@ class McpApp:
         await send_empty(send, 200)
 
     async def _stream(
-        self, req: Request, receive: Receive, send: Send, st: Stream, resumed: Resumption | None
+        self,
+        req: Request,
+        receive: Receive,
+        send: Send,
+        st: Stream,
+        resumed: Resumption | None,
+        *,
+        hold_s: float = 0.0,
     ) -> None:
-        """Stream `st` on this response: the resumption's backlog first, then live."""
+        """Stream `st` on this response: the resumption's backlog first, then live (after
+        `hold_s` with only the head sent: the defect slow-resume)."""
         live = LiveConn(req.conn, self.config.max_session_event_bytes)
         self.open_sse += 1
         try:
             await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            if hold_s > 0:
+                await asyncio.sleep(hold_s)
             self.state.attach(st, live, None if resumed is None else resumed.backlog, time.time())
             try:
                 await serve_live(receive, send, live, self.config.keepalive_s)

@@ -26,7 +26,11 @@ class Defect(enum.StrEnum):
     NO_PRIMING = "no-priming"
     NO_RETRY_FIELD = "no-retry-field"
     DELETED_SESSION_ALIVE = "deleted-session-alive"
+    SLOW_RESUME = "slow-resume"
 
+
+SLOW_RESUME_S = 6.0
+"""How long the defect `slow-resume` holds a resumption's replay back (s)."""
 
 DESCRIPTIONS: dict[Defect, str] = {
     Defect.SHARED_EVENT_STORE: (
@@ -49,6 +53,10 @@ DESCRIPTIONS: dict[Defect, str] = {
     Defect.NO_PRIMING: "streams start without the priming event (an event ID and empty data)",
     Defect.NO_RETRY_FIELD: "a server-initiated close (ticker close_after) sends no `retry` field first",
     Defect.DELETED_SESSION_ALIVE: "DELETE answers 200 but the session keeps working",
+    Defect.SLOW_RESUME: (
+        f"a resumption is answered at once but replays nothing for {SLOW_RESUME_S:g} s "
+        "(longer than the default resume budget of 5 s): the target's own share of every recovery"
+    ),
 }
 
 DEFECT_NAMES: tuple[str, ...] = tuple(d.value for d in Defect)

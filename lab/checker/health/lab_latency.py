@@ -52,7 +52,7 @@ import pandas as pd
 from lab.checker.context import Context
 from lab.checker.health import processes
 from lab.checker.health.lab_hops import delivery_delays, request_delays, upstream_delays
-from lab.checker.health.lab_limits import server_violations
+from lab.checker.health.lab_limits import JUDGED_ON_TARGET, server_violations
 from lab.checker.inputs.load import MissingInput
 from lab.checker.inputs.phase_specs import IMPLICIT, phase_specs
 from lab.checker.model import Evidence, GateResult, JsonValue, Verdict, made_inconclusive
@@ -433,7 +433,13 @@ def qualify_resume(ctx: Context, result: GateResult) -> GateResult:
         return result
     budget = ctx.budgets.resume_p99_s
     own, parts = lab_share_of_path(sec)
-    if result.verdict is Verdict.FAIL and server_violations(result) == 0 and own >= DOMINATES_SHARE * budget:
+    on_total = result.measured.get("judged_on") != JUDGED_ON_TARGET
+    if (
+        on_total
+        and result.verdict is Verdict.FAIL
+        and server_violations(result) == 0
+        and own >= DOMINATES_SHARE * budget
+    ):
         text = (
             f"limited by the lab: its own hops add p99 {own:.3f} s on a resumption's path "
             f"({', '.join(parts)}), {own / budget:.0%} of the {budget:g} s budget (at least "

@@ -183,14 +183,20 @@ def lab_evidence(lim: LabLimit) -> Evidence:
     )
 
 
+JUDGED_ON_TARGET = "target_share"
+"""Gate 5's `judged_on` when it judged the target on its own share (lab.checker.truth.shares)."""
+
+
 def qualify_resume(ctx: Context, result: GateResult) -> GateResult:
-    """Gate 5 failed: if most of its slow recoveries were lost while a lab process was
+    """Gate 5 failed on the total latency (its recoveries could not be split): if most of its slow recoveries were lost while a lab process was
     saturated (its sample within a second of the loss at >= 90 % of a core), the p99 is
     the lab's: the gate is inconclusive, naming the process."""
     if result.verdict is not Verdict.FAIL:
         return result
     if server_violations(result):
         return result  # the server broke a rule on the wire: that is no latency of the lab's
+    if result.measured.get("judged_on") == JUDGED_ON_TARGET:
+        return result  # the target's own share, timed at the wire, failed: whatever the lab did
     s = processes.samples(ctx)
     if not s.present or ctx.data.client is None or "recoveries" in ctx.data.client_tables_absent:
         return result

@@ -37,11 +37,14 @@ import pandas as pd
 
 from lab.checker.context import Context
 from lab.checker.explain import at, client_ref, finite_or_none, row_of, tap_ref
-from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
+from lab.checker.health.lab_limits import JUDGED_ON_TARGET
+from lab.checker.inputs.load import MissingInput
+from lab.checker.model import Attribution, Evidence, GateResult, JsonValue, Witness, decide
 from lab.checker.rules.base import Rule
 from lab.checker.rules.resume_sut import check as read_under_test
 from lab.checker.truth.liveness import describe_stuck, never_finished_latencies
 from lab.checker.truth.recoveries import NEVER_FINISHED, PERCENTILE, nearest_rank, run_latencies
+from lab.checker.truth.shares import SHARES, ShareFigures, judge_share, recovery_shares, share_figures
 from lab.checker.truth.wire_streams import no_priming, no_priming_witness, silent_resumptions, silent_witness
 
 
@@ -55,12 +58,27 @@ def check(ctx: Context) -> GateResult:
     values = counted["latency"].to_numpy(dtype="float64")
     p99 = nearest_rank(values, PERCENTILE)
     n = len(counted)
-    slow_p99 = n > 0 and p99 >= budget
     unprimed, primed_judged = no_priming(ctx) if ctx.data.tap is not None else (pd.DataFrame(), 0)
     silent, silent_judged = silent_resumptions(ctx) if ctx.data.tap is not None else (pd.DataFrame(), 0)
     server_count = len(unprimed) + len(silent)
+    split = _split(ctx)
+    if split is not None and n > 0:
+        shares, figures = split
+        # The target is judged on its own share where the recovery could be split, and on
+        # the whole latency where it could not (nothing then excuses it).
+        judged_rows = _judged_rows(shares, stuck)
+        target_p99 = nearest_rank(judged_rows["judged_s"].to_numpy(dtype="float64"), PERCENTILE)
+        judged = judge_share(p99, target_p99, budget, share="target")
+        slow_p99, limited = judged.failed, judged.limited_by_lab
+        slow = judged_rows[judged_rows["judged_s"] >= budget].sort_values(
+            "judged_s", ascending=False, kind="stable"
+        )
+        on_target = not slow_p99 or bool(slow["target_s"].notna().all())
+    else:
+        shares, figures, judged, limited, on_target = None, None, None, False, False
+        slow_p99 = n > 0 and p99 >= budget
+        slow = _slowest(counted, budget)
     failed = slow_p99 or server_count > 0
-    slow = counted[counted["latency"] >= budget].sort_values("latency", ascending=False, kind="stable")
     finite = values[np.isfinite(values)]
     never = int(np.isinf(values).sum())
     negative = int((finite < 0).sum())
@@ -70,16 +88,21 @@ def check(ctx: Context) -> GateResult:
         Evidence("recoveries", need, n, n >= need),
         *ctx.client_evidence(),
     ]
+    if limited and judged is not None:
+        evidence.append(Evidence("the target's share explains the latency", True, False, False, judged.text))
     notes = []
     if negative:
         notes.append(f"{negative} recovery row(s) have recovered_at before lost_at")
     censored = int(lat["censored"].sum())
     if censored:
         notes.append(f"{censored} loss(es) still open when the run stopped were left out (censored)")
+    if judged is not None and figures is not None:
+        notes.append(f"judged on the target's share: {judged.text}; {_shares_text(figures)}")
     p99_text = "n/a" if math.isnan(p99) else ("never (inf)" if math.isinf(p99) else f"{p99:.3f} s")
+    target_text = "" if judged is None else f"; {judged.text}"
     return GateResult(
         verdict=decide(failed, evidence),
-        summary=f"p99 {p99_text} over {n} recoveries (budget < {budget:g} s)"
+        summary=f"p99 {p99_text} over {n} recoveries (budget < {budget:g} s){target_text}"
         + (
             f"; server: {len(unprimed)} POST stream(s) without priming event, {len(silent)} silent "
             "resumption(s) on an unknown cursor"
@@ -102,6 +125,8 @@ def check(ctx: Context) -> GateResult:
             "post_streams_judged_for_priming": primed_judged,
             "silent_resumptions": len(silent),
             "unknown_cursor_resumptions_served": silent_judged,
+            "judged_on": JUDGED_ON_TARGET if on_target else "total",
+            "shares": _shares_json(figures),
         },
         evidence=tuple(evidence),
         violations=(len(slow) if slow_p99 else 0) + server_count,
@@ -112,10 +137,77 @@ def check(ctx: Context) -> GateResult:
             if slow_p99
             else ()
         ),
-        attribution_counts=({"unattributed": len(slow)} if slow_p99 else {})
-        | ({"server": server_count} if server_count else {}),
+        attribution_counts=_blame_counts(slow, server_count, counted=slow_p99),
         notes=tuple(notes),
     )
+
+
+def _split(ctx: Context) -> tuple[pd.DataFrame, dict[str, ShareFigures]] | None:
+    """The recoveries' shares and their figures; None when they cannot be timed on the wire
+    (no tap, an older tap without `t_request`, or not one recovery split)."""
+    try:
+        shares = recovery_shares(ctx)
+    except MissingInput:
+        return None
+    figures = share_figures(shares)
+    return (shares, figures) if figures["target"].n else None
+
+
+def _slowest(counted: pd.DataFrame, budget: float) -> pd.DataFrame:
+    return counted[counted["latency"] >= budget].sort_values("latency", ascending=False, kind="stable")
+
+
+def _judged_rows(shares: pd.DataFrame, stuck: pd.DataFrame) -> pd.DataFrame:
+    """The counted recoveries (and the calls that never finished, which cannot be split)
+    with `judged_s`: the target's share where known, else the whole latency."""
+    rows = pd.concat([shares, _as_recoveries(stuck)], ignore_index=True) if len(stuck) else shares.copy()
+    rows["judged_s"] = rows["target_s"].astype("float64").fillna(rows["latency"].astype("float64"))
+    return rows
+
+
+def _blame(r: pd.Series) -> Attribution:
+    """A slow recovery is the server's when its own share, timed at the wire, is what is slow."""
+    target = r.get("target_s")
+    return (
+        Attribution.SERVER
+        if isinstance(target, int | float) and not math.isnan(target)
+        else Attribution.UNATTRIBUTED
+    )
+
+
+def _blame_counts(slow: pd.DataFrame, server_count: int, *, counted: bool) -> dict[str, int]:
+    out: dict[str, int] = {}
+    if counted and len(slow):
+        known = int(slow["target_s"].notna().sum()) if "target_s" in slow.columns else 0
+        if known:
+            out["server"] = known
+        if len(slow) - known:
+            out["unattributed"] = len(slow) - known
+    if server_count:
+        out["server"] = out.get("server", 0) + server_count
+    return out
+
+
+def _shares_json(figures: dict[str, ShareFigures] | None) -> JsonValue:
+    if figures is None:
+        return None
+    return {
+        name: {
+            "recoveries": f.n,
+            "p50_s": finite_or_none(f.p50_s),
+            "p99_s": finite_or_none(f.p99_s),
+            "p99_unbounded": bool(math.isinf(f.p99_s)),
+        }
+        for name, f in figures.items()
+    }
+
+
+def _shares_text(figures: dict[str, ShareFigures]) -> str:
+    def one(f: ShareFigures) -> str:
+        shown = "never (inf)" if math.isinf(f.p99_s) else f"{f.p99_s:.3f} s"
+        return f"{f.name} p99 {shown}"
+
+    return ", ".join(one(f) for f in figures.values()) + f" over {figures['total'].n} recoveries split"
 
 
 def _as_recoveries(stuck: pd.DataFrame) -> pd.DataFrame:
@@ -151,7 +243,7 @@ def _witness(r: pd.Series, budget: float, ctx: Context) -> Witness:
     text = (
         f"client {r['client_id']} lost {r['stream_key']} ({r['cause']}) {at(r['lost_at'], ctx.origin)} and {took} "
         f"(path {r['path']}, {r['attempts']} attempt(s), re-handshake {'yes' if r['reinitialized'] else 'no'}); "
-        f"budget {budget:g} s"
+        f"budget {budget:g} s" + _row_shares(r)
     )
     fields = row_of(
         r,
@@ -169,7 +261,20 @@ def _witness(r: pd.Series, budget: float, ctx: Context) -> Witness:
     )
     fields["latency_s"] = None if math.isinf(latency) else latency
     refs = client_ref(ctx.data.client_files, "recoveries", r)
-    return Witness("slow_recovery", text, Attribution.UNATTRIBUTED, fields, tuple(refs))
+    for share in SHARES:
+        value = r.get(f"{share}_s")
+        fields[f"{share}_s"] = finite_or_none(float(value)) if isinstance(value, int | float) else None
+    return Witness("slow_recovery", text, _blame(r), fields, tuple(refs))
+
+
+def _row_shares(r: pd.Series) -> str:
+    """`; shares: client 0.1 s, lab 0.3 s, target 5.2 s` where the recovery was split."""
+    parts = []
+    for share in SHARES:
+        value = r.get(f"{share}_s")
+        if isinstance(value, int | float) and not math.isnan(value):
+            parts.append(f"{share} " + ("never" if math.isinf(value) else f"{value:.3f} s"))
+    return f"; shares: {', '.join(parts)}" if parts else ""
 
 
 RULE = Rule(
