@@ -1,0 +1,130 @@
+"""Whose latency: a recovery split into the client's, the lab's and the target's share on
+the wire (lab.checker.truth.shares), and gate 5 judging the target on its own share.
+
+Each case slows one segment of one recovery past the budget and checks whose share grows
+and what gate 5 says: the target's segment fails the gate against the server; the lab's
+or the client's leaves the target's share small, and the gate is inconclusive, "limited by
+the lab", never failed. A tap without `t_request` cannot be split: the gate then judges
+the whole latency, as it always did."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lab.checker import judge_dir
+from lab.checker.model import Attribution, GateResult, Verdict
+from lab.checker.truth.shares import judge_share
+from tests.checker.builders import Sim, Stream, clean_run
+
+BUDGET = 5.0
+SLOW = 6.0
+
+
+def resume_timed(
+    sim: Sim,
+    st: Stream,
+    *,
+    after: float = 0.2,
+    advised: float = 0.1,
+    request_hop: float = 0.01,
+    target: float = 0.05,
+    delivery: float = 0.01,
+    timed: bool = True,
+) -> None:
+    """One cut and resumption of `st`, each segment as long as given (s): the client's wait
+    (`after`, of which `advised` was the server's advice), the request's way to the proxy,
+    the target's answer (the proxy has the request -> the target's first event), the
+    event's way to the client."""
+    lost = sim.cut_and_resume(st, after=after, advised=advised)
+    flow = next(r for r in reversed(sim.tap) if r["type"] == "flow" and r["flow"] == st.flow)
+    sent_at = sim.t
+    if timed:
+        flow["t_request"] = sent_at + request_hop
+    flow["t"] = sent_at + request_hop + 0.001
+    sim.t = sent_at + request_hop + target
+    data = '{"jsonrpc": "2.0", "method": "notifications/progress", "params": {"p": 1}}'
+    event = sim.send(st, data, accept=False)
+    sim.t += delivery
+    sim.accept(st, event, kind="notification")
+    sim.recovered(st, lost, sim.t)
+
+
+def p99(g: GateResult, share: str) -> float:
+    """The p99 (s) of one share in gate 5's measures."""
+    shares = g.measured["shares"]
+    assert isinstance(shares, dict)
+    figures = shares[share]
+    assert isinstance(figures, dict) and isinstance(figures["p99_s"], float)
+    return figures["p99_s"]
+
+
+def gate5(sim: Sim, tmp_path: Path) -> GateResult:
+    sim.tick(20.0)
+    _, report = judge_dir(sim.write(tmp_path / "run"))
+    return next(g for g in report.gates if g.gate == "resume_p99")
+
+
+def test_a_slow_target_fails_gate_5_against_the_server(tmp_path: Path) -> None:
+    run = clean_run()
+    resume_timed(run.sim, run.get_a, target=SLOW)
+    g = gate5(run.sim, tmp_path)
+    assert g.verdict is Verdict.FAIL, g.summary
+    assert g.measured["judged_on"] == "target_share"
+    assert p99(g, "target") >= SLOW and p99(g, "lab") < 0.1 and p99(g, "client") < 0.5
+    (w,) = g.witnesses
+    target_s = w.row["target_s"]
+    assert w.attribution is Attribution.SERVER and isinstance(target_s, float) and target_s >= SLOW
+    assert "shares: client" in w.explanation and "target 6.1" in w.explanation
+
+
+def test_a_server_advising_a_long_wait_owns_that_wait(tmp_path: Path) -> None:
+    run = clean_run()
+    resume_timed(run.sim, run.get_a, after=SLOW, advised=SLOW)
+    g = gate5(run.sim, tmp_path)
+    assert g.verdict is Verdict.FAIL and g.witnesses[0].attribution is Attribution.SERVER
+
+
+@pytest.mark.parametrize(
+    ("segment", "share"),
+    [
+        ({"request_hop": SLOW}, "lab"),
+        ({"delivery": SLOW}, "lab"),
+        ({"after": SLOW, "advised": 0.1}, "client"),
+    ],
+)
+def test_a_slow_lab_or_client_is_limited_by_the_lab_never_a_failure(
+    tmp_path: Path, segment: dict[str, float], share: str
+) -> None:
+    run = clean_run()
+    resume_timed(
+        run.sim,
+        run.get_a,
+        after=segment.get("after", 0.2),
+        advised=segment.get("advised", 0.1),
+        request_hop=segment.get("request_hop", 0.01),
+        delivery=segment.get("delivery", 0.01),
+    )
+    g = gate5(run.sim, tmp_path)
+    assert g.verdict is Verdict.INCONCLUSIVE, g.summary
+    assert "limited by the lab" in g.summary and g.violations == 0
+    assert p99(g, share) >= SLOW - 0.5 and p99(g, "target") < 1.0
+    assert any(e.name == "the target's share explains the latency" and not e.ok for e in g.evidence)
+
+
+def test_a_tap_without_request_times_is_judged_on_the_whole_latency(tmp_path: Path) -> None:
+    run = clean_run()
+    resume_timed(run.sim, run.get_a, request_hop=SLOW, timed=False)
+    g = gate5(run.sim, tmp_path)
+    assert g.verdict is Verdict.FAIL and g.measured["judged_on"] == "total"
+    assert g.measured["shares"] is None and g.witnesses[0].attribution is Attribution.UNATTRIBUTED
+
+
+def test_judge_share_is_one_rule_for_any_split_latency() -> None:
+    assert judge_share(7.0, 6.0, BUDGET, share="target").failed
+    limited = judge_share(7.0, 0.4, BUDGET, share="target")
+    assert limited.limited_by_lab and not limited.failed and "limited by the lab" in limited.text
+    fine = judge_share(1.0, 0.4, BUDGET, share="client")
+    assert not fine.failed and not fine.limited_by_lab and "client's share" in fine.text
+    assert judge_share(float("inf"), float("inf"), BUDGET, share="target").failed
