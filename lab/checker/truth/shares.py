@@ -26,7 +26,7 @@ The client's share is what is left: waits beyond the advice, and the client's ow
 A recovery that never ended is infinite in one share: the target's when its last attempt
 was answered by the target and that flow carried no event; the lab's when the target did
 send events there (they never reached the client), when the proxy answered it (a storm)
-or never saw it; the client's when the target answered its last attempt 4xx (the session
+or never saw it; the client's when the target answered its last attempt 404 (the session
 was gone: by the rules the call's recovery ends there, and the client starts again). A
 recovery without any attempt in the ledgers, or whose attempts the tap cannot place (no
 tap, an older tap without `t_request`, the last attempt never seen by the proxy although
@@ -54,6 +54,8 @@ from lab.checker.truth.recoveries import PERCENTILE, nearest_rank, run_latencies
 SHARES = ("client", "lab", "target")
 RECONNECT_KINDS_OF_STREAM = ("resume", "reopen", "resend")
 """Attempts that carry the stream itself (a re-handshake only makes the session again)."""
+SESSION_GONE = 404
+"""The status that says the session is gone: the client must start a new one."""
 SLACK_S = 0.001
 """Clock rounding allowed when an attempt is placed inside its recovery."""
 
@@ -196,11 +198,12 @@ def _split(pairs: pd.DataFrame, rec: pd.DataFrame) -> pd.DataFrame:
     target = sums["target"].to_numpy() + np.where(ok, np.clip(answer - t_req, 0.0, None), 0.0)
     lab = sums["lab"].to_numpy() + np.where(ok, np.clip(recovered - answer, 0.0, None), 0.0)
     # Never ended: whose side the last attempt stopped on. A session the target said was
-    # gone (4xx) ends the call's recovery by the rules: the client's to start again.
+    # gone (404) ends the call's recovery by the rules: the client's to start again. Any
+    # other refusal (a 400 for a session it should call unknown, a 5xx) is the target's.
     never = ~np.isfinite(lat)
     seen = np.isfinite(t_req)
     status = final["status"].reindex(sums.index).to_numpy(dtype="float64")
-    gone = never & seen & by_target & (status >= 400) & (status < 500)
+    gone = never & seen & by_target & (status == SESSION_GONE)
     silent_target = never & seen & by_target & ~np.isfinite(first) & ~gone
     target = np.where(silent_target, math.inf, target)
     lab = np.where(never & ~silent_target & ~gone, math.inf, lab)
