@@ -28,10 +28,11 @@ was answered by the target and that flow carried no event; the lab's when the ta
 send events there (they never reached the client), when the proxy answered it (a storm)
 or never saw it; the client's when the target answered its last attempt 404 (the session
 was gone: by the rules the call's recovery ends there, and the client starts again). A
-recovery without any attempt in the ledgers, or whose attempts the tap cannot place (no
-tap, an older tap without `t_request`, the last attempt never seen by the proxy although
-the recovery ended), is not split: NaN shares, and gate 5 then judges it on its whole
-latency (nothing excuses it). A recovery whose attempts cannot be
+recovery without any attempt in the ledgers (a call waiting for an answer that never came,
+a client that never tried again: the ledgers cannot tell which), or whose attempts the
+tap cannot place (no tap, an older tap without `t_request`, the last attempt never seen
+by the proxy although the recovery ended), is not split: NaN shares, and gate 5 then
+judges it on its whole latency (nothing excuses it). A recovery whose attempts cannot be
 found in the tap (no tap, an older tap without `t_request`) is not split (NaN shares).
 
 Figures are seconds; this module measures, and gate 5 (`lab.checker.rules.resume`)
@@ -81,12 +82,12 @@ def _recovery_shares(ctx: Context) -> pd.DataFrame:
         out[f"{share}_s"] = np.nan
     if not len(out):
         return out
-    pairs = _attempts_in_recoveries(ctx, out)
-    if not len(pairs):
-        return out
-    split = _split(pairs, out)
-    for share in SHARES:
-        out[f"{share}_s"] = split[share].reindex(out.index)
+    flows = _attempt_flows(ctx)
+    pairs = _attempts_in_recoveries(ctx, out, flows)
+    if len(pairs):
+        split = _split(pairs, out)
+        for share in SHARES:
+            out[f"{share}_s"] = split[share].reindex(out.index)
     return out
 
 
@@ -122,7 +123,7 @@ def _attempt_flows(ctx: Context) -> pd.DataFrame:
     )
 
 
-def _attempts_in_recoveries(ctx: Context, rec: pd.DataFrame) -> pd.DataFrame:
+def _attempts_in_recoveries(ctx: Context, rec: pd.DataFrame, flows: pd.DataFrame) -> pd.DataFrame:
     """(recovery, attempt) pairs: the client's attempts on the recovery's stream, and its
     re-handshakes, sent between the loss and the recovery, in order, joined to their flow."""
     rc = ctx.require_client("reconnects")
@@ -144,7 +145,7 @@ def _attempts_in_recoveries(ctx: Context, rec: pd.DataFrame) -> pd.DataFrame:
     inside = (pairs["sent"] >= pairs["lost_at"] - SLACK_S) & (pairs["sent"] <= end + SLACK_S)
     ours = (pairs["a_stream"] == pairs["stream_key"]) | (pairs["kind"] == "reinitialize")
     pairs = pairs[inside & ours]
-    pairs = pairs.merge(_attempt_flows(ctx), on=["client_id", "conn_id"], how="left")
+    pairs = pairs.merge(flows, on=["client_id", "conn_id"], how="left")
     return pairs.sort_values(["rid", "sent"], kind="stable").reset_index(drop=True)
 
 
@@ -207,7 +208,9 @@ def _split(pairs: pd.DataFrame, rec: pd.DataFrame) -> pd.DataFrame:
     silent_target = never & seen & by_target & ~np.isfinite(first) & ~gone
     target = np.where(silent_target, math.inf, target)
     lab = np.where(never & ~silent_target & ~gone, math.inf, lab)
-    client = np.where(gone, math.inf, np.where(never, 0.0, np.clip(lat - target - lab, 0.0, None)))
+    with np.errstate(invalid="ignore"):  # inf - inf where a share is infinite: overwritten below
+        rest = np.clip(lat - target - lab, 0.0, None)
+    client = np.where(gone, math.inf, np.where(never, 0.0, rest))
     # A finished recovery whose last attempt the proxy never saw cannot be split.
     unsplit = ~never & ~ok
     out = pd.DataFrame({"client": client, "lab": lab, "target": target}, index=sums.index)
