@@ -203,11 +203,15 @@ def _shares_json(figures: dict[str, ShareFigures] | None) -> JsonValue:
 
 
 def _shares_text(figures: dict[str, ShareFigures]) -> str:
-    def one(f: ShareFigures) -> str:
-        shown = "never (inf)" if math.isinf(f.p99_s) else f"{f.p99_s:.3f} s"
-        return f"{f.name} p99 {shown}"
+    """`total p50 0.2 s / p99 0.7 s, client ..., lab ..., target ... over N recoveries split`."""
 
-    return ", ".join(one(f) for f in figures.values()) + f" over {figures['total'].n} recoveries split"
+    def shown(v: float) -> str:
+        return "never" if math.isinf(v) else ("n/a" if math.isnan(v) else f"{v:.3f} s")
+
+    def one(f: ShareFigures) -> str:
+        return f"{f.name} p50 {shown(f.p50_s)} / p99 {shown(f.p99_s)}"
+
+    return "; ".join(one(f) for f in figures.values()) + f" (over {figures['total'].n} recoveries split)"
 
 
 def _as_recoveries(stuck: pd.DataFrame) -> pd.DataFrame:
