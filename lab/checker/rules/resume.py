@@ -31,6 +31,7 @@ witnessed first; the evidence minimum (recoveries) is the latency's.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -44,7 +45,14 @@ from lab.checker.rules.base import Rule
 from lab.checker.rules.resume_sut import check as read_under_test
 from lab.checker.truth.liveness import describe_stuck, never_finished_latencies
 from lab.checker.truth.recoveries import NEVER_FINISHED, PERCENTILE, nearest_rank, run_latencies
-from lab.checker.truth.shares import SHARES, ShareFigures, judge_share, recovery_shares, share_figures
+from lab.checker.truth.shares import (
+    SHARES,
+    ShareFigures,
+    ShareVerdict,
+    judge_share,
+    recovery_shares,
+    share_figures,
+)
 from lab.checker.truth.wire_streams import no_priming, no_priming_witness, silent_resumptions, silent_witness
 
 
@@ -61,23 +69,14 @@ def check(ctx: Context) -> GateResult:
     unprimed, primed_judged = no_priming(ctx) if ctx.data.tap is not None else (pd.DataFrame(), 0)
     silent, silent_judged = silent_resumptions(ctx) if ctx.data.tap is not None else (pd.DataFrame(), 0)
     server_count = len(unprimed) + len(silent)
-    split = _split(ctx)
-    if split is not None and n > 0:
-        shares, figures = split
-        # The target is judged on its own share where the recovery could be split, and on
-        # the whole latency where it could not (nothing then excuses it).
-        judged_rows = _judged_rows(shares, stuck)
-        target_p99 = nearest_rank(judged_rows["judged_s"].to_numpy(dtype="float64"), PERCENTILE)
-        judged = judge_share(p99, target_p99, budget, share="target")
-        slow_p99, limited = judged.failed, judged.limited_by_lab
-        slow = judged_rows[judged_rows["judged_s"] >= budget].sort_values(
-            "judged_s", ascending=False, kind="stable"
-        )
-        on_target = not slow_p99 or bool(slow["target_s"].notna().all())
-    else:
-        shares, figures, judged, limited, on_target = None, None, None, False, False
-        slow_p99 = n > 0 and p99 >= budget
-        slow = _slowest(counted, budget)
+    latency = _latency_verdict(ctx, counted, stuck, p99, budget)
+    slow_p99, limited, slow, judged, figures = (
+        latency.failed,
+        latency.limited,
+        latency.slow,
+        latency.judged,
+        latency.figures,
+    )
     failed = slow_p99 or server_count > 0
     finite = values[np.isfinite(values)]
     never = int(np.isinf(values).sum())
@@ -90,14 +89,8 @@ def check(ctx: Context) -> GateResult:
     ]
     if limited and judged is not None:
         evidence.append(Evidence("the target's share explains the latency", True, False, False, judged.text))
-    notes = []
-    if negative:
-        notes.append(f"{negative} recovery row(s) have recovered_at before lost_at")
     censored = int(lat["censored"].sum())
-    if censored:
-        notes.append(f"{censored} loss(es) still open when the run stopped were left out (censored)")
-    if judged is not None and figures is not None:
-        notes.append(f"judged on the target's share: {judged.text}; {_shares_text(figures)}")
+    notes = _notes(negative, censored, judged, figures)
     p99_text = "n/a" if math.isnan(p99) else ("never (inf)" if math.isinf(p99) else f"{p99:.3f} s")
     target_text = "" if judged is None else f"; {judged.text}"
     return GateResult(
@@ -125,7 +118,7 @@ def check(ctx: Context) -> GateResult:
             "post_streams_judged_for_priming": primed_judged,
             "silent_resumptions": len(silent),
             "unknown_cursor_resumptions_served": silent_judged,
-            "judged_on": JUDGED_ON_TARGET if on_target else "total",
+            "judged_on": JUDGED_ON_TARGET if latency.on_target else "total",
             "shares": _shares_json(figures),
         },
         evidence=tuple(evidence),
@@ -140,6 +133,51 @@ def check(ctx: Context) -> GateResult:
         attribution_counts=_blame_counts(slow, server_count, counted=slow_p99),
         notes=tuple(notes),
     )
+
+
+def _notes(
+    negative: int, censored: int, judged: ShareVerdict | None, figures: dict[str, ShareFigures] | None
+) -> list[str]:
+    notes = []
+    if negative:
+        notes.append(f"{negative} recovery row(s) have recovered_at before lost_at")
+    if censored:
+        notes.append(f"{censored} loss(es) still open when the run stopped were left out (censored)")
+    if judged is not None and figures is not None:
+        notes.append(f"judged on the target's share: {judged.text}; {_shares_text(figures)}")
+    return notes
+
+
+@dataclass(frozen=True, slots=True)
+class _LatencyVerdict:
+    failed: bool
+    """The p99 the target is judged on is at or over the budget."""
+    limited: bool
+    """The total is over the budget, the target's share is not: limited by the lab."""
+    slow: pd.DataFrame
+    """The recoveries at or over the budget in what was judged, slowest first."""
+    judged: ShareVerdict | None
+    figures: dict[str, ShareFigures] | None
+    on_target: bool
+    """Every slow recovery was judged on the target's own share."""
+
+
+def _latency_verdict(
+    ctx: Context, counted: pd.DataFrame, stuck: pd.DataFrame, p99: float, budget: float
+) -> _LatencyVerdict:
+    """The target judged on its own share where the recoveries could be split, and on the
+    whole latency where they could not (nothing then excuses it)."""
+    split = _split(ctx)
+    if split is None or not len(counted):
+        slow = _slowest(counted, budget)
+        return _LatencyVerdict(len(counted) > 0 and p99 >= budget, False, slow, None, None, False)
+    shares, figures = split
+    rows = _judged_rows(shares, stuck)
+    target_p99 = nearest_rank(rows["judged_s"].to_numpy(dtype="float64"), PERCENTILE)
+    judged = judge_share(p99, target_p99, budget, share="target")
+    slow = rows[rows["judged_s"] >= budget].sort_values("judged_s", ascending=False, kind="stable")
+    on_target = not judged.failed or bool(slow["target_s"].notna().all())
+    return _LatencyVerdict(judged.failed, judged.limited_by_lab, slow, judged, figures, on_target)
 
 
 def _split(ctx: Context) -> tuple[pd.DataFrame, dict[str, ShareFigures]] | None:
