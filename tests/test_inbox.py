@@ -14,14 +14,19 @@ import pytest
 
 from lab.client import (
     ConnectionView,
+    DedupKey,
+    InboxReceipt,
     InboxStore,
     MemoryInbox,
+    OutboxDispatch,
     Outcome,
+    SeenEvent,
     SessionView,
     StreamView,
+    Watermark,
     accept_stream_event,
 )
-from lab.inbox import SqliteInbox, connect
+from lab.inbox import InboxDatabase, SqliteInbox, connect
 from lab.wire import jsonrpc
 from lab.wire.event_ids import EventIdCodec, post_stream_id, session_tag
 from lab.wire.sse import SseEvent
@@ -141,3 +146,52 @@ def test_kill_at_a_random_moment_keeps_receipts_and_dispatches_paired(tmp_path: 
     proc.wait(timeout=30)
     receipts, _ = _check_atomic(path)
     assert receipts > 0
+
+
+# -- the reads come from each client's index in memory, kept in step with the file ------
+
+
+def _receipt(client_id: str, event_id: str) -> tuple[DedupKey, InboxReceipt, OutboxDispatch]:
+    key = DedupKey(1, "get:1", event_id, "d" * 64)
+    now = time.time()
+    receipt = InboxReceipt(client_id, key, 1, None, "notification", None, "m", 1, now, "{}")
+    return key, receipt, OutboxDispatch(client_id, f"ev:{event_id}", key, "notification", now)
+
+
+class _CommitFails:
+    """A connection whose COMMIT fails the way a full disk makes it: the batch is gone."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def execute(self, sql: str, params: tuple[object, ...] = ()) -> sqlite3.Cursor:
+        if sql == "COMMIT":
+            self.db.execute("ROLLBACK")
+            raise sqlite3.OperationalError("database or disk is full")
+        return self.db.execute(sql, params)  # type: ignore[arg-type]
+
+
+def test_a_reopened_inbox_reads_what_the_file_holds(tmp_path: Path) -> None:
+    db = InboxDatabase(tmp_path / "w.sqlite")
+    key, receipt, dispatch = _receipt("c1", "e1")
+    db.inbox("c1").commit(receipt, dispatch)
+    db.flush()
+    again = SqliteInbox(db.db, "c1")
+    assert again.has(key) and again.dispatched("ev:e1")
+    assert again.seen(1, "e1") == SeenEvent("get:1", "d" * 64)
+    assert again.watermark(1, "get:1") == Watermark("e1", 1)
+    assert not SqliteInbox(db.db, "c2").has(key)  # another client's index is its own
+    db.close()
+
+
+def test_a_batch_that_fails_to_commit_is_gone_from_what_the_clients_read(tmp_path: Path) -> None:
+    db = InboxDatabase(tmp_path / "w.sqlite")
+    inbox = db.inbox("c1")
+    key, receipt, dispatch = _receipt("c1", "e1")
+    inbox.commit(receipt, dispatch)
+    assert inbox.has(key)
+    db.db = _CommitFails(db.db)  # type: ignore[assignment]
+    with pytest.raises(sqlite3.OperationalError):
+        db.flush()
+    # The file lost the batch: a redelivery of e1 must be accepted again, not dropped.
+    assert not inbox.has(key) and not inbox.dispatched("ev:e1") and inbox.watermark(1, "get:1") is None

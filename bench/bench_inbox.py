@@ -1,0 +1,112 @@
+"""CPU per accepted event of the durable inbox: the four reads `accept_stream_event` makes
+(has, seen, watermark, dispatched) and the commit, with the reads from SQLite (as before)
+and from each client's index in memory (lab.inbox), side by side in one run.
+
+    .venv/bin/python bench/bench_inbox.py [--clients 200] [--events 500] [--rounds 3]
+
+Each round writes a fresh file per variant (one InboxDatabase, group commit every 200
+events as a worker's flush does), the clients' events interleaved as on a busy worker.
+Prints µs of CPU per event (process time) per variant and their ratio; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from lab.client import DedupKey, InboxReceipt, OutboxDispatch, SeenEvent, Watermark
+from lab.inbox import InboxDatabase, SqliteInbox
+
+
+class SqlReads(SqliteInbox):
+    """The reads as they were: one SELECT each, per event."""
+
+    def has(self, key: DedupKey) -> bool:
+        row = self._db.execute(
+            "SELECT 1 FROM inbox WHERE client_id=? AND session_generation=? AND stream_key=?"
+            " AND event_id=? AND message_digest=?",
+            (self.client_id, key.session_generation, key.stream_key, key.event_id, key.message_digest),
+        ).fetchone()
+        return row is not None
+
+    def seen(self, session_generation: int, event_id: str) -> SeenEvent | None:
+        row = self._db.execute(
+            "SELECT stream_key, message_digest FROM inbox"
+            " WHERE client_id=? AND session_generation=? AND event_id=? AND event_id NOT LIKE '~%'",
+            (self.client_id, session_generation, event_id),
+        ).fetchone()
+        return None if row is None else SeenEvent(row[0], row[1])
+
+    def watermark(self, session_generation: int, stream_key: str) -> Watermark | None:
+        row = self._db.execute(
+            "SELECT event_id, sequence FROM watermarks WHERE client_id=? AND session_generation=? AND stream_key=?",
+            (self.client_id, session_generation, stream_key),
+        ).fetchone()
+        return None if row is None else Watermark(row[0], row[1])
+
+    def dispatched(self, dispatch_key: str) -> bool:
+        row = self._db.execute(
+            "SELECT 1 FROM outbox WHERE client_id=? AND dispatch_key=?", (self.client_id, dispatch_key)
+        ).fetchone()
+        return row is not None
+
+
+def one_round(kind: type[SqliteInbox], folder: Path, clients: int, events: int) -> float:
+    """µs of process CPU per accepted event."""
+    db = InboxDatabase(folder / f"{kind.__name__}.sqlite")
+    inboxes = [kind(db.db, f"c{i}", group=db) for i in range(clients)]
+    started = time.process_time()
+    n = 0
+    for e in range(events):
+        for i, inbox in enumerate(inboxes):
+            event_id = f"{i}-{e}"
+            digest = f"{(i * 7919 + e):064x}"
+            key = DedupKey(1, "get:1", event_id, digest)
+            inbox.has(key)
+            inbox.seen(1, event_id)
+            inbox.watermark(1, "get:1")
+            inbox.dispatched(f"ev:1:get:1:{event_id}")
+            now = time.time()
+            cid = inbox.client_id
+            receipt = InboxReceipt(
+                cid, key, e, None, "notification", None, "notifications/progress", 1, now, "{}"
+            )
+            inbox.commit(receipt, OutboxDispatch(cid, f"ev:1:get:1:{event_id}", key, "notification", now))
+            n += 1
+            if n % 200 == 0:
+                db.flush()
+    db.close()
+    return (time.process_time() - started) / n * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clients", type=int, default=200)
+    ap.add_argument("--events", type=int, default=500)
+    ap.add_argument("--rounds", type=int, default=3)
+    args = ap.parse_args()
+    results: dict[str, list[float]] = {"sql reads (before)": [], "memory index (lab.inbox)": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            folder = Path(tmp) / f"r{r}"
+            folder.mkdir()
+            # Alternated, so that a noisy moment of the machine hits both.
+            results["sql reads (before)"].append(one_round(SqlReads, folder, args.clients, args.events))
+            results["memory index (lab.inbox)"].append(
+                one_round(SqliteInbox, folder, args.clients, args.events)
+            )
+    print(f"{args.clients} clients x {args.events} events, {args.rounds} rounds (median of rounds)")
+    medians = {k: statistics.median(v) for k, v in results.items()}
+    for name, value in medians.items():
+        print(
+            f"  {name:28s} {value:7.1f} µs CPU per event   rounds: {', '.join(f'{x:.1f}' for x in results[name])}"
+        )
+    before, after = medians["sql reads (before)"], medians["memory index (lab.inbox)"]
+    print(f"  ratio after/before: {after / before:.2f}")
+
+
+if __name__ == "__main__":
+    main()
