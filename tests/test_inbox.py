@@ -168,7 +168,7 @@ class _CommitFails:
         if sql == "COMMIT":
             self.db.execute("ROLLBACK")
             raise sqlite3.OperationalError("database or disk is full")
-        return self.db.execute(sql, params)  # type: ignore[arg-type]
+        return self.db.execute(sql, params)
 
 
 def test_a_reopened_inbox_reads_what_the_file_holds(tmp_path: Path) -> None:
