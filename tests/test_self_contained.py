@@ -14,6 +14,12 @@ OUTSIDE = re.compile(r"\.\./shared|" + r"|".join(re.escape(n + ".md") for n in (
 """A path into the folder beside the repository, or one of the design notes by name. (Built
 from parts so that this file does not match itself.)"""
 
+CI_ENTRY = ".ci/run"
+"""The one file that may look beside the repository: for a real toxiproxy-server the
+machine has there, which it passes to the tests by `LAB_TOXIPROXY_SERVER` (the tests
+themselves never name the folder). Only that line is allowed, nothing else in it."""
+CI_ALLOWED = re.compile(r"\.\./shared/bin(/toxiproxy-server)?\b")
+
 _SKIP_DIRS = {".git", ".venv", "results", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache"}
 
 
@@ -48,7 +54,10 @@ def test_no_file_refers_outside_the_repository() -> None:
             text = path.read_text(encoding="utf-8")
         except (UnicodeDecodeError, OSError):
             continue  # binary files
-        found += [f"{path.relative_to(ROOT)}:{n}: {line}" for n, line in outside_references(text)]
+        refs = outside_references(text)
+        if path.relative_to(ROOT).as_posix() == CI_ENTRY:
+            refs = [(n, line) for n, line in refs if OUTSIDE.search(CI_ALLOWED.sub("", line))]
+        found += [f"{path.relative_to(ROOT)}:{n}: {line}" for n, line in refs]
     assert not found, "references outside the repository (point at docs/ instead):\n" + "\n".join(found)
 
 
