@@ -278,6 +278,27 @@ def test_gate6_a_close_with_retry_and_a_stream_that_ended_pass(tmp_path: Path) -
     assert g.verdict is Verdict.PASS and failing(report) == [], g.summary
 
 
+def test_gate6_a_connection_ended_because_the_client_resumed_elsewhere_is_no_server_close(
+    tmp_path: Path,
+) -> None:
+    """The client resumed the stream on a new connection first; then the server ended the
+    old one (one connection per stream): the client's move, owing no `retry`. The same close
+    before the resumption arrived is a violation (test_gate6_a_server_close_mid_stream...)."""
+    sim = clean_run().sim
+    st = sim.call("a", 51)
+    sim.notify(st, 2)
+    old = st.flow
+    lost = sim.cut_and_resume(st, after=0.3, advised=None)
+    sim.tap.append({"type": "flow_end", "flow": old, "t": sim.tick(), "reason": "complete"})
+    sim.notify(st, 1)
+    sim.recovered(st, lost, sim.t)
+    sim.respond(st)
+    sim.tap.append({"type": "flow_end", "flow": st.flow, "t": sim.tick(), "reason": "complete"})
+    g = gate(check(sim, tmp_path, server=False), "reconnect_qps")
+    assert g.measured["close_without_retry"] == 0, g.witnesses
+    assert "close_without_retry" not in {w.check for w in g.witnesses}
+
+
 def test_gate6_a_stream_a_proxy_storm_answered_in_the_servers_place_is_no_server_close(
     tmp_path: Path,
 ) -> None:

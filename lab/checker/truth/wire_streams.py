@@ -204,11 +204,42 @@ def _closes(ctx: Context) -> tuple[pd.DataFrame, int]:
     last_new = first_sends.groupby("on_logical")["t"].max()
     went_on = closed["logical"].map(last_new).astype("float64") > closed["ended_at"].astype("float64")
     closed = closed[went_on.to_numpy()]
+    closed = closed[~closed["flow"].isin(_superseded(ctx, closed, truth.flows))]
     raw = ctx.data.tap["sent"]
     retry = _column(raw, "retry")
     advised = set(raw.loc[retry.notna().to_numpy(), "flow"].tolist())
     bad = closed[~closed["flow"].isin(advised)]
     return bad.sort_values("ended_at", kind="stable").reset_index(drop=True), len(closed)
+
+
+SUPERSEDE_SLACK_S = 0.05
+"""Clock rounding allowed between a resumption's arrival and the old connection's end."""
+
+
+def _superseded(ctx: Context, closed: pd.DataFrame, flows: pd.DataFrame) -> set[str]:
+    """The closed connections whose stream the client had already resumed on another one
+    before the server ended them: one connection per stream, so the server ends the old
+    one (the reference server's `superseded`). That close is the client's move, not a
+    server-initiated close that owed a `retry`. Both times are the proxy's clock."""
+    tap = ctx.data.tap_records("flow").drop_duplicates("flow", keep="last")
+    t = pd.to_numeric(tap["t"], errors="coerce").astype("float64")
+    start = (
+        pd.to_numeric(tap["t_request"], errors="coerce").astype("float64").fillna(t)
+        if "t_request" in tap
+        else t
+    )
+    started = pd.Series(start.to_numpy(), index=tap["flow"].to_numpy())
+    started = started[~started.index.duplicated(keep="last")]
+    mine = closed[["flow", "logical", "ended_at"]].assign(my_start=closed["flow"].map(started))
+    others = flows[["flow", "logical"]].rename(columns={"flow": "other"})
+    others = others.assign(other_start=others["other"].map(started))
+    pairs = mine.merge(others, on="logical", how="inner")
+    hit = (
+        (pairs["other"] != pairs["flow"])
+        & (pairs["other_start"] > pairs["my_start"])
+        & (pairs["other_start"] <= pairs["ended_at"].astype("float64") + SUPERSEDE_SLACK_S)
+    )
+    return set(pairs.loc[hit, "flow"].tolist())
 
 
 def close_witness(row: pd.Series, ctx: Context) -> Witness:
