@@ -128,3 +128,43 @@ def test_judge_share_is_one_rule_for_any_split_latency() -> None:
     fine = judge_share(1.0, 0.4, BUDGET, share="client")
     assert not fine.failed and not fine.limited_by_lab and "client's share" in fine.text
     assert judge_share(float("inf"), float("inf"), BUDGET, share="target").failed
+
+
+def test_a_wait_a_proxys_storm_advised_is_the_labs_not_the_targets(tmp_path: Path) -> None:
+    """The first resumption is answered 429 by the proxy (an injected storm) with
+    Retry-After 6 s; the client waits as advised and the second one succeeds at once."""
+    run = clean_run()
+    sim, st = run.sim, run.get_a
+    lost = sim.cut_and_resume(st, after=0.1, advised=0.1)
+    storm = next(r for r in reversed(sim.tap) if r["type"] == "flow" and r["flow"] == st.flow)
+    storm.update(status=429, answered_by="proxy", t_request=sim.t + 0.001, t=sim.t + 0.002)
+    refused_at = sim.tick(0.01)
+    sent_at = sim.tick(SLOW)
+    st.conn, st.conn_id = sim._conn(st.client)
+    st.flow = sim._flow()
+    st.index = 0
+    sim.flow_record(st.flow, st.conn, "GET", st.session, t_request=sent_at + 0.005)
+    sim.client_row(
+        "reconnects",
+        client_id=st.client,
+        kind="resume",
+        stream_key=st.key,
+        cause="http_429",
+        advised_delay=SLOW,
+        planned_delay=SLOW,
+        lost_at=refused_at,
+        sent_at=sent_at,
+        waited=sent_at - refused_at,
+        attempt=1,
+        conn_id=st.conn_id,
+        session_generation=st.generation,
+    )
+    sim.t = sent_at + 0.05
+    event = sim.send(
+        st, '{"jsonrpc": "2.0", "method": "notifications/progress", "params": {"p": 2}}', accept=False
+    )
+    sim.accept(st, event, kind="notification")
+    sim.recovered(st, lost, sim.t)
+    g = gate5(sim, tmp_path)
+    assert g.verdict is Verdict.INCONCLUSIVE and "limited by the lab" in g.summary, g.summary
+    assert p99(g, "lab") >= SLOW and p99(g, "target") < 1.0

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
@@ -58,9 +59,12 @@ def test_a_recovery_phase_that_keeps_the_storm_on_fails_gate_7(tmp_path: Path) -
     assert {"server", "mitmproxy", "nemesis", "master", "worker-0", "lab-run"} <= parts
     assert "## Phases" in (folder / "report.md").read_text() and (folder / "fig-processes.png").is_file()
     assert '<h2 id="phases">' in (folder / "report.html").read_text()
-    junit = (folder / "junit.xml").read_text()
-    assert 'name="7 steady_state"' in junit
-    assert ("gate_failed" in junit) is (g7["verdict"] == "fail")
+    junit = ET.parse(folder / "junit.xml").getroot()
+    (case,) = [c for c in junit.iter("testcase") if c.get("name") == "7 steady_state"]
+    # Gate 7's own test case fails exactly when gate 7 does (gate 5 may fail beside it: the
+    # server's own 429s and their Retry-After are its share of every recovery).
+    failed = [f for f in case.iter("failure") if f.get("type") == "gate_failed"]
+    assert bool(failed) is (g7["verdict"] == "fail")
 
 
 def test_a_rollback_that_drops_the_old_cursor_index_fails_gate_8(tmp_path: Path) -> None:

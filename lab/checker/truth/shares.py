@@ -7,9 +7,11 @@ event it accepted on the resumed stream (`recovered_at`), through one or more at
 (`reconnects` rows of that client, on that stream, or re-handshakes, sent inside it).
 Each attempt is
 
-    wait      answered loss -> the attempt leaves the client (`sent_at`): the part the
-              server advised (SSE `retry`, `Retry-After`: `advised_delay`) is the
-              **target's**, the rest the client's
+    wait      answered loss -> the attempt leaves the client (`sent_at`): the part it was
+              advised to wait (SSE `retry`, `Retry-After`: `advised_delay`) is the
+              **target's** when the target gave the advice (the stream's `retry`, the
+              target's answer to the attempt before), the **lab's** when a storm the proxy
+              answered gave it; the rest is the client's
     request   the attempt leaves the client -> the proxy sees it (`t_request`): the **lab's**
               (the worker's loop, the nemesis, mitmdump's accept)
     answer    the proxy has it -> the end of that attempt: for every attempt but the last,
@@ -154,7 +156,9 @@ class _Segments:
     """Each pair's segments, as arrays over the pairs (s)."""
 
     advised: np.ndarray
+    """The target's advised waits."""
     request: np.ndarray
+    """The request's way to the proxy, and the waits a proxy's storm advised."""
     answer_target: np.ndarray
     answer_lab: np.ndarray
 
@@ -171,7 +175,20 @@ def _segments(pairs: pd.DataFrame) -> tuple[_Segments, np.ndarray]:
     start = np.where(seen, t_req, sent)
     span = np.where(~last & np.isfinite(next_lost), np.clip(next_lost - start, 0.0, None), 0.0)
     by_target = pairs["by_target"].fillna(False).to_numpy(dtype=bool) & seen
-    return _Segments(advised, request, np.where(by_target, span, 0.0), np.where(by_target, 0.0, span)), last
+    # The advice an attempt waited for came with the answer to the one before it: the
+    # target's, or a storm the proxy answered in its place (the lab's fault). The first
+    # attempt's came with the stream that was lost (its `retry`): the target's.
+    prev = pd.Series(by_target, index=pairs.index).groupby(pairs["rid"], sort=False).shift(1)
+    advice_by_target = prev.fillna(True).to_numpy(dtype=bool)
+    return (
+        _Segments(
+            np.where(advice_by_target, advised, 0.0),
+            request + np.where(advice_by_target, 0.0, advised),
+            np.where(by_target, span, 0.0),
+            np.where(by_target, 0.0, span),
+        ),
+        last,
+    )
 
 
 def _split(pairs: pd.DataFrame, rec: pd.DataFrame) -> pd.DataFrame:
