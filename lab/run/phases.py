@@ -126,6 +126,9 @@ class PhaseDriver:
         self.probe = Probe(client_url, sc.target.protocol_version, origin=origin, token=token, log=self.log)
         self._stop = threading.Event()
         self._lock = threading.Lock()
+        self._rolled_back = threading.Event()
+        self._rolled_back_at: float | None = None
+        """When the server answered the rollback knob (epoch s): the probe comes back after it."""
         self._out: IO[str] | None = None
         self.actions = self.plan()
         # The probe's moves wait on the network: they run apart, so they never delay a knob.
@@ -154,7 +157,9 @@ class PhaseDriver:
             out.append(
                 Action(opened, "probe:open", lambda: self.probe.open(PROBE_SESSIONS, before=rollback_at))
             )
-            out.append(Action(back, "probe:come_back", self.probe.come_back))
+            out.append(
+                Action(back, "probe:come_back", partial(self.come_back_after_rollback, back - r.start))
+            )
             if late < sc.horizon - 1.0:
                 out.append(Action(late, "probe:come_back_late", self.probe.come_back_late))
         if sc.load.until_knee:
@@ -267,6 +272,19 @@ class PhaseDriver:
         except (httpx.HTTPError, ValueError) as e:
             record.update(t=time.time(), status=-1, answer=None, error=f"{type(e).__name__}: {e}")
         self.log(record)
+        if "rollback" in knobs:
+            self._rolled_back_at = record["t"]
+            self._rolled_back.set()
+
+    def come_back_after_rollback(self, after_s: float) -> None:
+        """The probe's return, `after_s` after the rollback knob was *answered* (a busy box
+        can answer it late; the checker counts a request within a second of the knob as
+        possibly served before it). Waits for the knob at most ADMIN_TIMEOUT + 1 s."""
+        if self._rolled_back.wait(ADMIN_TIMEOUT + 1.0) and self._rolled_back_at is not None:
+            wait = self._rolled_back_at + after_s - time.time()
+            if wait > 0 and self._stop.wait(wait):
+                return
+        self.probe.come_back()
 
     def judge_step(self, st: CapacityStep) -> None:
         start, end = self.run_start + st.judged_start, self.run_start + st.judged_end
