@@ -10,35 +10,9 @@ from pathlib import PurePath
 import numpy as np
 import pandas as pd
 
-from lab.checker.context import Context, split_conn, text_key
+from lab.checker.context import Context, text_key
 from lab.checker.inputs.load import SOURCE, MissingInput
-
-
-def conn_flows(ctx: Context) -> pd.DataFrame:
-    """The tap's flows by connection: client_id, conn_id, flow, t_request (NaN when the
-    tap does not record it)."""
-
-    def make() -> pd.DataFrame:
-        tap = ctx.data.tap_records("flow").drop_duplicates("flow", keep="last")
-        client, conn = split_conn(tap["conn"])
-        t_request = (
-            pd.to_numeric(tap["t_request"], errors="coerce").astype("float64")
-            if "t_request" in tap.columns
-            else pd.Series(np.nan, index=tap.index, dtype="float64")
-        )
-        out = pd.DataFrame(
-            {
-                "client_id": client,
-                "conn_id": conn,
-                "flow": tap["flow"].astype("object"),
-                "t_request": t_request,
-            }
-        )
-        return out[out["client_id"].notna() & out["conn_id"].notna()].drop_duplicates(
-            ["client_id", "conn_id"]
-        )
-
-    return ctx.cached("lab_latency_conn_flows", make)
+from lab.checker.truth.conn_flows import conn_flows
 
 
 def part_of(ctx: Context, src: pd.Series) -> pd.Series:

@@ -50,8 +50,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from lab.checker.context import Context, split_conn
+from lab.checker.context import Context
 from lab.checker.inputs.load import MissingInput
+from lab.checker.truth.conn_flows import conn_flows
 from lab.checker.truth.recoveries import PERCENTILE, nearest_rank, run_latencies
 
 SHARES = ("client", "lab", "target")
@@ -94,34 +95,17 @@ def _recovery_shares(ctx: Context) -> pd.DataFrame:
 
 
 def _attempt_flows(ctx: Context) -> pd.DataFrame:
-    """The tap's flows by connection, with when the proxy had the request, who answered,
-    and the first event the target sent on it (or its response head)."""
-    tap = ctx.data.tap_records("flow").drop_duplicates("flow", keep="last")
-    client, conn = split_conn(tap["conn"])
-    t_head = pd.to_numeric(tap["t"], errors="coerce").astype("float64")
-    t_request = (
-        pd.to_numeric(tap["t_request"], errors="coerce").astype("float64")
-        if "t_request" in tap.columns
-        else pd.Series(np.nan, index=tap.index)
-    )
+    """The tap's flows by connection (lab.checker.truth.conn_flows) with whether the
+    target had the request and the first event the target sent on each."""
+    flows = conn_flows(ctx)
     sent = ctx.data.tap_records("sent")
     data = sent[sent["has_data"].astype(bool) & ~sent["priming"].astype(bool)] if len(sent) else sent
     first = data.groupby("flow", sort=False)["t"].min() if len(data) else pd.Series(dtype="float64")
-    flows = pd.DataFrame(
-        {
-            "client_id": client.astype("object"),
-            "conn_id": pd.to_numeric(conn, errors="coerce").astype("float64"),
-            "t_request": t_request.to_numpy(),
-            "t_head": t_head.to_numpy(),
-            # Forwarded to the target: answered by it, or by nobody (the proxy sent it on
-            # and no answer came back); not a storm the proxy answered itself.
-            "by_target": (tap["answered_by"].astype(str) != "proxy").to_numpy(),
-            "status": pd.to_numeric(tap["status"], errors="coerce").astype("float64").to_numpy(),
-            "t_event": tap["flow"].map(first).astype("float64").to_numpy(),
-        }
-    )
-    return flows[flows["client_id"].notna() & flows["conn_id"].notna()].drop_duplicates(
-        ["client_id", "conn_id"]
+    # Forwarded to the target: answered by it, or by nobody (the proxy sent it on and no
+    # answer came back); not a storm the proxy answered itself.
+    return flows.assign(
+        by_target=(flows["answered_by"].astype(str) != "proxy").to_numpy(),
+        t_event=flows["flow"].map(first).astype("float64").to_numpy(),
     )
 
 
@@ -137,7 +121,7 @@ def _attempts_in_recoveries(ctx: Context, rec: pd.DataFrame, flows: pd.DataFrame
             "a_lost": pd.to_numeric(rc["lost_at"], errors="coerce").astype("float64"),
             "sent": pd.to_numeric(rc["sent_at"], errors="coerce").astype("float64"),
             "advised": pd.to_numeric(rc["advised_delay"], errors="coerce").astype("float64").fillna(0.0),
-            "conn_id": pd.to_numeric(rc["conn_id"], errors="coerce").astype("float64"),
+            "conn_id": pd.to_numeric(rc["conn_id"], errors="coerce").astype("Int64"),
         }
     )
     att = att[att["kind"] != "delete"]
