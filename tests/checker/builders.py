@@ -573,22 +573,36 @@ class Sim:
         st.index = 0
         self.flow_record(st.flow, st.conn, "GET", st.session, last_event_id_in=last, last_event_id_out=last)
         self.exchange(st.client, st.conn_id, "resume", "GET", st.key, 200, last_event_id=last)
+        self.reconnect_row(st, "connection_lost", advised, after, lost_at, sent_at, attempt=0)
+        return lost_at
+
+    def reconnect_row(
+        self,
+        st: Stream,
+        cause: str,
+        advised: float | None,
+        planned: float,
+        lost_at: float,
+        sent_at: float,
+        *,
+        attempt: int,
+    ) -> None:
+        """The client's `reconnects` row of a resumption of `st` on its current connection."""
         self.client_row(
             "reconnects",
             client_id=st.client,
             kind="resume",
             stream_key=st.key,
-            cause="connection_lost",
+            cause=cause,
             advised_delay=advised,
-            planned_delay=after,
+            planned_delay=planned,
             lost_at=lost_at,
             sent_at=sent_at,
             waited=sent_at - lost_at,
-            attempt=0,
+            attempt=attempt,
             conn_id=st.conn_id,
             session_generation=st.generation,
         )
-        return lost_at
 
     def recovered(
         self, st: Stream, lost_at: float, recovered_at: float | None, path: str = "resumed"

@@ -144,21 +144,7 @@ def test_a_wait_a_proxys_storm_advised_is_the_labs_not_the_targets(tmp_path: Pat
     st.flow = sim._flow()
     st.index = 0
     sim.flow_record(st.flow, st.conn, "GET", st.session, t_request=sent_at + 0.005)
-    sim.client_row(
-        "reconnects",
-        client_id=st.client,
-        kind="resume",
-        stream_key=st.key,
-        cause="http_429",
-        advised_delay=SLOW,
-        planned_delay=SLOW,
-        lost_at=refused_at,
-        sent_at=sent_at,
-        waited=sent_at - refused_at,
-        attempt=1,
-        conn_id=st.conn_id,
-        session_generation=st.generation,
-    )
+    sim.reconnect_row(st, "http_429", SLOW, SLOW, refused_at, sent_at, attempt=1)
     sim.t = sent_at + 0.05
     event = sim.send(
         st, '{"jsonrpc": "2.0", "method": "notifications/progress", "params": {"p": 2}}', accept=False

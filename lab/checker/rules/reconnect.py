@@ -24,6 +24,8 @@ at least one attempt, and a reconnect budget in run.json.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 
 from lab.checker.context import Context
@@ -48,22 +50,19 @@ def check(ctx: Context) -> GateResult:
     unadvised, closes = closes_without_retry(ctx) if ctx.data.tap is not None else (pd.DataFrame(), 0)
     result = judge(ctx, lab_attempts(ctx), [*ctx.client_evidence()])
     witnesses = [close_witness(r, ctx) for _, r in unadvised.head(ctx.witness_limit).iterrows()]
-    counts = dict(result.attribution_counts)
-    counts["server"] = len(unadvised)
-    return GateResult(
+    return replace(
+        result,
         verdict=decide(result.violations + len(unadvised) > 0, result.evidence),
         summary=result.summary
         + (f"; {len(unadvised)} of {closes} server close(s) mid-stream without `retry`" if closes else ""),
-        budget=result.budget,
         measured={
             **result.measured,
             "server_closes_mid_stream": closes,
             "close_without_retry": len(unadvised),
         },
-        evidence=result.evidence,
         violations=result.violations + len(unadvised),
         witnesses=(*witnesses, *result.witnesses),
-        attribution_counts=counts,
+        attribution_counts={**result.attribution_counts, "server": len(unadvised)},
     )
 
 
@@ -72,17 +71,7 @@ def check_under_test(ctx: Context) -> GateResult:
     att = wire_attempts(ctx)
     result = judge(ctx, att, [])
     measured = {**result.measured, "clients_reconnecting": int(att.frame["client_id"].nunique())}
-    return GateResult(
-        verdict=result.verdict,
-        summary=result.summary,
-        budget=result.budget,
-        measured=measured,
-        evidence=result.evidence,
-        violations=result.violations,
-        witnesses=result.witnesses,
-        attribution_counts=result.attribution_counts,
-        truth_from=TRUTH_FROM_WIRE,
-    )
+    return replace(result, measured=measured, truth_from=TRUTH_FROM_WIRE)
 
 
 def judge(ctx: Context, attempts: Attempts, more_evidence: list[Evidence]) -> GateResult:
