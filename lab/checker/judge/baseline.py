@@ -18,9 +18,6 @@ from typing import Any
 from lab.checker.model import Expectation, GateResult, Verdict
 from lab.checker.rules import REGISTRY
 
-KNOWN_IDS: tuple[str, ...] = REGISTRY.ids()
-"""Every rule's ID (lab.checker.rules.REGISTRY): what a baseline may list."""
-
 
 def unknown_ids(ids: Iterable[str]) -> list[str]:
     """The IDs that name no rule (read when asked: a rule registered later counts)."""

@@ -120,7 +120,7 @@ def judge(
                 baseline.counted(g, expectations)  # known failures pass, fixed ones fail
                 for g in gates
                 # Liveness is the one thing an interrupted run cannot judge (module docstring).
-                if not (unfinished is not None and g.gate in rules.ids() and rules[g.gate].liveness)
+                if not (unfinished is not None and g.gate in rules and rules[g.gate].liveness)
             ),
             incomplete=unfinished is not None,
             unusable=unusable,

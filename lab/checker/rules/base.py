@@ -109,6 +109,9 @@ class Registry:
     def __iter__(self) -> Iterator[Rule]:
         return iter(sorted(self._rules.values(), key=lambda r: r.number))
 
+    def __contains__(self, rule_id: object) -> bool:
+        return rule_id in self._rules
+
     def __len__(self) -> int:
         return len(self._rules)
 
