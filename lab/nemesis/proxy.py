@@ -64,6 +64,8 @@ are all written when it is made, and an idle MCP connection (a standalone GET st
 waits) held two 256 KiB buffers, 512 KiB of memory per connection, 3.3 GB at 6,000 clients."""
 _CONNECT_TIMEOUT_S: Final = 5.0
 _ACCEPT_ERROR_PAUSE_S: Final = 0.1
+_PASSES_PER_CHECKPOINT: Final = 16
+"""Passes the fast path makes without blocking before it lets the other tasks run."""
 _IO_ERRORS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 type _Onward = Callable[[bytes, float], Awaitable[bool]]
@@ -190,22 +192,40 @@ class Proxy:
         """The fast path: while this direction has no toxic, copy through one buffer with
         no queue and no per-chunk work. Returns `b""` at the end of the stream (or when
         the source broke), the first chunk read once a toxic is present, None if the sink
-        broke."""
+        broke.
+
+        It reads and writes the stdlib sockets under trio's (non-blocking) and waits on
+        trio only when a call would block: trio's `recv_into` and `send_all` each pass
+        through its scheduler twice per call even when the data is there, which made a
+        small chunk (an SSE event) cost the nemesis about twice what toxiproxy-server
+        spends on it (bench/bench_nemesis_events.py). A direction that never blocks still
+        yields to the others every `_PASSES_PER_CHECKPOINT` passes."""
+        raw_in, raw_out = _stdlib_socket(source), _stdlib_socket(sink)
         buffer = bytearray(_FIRST_SIZE)
         view = memoryview(buffer)
+        passes = 0
         while True:  # until the stream ends, the sink breaks, or a toxic arrives
             try:
-                n = await source.socket.recv_into(buffer)
-            except _IO_ERRORS:
+                n = raw_in.recv_into(buffer)
+            except BlockingIOError:
+                try:
+                    await trio.lowlevel.wait_readable(raw_in)
+                except _IO_ERRORS:
+                    return b""
+                passes = 0
+                continue
+            except OSError:
                 return b""
             if not n:
                 return b""
             if self.toxics.for_stream(direction):
                 return bytes(view[:n])  # read before the toxic's time: its turn from here
-            try:
-                await sink.send_all(view[:n])
-            except _IO_ERRORS:
+            if not await _send_raw(raw_out, view[:n]):
                 return None
+            passes += 1
+            if passes >= _PASSES_PER_CHECKPOINT:
+                passes = 0
+                await trio.lowlevel.checkpoint()
             if n == len(buffer) < _BULK_SIZE:  # bulk traffic: larger passes
                 buffer = bytearray(min(4 * len(buffer), _BULK_SIZE))
                 view = memoryview(buffer)
@@ -390,6 +410,32 @@ async def _read_chunks(source: trio.SocketStream, send: trio.MemorySendChannel[t
                 await send.send((data, trio.current_time()))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return  # the writer has stopped: the connection is ending
+
+
+def _stdlib_socket(stream: trio.SocketStream) -> socket.socket:
+    """The non-blocking stdlib socket under a trio stream (trio keeps it as `_sock`)."""
+    raw = getattr(stream.socket, "_sock", None)
+    if not isinstance(raw, socket.socket):
+        raise TypeError(f"no stdlib socket under {stream.socket!r}")
+    return raw
+
+
+async def _send_raw(sock: socket.socket, data: memoryview) -> bool:
+    """Write all of `data`, waiting on trio only while the socket's buffer is full; False
+    if the peer is gone (or the socket was closed meanwhile)."""
+    while data:
+        try:
+            sent = sock.send(data)
+        except BlockingIOError:
+            try:
+                await trio.lowlevel.wait_writable(sock)
+            except _IO_ERRORS:
+                return False
+            continue
+        except OSError:
+            return False
+        data = data[sent:]
+    return True
 
 
 def _slice_bounds(size: int, spec: ToxicSpec, rng: random.Random) -> Iterator[tuple[int, int]]:
