@@ -60,8 +60,8 @@ spawn_rate = 50
 duration = "{duration}s"
 hard_timeout = "{hard}s"
 workers = {workers}
-wait_min = "50ms"
-wait_max = "150ms"
+wait_min = "1.5s"
+wait_max = "2.5s"
 
 [load.mix]
 read = 1
