@@ -200,6 +200,53 @@ def test_gate5_measures_a_recovery_from_the_loss_to_the_next_message(tmp_path: P
     assert isinstance(p99, float) and 0.9 < p99 < 1.1  # cut at +5.06, answer delivered at +6.031
 
 
+def _slow_recovery(*, client_wait: float, answer_after: float, retry_ms: int | None = None) -> Wire:
+    """Three calls, then one cut after a progress event; the client resumes `client_wait`
+    s after the cut, and the server's replay comes `answer_after` s after the request."""
+    w = Wire()
+    c = w.init("c1", T0)
+    for i in range(3):
+        w.call(c, T0 + 1 + i, f"c1/{i}")
+    _flow, ids = w.call(c, T0 + 5, "c1/x", cut_after=1, outcome=None, retry_ms=retry_ms)
+    cut = T0 + 5 + 0.06
+    w.resume(c, cut + client_wait, ids[-1], of=("p4", 2, 5), key="c1/x", answer_after=answer_after)
+    return w
+
+
+def test_gate5_fails_the_client_under_test_on_its_own_slow_resumption(tmp_path: Path) -> None:
+    g = gate(judged(tmp_path, _slow_recovery(client_wait=8.0, answer_after=0.02)), "resume_p99")
+    assert g.verdict is Verdict.FAIL, g.summary
+    assert g.measured["judged_on"] == "client's share"
+    shares = g.measured["shares"]
+    assert isinstance(shares, dict)
+    client = shares["client"]
+    assert isinstance(client, dict) and 7.9 < float(client["p99_s"]) < 8.1
+    assert [w.attribution for w in g.witnesses] == [Attribution.CLIENT]
+    assert "client's share 8.0" in g.witnesses[0].explanation
+
+
+def test_gate5_does_not_blame_the_client_under_test_for_a_slow_target(tmp_path: Path) -> None:
+    # The client resumed at once; the target took 8 s to replay: not the client's failure.
+    g = gate(judged(tmp_path, _slow_recovery(client_wait=0.01, answer_after=8.0)), "resume_p99")
+    assert g.verdict is Verdict.INCONCLUSIVE, g.summary
+    assert "limited by the target or the lab" in g.summary
+    shares = g.measured["shares"]
+    assert isinstance(shares, dict)
+    target, client = shares["target"], shares["client"]
+    assert isinstance(target, dict) and isinstance(client, dict)
+    assert float(target["p99_s"]) > 7.9 and float(client["p99_s"]) < 0.1
+
+
+def test_gate5_counts_the_wait_a_server_advised_as_the_servers(tmp_path: Path) -> None:
+    # The stream advised `retry: 8000`; the client waited exactly that long.
+    g = gate(judged(tmp_path, _slow_recovery(client_wait=8.0, answer_after=0.02, retry_ms=8000)), "resume_p99")
+    assert g.verdict is Verdict.INCONCLUSIVE, g.summary
+    shares = g.measured["shares"]
+    assert isinstance(shares, dict)
+    client = shares["client"]
+    assert isinstance(client, dict) and float(client["p99_s"]) < 0.1
+
+
 # -- client checks ----------------------------------------------------------------------------
 
 

@@ -319,9 +319,11 @@ class Wire:
         session: str | None = None,
         answered_by: str = "server",
         faults: list[dict[str, Any]] | None = None,
+        answer_after: float = 0.02,
     ) -> str:
         """A GET with Last-Event-ID. `of` = (stream id, next sequence, rpc id): the server
-        replays the rest of that stream and the call's answer (delivered, then its outcome)."""
+        replays the rest of that stream and the call's answer (delivered, then its outcome),
+        its first event `answer_after` s after the proxy had the request."""
         flow = self._flow(
             c,
             t,
@@ -338,11 +340,11 @@ class Wire:
         sid, seq, rid = of
         assert c.session is not None
         answer = {"jsonrpc": "2.0", "id": rid, "result": {"content": [{"type": "text", "text": str(key)}]}}
-        self._event(flow, 0, t + 0.02, c.session, sid, seq, answer)
-        self._end(flow, t + 0.03)
-        self.deliver(c, t + 0.031, answer, key)
+        self._event(flow, 0, t + answer_after, c.session, sid, seq, answer)
+        self._end(flow, t + answer_after + 0.01)
+        self.deliver(c, t + answer_after + 0.011, answer, key)
         if key is not None:
-            self.outcome(c, t + 0.032, key, rid)
+            self.outcome(c, t + answer_after + 0.012, key, rid)
         return flow
 
     def request(self, c: Client, t: float, method: str, **kw: Any) -> str:

@@ -9,9 +9,14 @@ counts as infinitely slow, unless it was lost less than resume_p99_s before the 
 stopped (censored: left out and counted). Calls the wire shows that never got an
 outcome at all are listed in the measures (`calls_without_outcome`).
 
-p99 is the nearest-rank percentile (lab.checker.rules.resume). Witnesses: the slowest
-recoveries (never-recovered first), not attributed. Evidence: recoveries (censored
-excluded) >= min_recoveries.
+p99 is the nearest-rank percentile (lab.checker.rules.resume). The client is judged on
+its own share of each recovery, timed at the wire (lab.checker.truth.sut_shares: its waits
+beyond what it was advised), where a recovery can be split, and on the whole latency
+where it cannot; a total over the budget that the client's share does not explain is the
+target's or the lab's: inconclusive, never a failure of the client (the one rule,
+lab.checker.truth.shares `judge_share`). Witnesses: the slowest recoveries in what was
+judged (never-recovered first), the client's where its share is what is slow.
+Evidence: recoveries (censored excluded) >= min_recoveries.
 """
 
 from __future__ import annotations
@@ -23,11 +28,12 @@ import pandas as pd
 
 from lab.checker.context import Context
 from lab.checker.explain import at, finite_or_none, row_of
-from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
+from lab.checker.model import Attribution, Evidence, GateResult, JsonValue, Verdict, Witness, decide
 from lab.checker.truth import client_wire
 from lab.checker.truth.applog import app_logs, app_ref
-from lab.checker.truth.client_delivery import recoveries
 from lab.checker.truth.recoveries import PERCENTILE, nearest_rank
+from lab.checker.truth.shares import SHARES, ShareFigures, judge_share, share_figures
+from lab.checker.truth.sut_shares import sut_recovery_shares
 
 TRUTH_FROM = "losses from the wire (proxy tap), recoveries from the application log"
 
@@ -43,7 +49,7 @@ def calls_without_outcome(ctx: Context) -> pd.DataFrame:
 
 
 def check(ctx: Context) -> GateResult:
-    rec = recoveries(ctx)
+    rec = sut_recovery_shares(ctx)
     budget = ctx.budgets.resume_p99_s
     stopped = ctx.stopped_at
     never = rec["recovered_at"].isna()
@@ -53,8 +59,13 @@ def check(ctx: Context) -> GateResult:
     p99 = nearest_rank(values, PERCENTILE)
     n = len(counted)
     need = max(1, ctx.budgets.min_recoveries)
-    failed = n > 0 and p99 >= budget
-    slow = counted[counted["latency_s"] >= budget].sort_values("latency_s", ascending=False, kind="stable")
+    # The client's share where the recovery was split, else the whole latency.
+    counted["judged_s"] = counted["client_s"].astype("float64").fillna(counted["latency_s"].astype("float64"))
+    client_p99 = nearest_rank(counted["judged_s"].to_numpy(dtype="float64"), PERCENTILE)
+    figures = share_figures(counted, total="latency_s")
+    judged = judge_share(p99, client_p99, budget, share="client", rest="the target or the lab")
+    failed = n > 0 and judged.failed
+    slow = counted[counted["judged_s"] >= budget].sort_values("judged_s", ascending=False, kind="stable")
     finite = values[np.isfinite(values)]
     stuck = calls_without_outcome(ctx)
     evidence = [
@@ -64,9 +75,17 @@ def check(ctx: Context) -> GateResult:
         ),
     ]
     p99_text = "n/a" if n == 0 else ("never" if math.isinf(p99) else f"{p99:.3f} s")
+    summary = (
+        f"p99 {p99_text} over {n} recoveries (budget < {budget:g} s); {int(never.sum())} never recovered"
+    )
+    verdict = decide(failed, evidence)
+    if n and judged.limited_by_lab and verdict is Verdict.PASS:
+        verdict = Verdict.INCONCLUSIVE
+    if n and (judged.limited_by_lab or failed):
+        summary += f"; {judged.text}"
     return GateResult(
-        verdict=decide(failed, evidence),
-        summary=f"p99 {p99_text} over {n} recoveries (budget < {budget:g} s); {int(never.sum())} never recovered",
+        verdict=verdict,
+        summary=summary,
         budget={"resume_p99_s": budget, "min_recoveries": need},
         measured={
             "recoveries": n,
@@ -80,15 +99,51 @@ def check(ctx: Context) -> GateResult:
             "calls_without_outcome": len(stuck),
             "by_end": {str(k): int(v) for k, v in counted["end_reason"].value_counts().items()},
             "outcomes_after_loss": {str(k): int(v) for k, v in counted["outcome"].value_counts().items()},
+            "judged_on": "client's share" if figures["client"].n else "total",
+            "shares": _shares_json(figures),
         },
         evidence=tuple(evidence),
         violations=len(slow) if failed else 0,
         witnesses=tuple(_witness(r, budget, ctx) for _, r in slow.head(ctx.witness_limit).iterrows())
         if failed
         else (),
-        attribution_counts={"unattributed": len(slow)} if failed else {},
+        attribution_counts=_blame_counts(slow) if failed else {},
         truth_from=TRUTH_FROM,
+        notes=(f"judged on the client's share: {judged.text}; {_shares_text(figures)}",)
+        if figures["client"].n
+        else (),
     )
+
+
+def _blame_counts(slow: pd.DataFrame) -> dict[str, int]:
+    known = int(slow["client_s"].notna().sum())
+    out = {"client": known} if known else {}
+    if len(slow) - known:
+        out["unattributed"] = len(slow) - known
+    return out
+
+
+def _shares_json(figures: dict[str, ShareFigures]) -> JsonValue:
+    return {
+        name: {
+            "recoveries": f.n,
+            "p50_s": finite_or_none(f.p50_s),
+            "p99_s": finite_or_none(f.p99_s),
+            "p99_unbounded": bool(math.isinf(f.p99_s)),
+        }
+        for name, f in figures.items()
+    }
+
+
+def _shares_text(figures: dict[str, ShareFigures]) -> str:
+    def shown(v: float) -> str:
+        return "never" if math.isinf(v) else ("n/a" if math.isnan(v) else f"{v:.3f} s")
+
+    parts = [
+        f"{name} p50 {shown(figures[name].p50_s)} / p99 {shown(figures[name].p99_s)}"
+        for name in ("total", *SHARES)
+    ]
+    return "; ".join(parts) + f" (over {figures['total'].n} recoveries split)"
 
 
 def _witness(r: pd.Series, budget: float, ctx: Context) -> Witness:
@@ -103,6 +158,11 @@ def _witness(r: pd.Series, budget: float, ctx: Context) -> Witness:
         took = f"never recovered: {ended}"
     else:
         took = f"the application next got a message of the call {latency:.3f} s later"
+    shares = [float(r.get(f"{k}_s", math.nan)) for k in SHARES]
+    if not any(math.isnan(v) for v in shares):
+        took += "; " + ", ".join(
+            f"{k}'s share {'never' if math.isinf(v) else f'{v:.3f} s'}" for k, v in zip(SHARES, shares, strict=True)
+        )
     text = (
         f"client {r['client_id']} lost a stream of call {r['call']} ({r['end_reason']}) {at(r['lost_at'], ctx.origin)}; "
         f"{took} (budget {budget:g} s)"
@@ -113,4 +173,10 @@ def _witness(r: pd.Series, budget: float, ctx: Context) -> Witness:
     fields["latency_s"] = None if math.isinf(latency) else latency
     logs = app_logs(ctx)
     refs = client_wire.ref(r) + app_ref(logs, {"_src": r["_src"], "_line": r["_app_line"]})
-    return Witness("slow_recovery", text, Attribution.UNATTRIBUTED, fields, tuple(refs))
+    client_share = r.get("client_s")
+    blame = (
+        Attribution.CLIENT
+        if isinstance(client_share, float) and not math.isnan(client_share)
+        else Attribution.UNATTRIBUTED
+    )
+    return Witness("slow_recovery", text, blame, fields, tuple(refs))

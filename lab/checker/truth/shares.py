@@ -229,13 +229,13 @@ class ShareFigures:
     p99_s: float
 
 
-def share_figures(shares: pd.DataFrame) -> dict[str, ShareFigures]:
-    """p50 and p99 (nearest rank, as gate 5) of each share and of the total, over the
-    recoveries that could be split."""
+def share_figures(shares: pd.DataFrame, *, total: str = "latency") -> dict[str, ShareFigures]:
+    """p50 and p99 (nearest rank, as gate 5) of each share and of the total (column
+    `total`), over the recoveries that could be split."""
     split = shares[shares["target_s"].notna()]
     out = {}
     for name in ("total", *SHARES):
-        column = "latency" if name == "total" else f"{name}_s"
+        column = total if name == "total" else f"{name}_s"
         values = split[column].to_numpy(dtype="float64")
         out[name] = ShareFigures(
             name, len(values), nearest_rank(values, 0.5), nearest_rank(values, PERCENTILE)
@@ -254,10 +254,13 @@ class ShareVerdict:
     text: str
 
 
-def judge_share(total_p99: float, share_p99: float, budget: float, *, share: str) -> ShareVerdict:
+def judge_share(
+    total_p99: float, share_p99: float, budget: float, *, share: str, rest: str = "the lab"
+) -> ShareVerdict:
     """The one rule for every latency the lab judges: the party is judged on its own share
     (the target on `target`, a client under test on `client`); a total over the budget
-    that its share does not explain is the lab's, "limited by the lab", never a failure."""
+    that its share does not explain is someone else's (`rest`: the lab's, for the
+    target; the target's or the lab's, for a client under test), never a failure."""
     shown = _shown(share_p99)
     if not math.isnan(share_p99) and share_p99 >= budget:
         return ShareVerdict(True, False, f"the {share}'s share alone has p99 {shown} (budget < {budget:g} s)")
@@ -265,7 +268,7 @@ def judge_share(total_p99: float, share_p99: float, budget: float, *, share: str
         return ShareVerdict(
             False,
             True,
-            f"limited by the lab: p99 {_shown(total_p99)} in all, but the {share}'s share has p99 {shown} "
+            f"limited by {rest}: p99 {_shown(total_p99)} in all, but the {share}'s share has p99 {shown} "
             f"(budget < {budget:g} s)",
         )
     return ShareVerdict(False, False, f"the {share}'s share has p99 {shown}")
