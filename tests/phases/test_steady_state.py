@@ -106,3 +106,36 @@ def test_gate5_failing_while_a_worker_was_saturated_names_the_lab(tmp_path: Path
     assert cool.verdict is Verdict.FAIL
     assert hot.verdict is Verdict.INCONCLUSIVE and "limited by the lab (worker-0" in hot.summary
     assert not next(e for e in hot.evidence if e.name == "lab not saturated").ok
+
+
+def _slow_recovery_phase(target_p99: float | None) -> tuple[Any, dict[str, float]]:
+    """The kept-on storm's recovery phase metrics (total resume p99 4 s, against a limit
+    of 0.7 s), with the target's share of that p99 set to `target_p99`."""
+    from dataclasses import replace
+
+    from lab.checker.context import Context, parse_budgets
+    from lab.checker.timeline import phases
+
+    kept_on = Stretch(100, 160, events_per_s=40, latency_s=4.0)
+    data = run_data([STEADY, STORM, kept_on], PHASES)
+    ctx = Context(data, parse_budgets(data.run), 20)
+    specs = phases.specs(ctx)
+    base = phases.phase_metrics(ctx, specs[0], last_half=True)
+    m = phases.phase_metrics(ctx, specs[2], last_half=True)
+    assert base is not None and m is not None
+    lim = steady_state.limits(base, phases.tolerances(data.run))
+    return replace(m, resume_target_p99=target_p99), lim
+
+
+def test_gate7_judges_resume_latency_on_the_targets_share() -> None:
+    # The whole p99 is over the limit, the target's share is not: the lab's, not a miss.
+    m, lim = _slow_recovery_phase(target_p99=0.2)
+    assert [name for name, _, _ in steady_state.misses(m, lim)] == []
+    share = steady_state.resume_share_verdict(m, lim)
+    assert share is not None and share.limited_by_lab and "limited by the lab" in share.text
+    # The target's share alone over the limit: a miss, measured on that share.
+    m, lim = _slow_recovery_phase(target_p99=3.0)
+    assert steady_state.misses(m, lim) == [("resume_p99_s", 3.0, lim["resume_p99_s_max"])]
+    # Not split at all: judged on the whole latency, as before.
+    m, lim = _slow_recovery_phase(target_p99=None)
+    assert [name for name, _, _ in steady_state.misses(m, lim)] == ["resume_p99_s"]

@@ -161,7 +161,8 @@ def _witness(r: pd.Series, budget: float, ctx: Context) -> Witness:
     shares = [float(r.get(f"{k}_s", math.nan)) for k in SHARES]
     if not any(math.isnan(v) for v in shares):
         took += "; " + ", ".join(
-            f"{k}'s share {'never' if math.isinf(v) else f'{v:.3f} s'}" for k, v in zip(SHARES, shares, strict=True)
+            f"{k}'s share {'never' if math.isinf(v) else f'{v:.3f} s'}"
+            for k, v in zip(SHARES, shares, strict=True)
         )
     text = (
         f"client {r['client_id']} lost a stream of call {r['call']} ({r['end_reason']}) {at(r['lost_at'], ctx.origin)}; "

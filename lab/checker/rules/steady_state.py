@@ -12,7 +12,12 @@ default:
     resume_p99_s     <= recovery_resume_p99_factor (1.5) x the baseline's
                         + recovery_resume_p99_slack_s (0.25 s)   (no recovery in the
                         baseline: its p99 is taken as 0; none in the recovery phase:
-                        nothing was slow; a loss never recovered is infinitely slow)
+                        nothing was slow; a loss never recovered is infinitely slow).
+                        Judged on the target's own share of each recovery where the
+                        recoveries could be split on the wire (baseline and recovery
+                        phase alike, lab.checker.truth.shares), by the one rule
+                        `judge_share`: a total over the limit that the target's share
+                        does not explain is limited by the lab, not a miss
     call_error_rate  <= the baseline's + recovery_error_rate_slack (0.01: one point)
                         (not judged when no call finished in the recovery half)
 
@@ -35,6 +40,7 @@ from lab.checker.model import Attribution, Evidence, GateResult, JsonValue, Scal
 from lab.checker.rules.base import Rule
 from lab.checker.timeline import phases
 from lab.checker.timeline.phases import Metrics
+from lab.checker.truth.shares import ShareVerdict, judge_share
 
 
 def applies(ctx: Context) -> bool:
@@ -52,8 +58,9 @@ def baseline(specs: list[PhaseSpec]) -> PhaseSpec | None:
 
 
 def limits(base: Metrics, tol: phases.Tolerances) -> dict[str, float]:
-    """What a recovery phase must reach, from the baseline's metrics."""
-    base_p99 = base.resume_p99_or_inf
+    """What a recovery phase must reach, from the baseline's metrics (its resume p99: the
+    target's share where it was split)."""
+    base_p99 = base.resume_p99_or_inf if base.resume_target_p99 is None else base.resume_target_p99
     return {
         "events_per_s_min": (base.events_per_s or 0.0) * tol["recovery_events_ratio"],
         "resume_p99_s_max": (0.0 if base_p99 is None else base_p99) * tol["recovery_resume_p99_factor"]
@@ -68,11 +75,30 @@ def misses(m: Metrics, lim: dict[str, float]) -> list[tuple[str, float | None, f
     if (m.events_per_s or 0.0) < lim["events_per_s_min"]:
         out.append(("events_per_s", m.events_per_s, lim["events_per_s_min"]))
     p99 = m.resume_p99_or_inf
-    if p99 is not None and p99 > lim["resume_p99_s_max"]:
+    share = resume_share_verdict(m, lim)
+    if share is not None:
+        if share.failed:
+            judged = m.resume_target_p99
+            out.append(
+                (
+                    "resume_p99_s",
+                    None if judged is None or math.isinf(judged) else judged,
+                    lim["resume_p99_s_max"],
+                )
+            )
+    elif p99 is not None and p99 > lim["resume_p99_s_max"]:
         out.append(("resume_p99_s", None if math.isinf(p99) else p99, lim["resume_p99_s_max"]))
     if m.call_error_rate is not None and m.calls and m.call_error_rate > lim["call_error_rate_max"]:
         out.append(("call_error_rate", m.call_error_rate, lim["call_error_rate_max"]))
     return out
+
+
+def resume_share_verdict(m: Metrics, lim: dict[str, float]) -> ShareVerdict | None:
+    """The phase's resume p99 judged on the target's share (None: not split)."""
+    total = m.resume_p99_or_inf
+    if m.resume_target_p99 is None or total is None:
+        return None
+    return judge_share(total, m.resume_target_p99, lim["resume_p99_s_max"], share="target")
 
 
 def _fmt(metric: str, value: float | None) -> str:
@@ -103,6 +129,20 @@ def check(ctx: Context) -> GateResult:
         for spec in reached:
             row, limited, missed = _judge_phase(ctx, spec, base, base_spec, lim)
             judged.append(row)
+            share = resume_share_verdict(phases.phase_metrics(ctx, spec, last_half=True) or base, lim)
+            if limited is None and share is not None and share.limited_by_lab and not missed:
+                lab_limited.append(spec.name)
+                notes.append(f"recovery phase {spec.name!r}: resume p99 {share.text}")
+                evidence.append(
+                    Evidence(
+                        f"phase {spec.name!r} judged on the target's share",
+                        "a total resume p99 within the limit, or the target's share over it",
+                        "limited by the lab",
+                        False,
+                        share.text,
+                    )
+                )
+                continue
             if limited is not None:
                 lab_limited.append(spec.name)
                 notes.append(f"recovery phase {spec.name!r}: {limited.text()}")

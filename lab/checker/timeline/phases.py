@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -48,13 +48,14 @@ import pandas as pd
 
 from lab.checker.context import Context
 from lab.checker.health import processes
-from lab.checker.inputs.load import RunData
+from lab.checker.inputs.load import MissingInput, RunData
 from lab.checker.inputs.phase_specs import PhaseSpec, number, phase_specs
 from lab.checker.model import JsonValue
 from lab.checker.truth.faults import SOURCE_OF
 from lab.checker.truth.liveness import active_clients, never_finished_latencies
 from lab.checker.truth.reconnects import per_second
 from lab.checker.truth.recoveries import PERCENTILE, client_ends, latencies, nearest_rank
+from lab.checker.truth.shares import recovery_shares
 from lab.faults.kinds import REGISTRY
 
 ERROR_OUTCOMES = ("error", "unknown")
@@ -91,6 +92,10 @@ class Metrics:
     faults: Mapping[str, int]
     lab_cpu_peak: Mapping[str, float]
     lab_saturated: tuple[processes.Saturation, ...]
+    resume_target_p99: float | None = None
+    """p99 of the target's share of the same recoveries (lab.checker.truth.shares; the
+    whole latency for those that could not be split, inf for a share never ended); None
+    when not one of them could be split (no tap, or `lab run`'s live table)."""
 
     @property
     def resume_p99_or_inf(self) -> float | None:
@@ -180,9 +185,10 @@ def _statuses(data: RunData) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def measure(ctx: Context, start: float, end: float) -> Metrics:
-    """The metrics of [start, end) from every ledger of the run (and its process samples)."""
+    """The metrics of [start, end) from every ledger of the run (and its process samples),
+    with the target's share of its resume latency."""
     stuck = _stuck(ctx)
-    return measure_frames(
+    m = measure_frames(
         ctx.data,
         start,
         end,
@@ -193,6 +199,24 @@ def measure(ctx: Context, start: float, end: float) -> Metrics:
         faults=ctx.cached("phase_fault_times", lambda: fault_times(ctx.data)),
         active=ctx.cached("phase_active_clients", lambda: _active(ctx.data)),
     )
+    return replace(m, resume_target_p99=_target_p99(ctx, start, end, stuck))
+
+
+def _target_p99(ctx: Context, start: float, end: float, stuck: pd.DataFrame | None) -> float | None:
+    """The target's share p99 of the recoveries lost in [start, end), judged as gate 5
+    judges them (the whole latency where a recovery was not split; a call that never
+    finished is infinite); None when none of them was split."""
+    try:
+        shares = recovery_shares(ctx)
+    except MissingInput:
+        return None
+    inside = shares[_in(shares["lost_at"], start, end)]
+    if not len(inside) or not inside["target_s"].notna().any():
+        return None
+    judged = inside["target_s"].astype("float64").fillna(inside["latency"].astype("float64")).to_numpy()
+    if stuck is not None and len(stuck):
+        judged = np.concatenate([judged, np.full(int(_in(stuck["started_at"], start, end).sum()), math.inf)])
+    return nearest_rank(judged, PERCENTILE)
 
 
 def _active(data: RunData) -> pd.Series | None:
@@ -335,6 +359,8 @@ def metrics_json(m: Metrics) -> dict[str, JsonValue]:
         "resume_p50_s": m.resume_p50_s,
         "resume_p99_s": m.resume_p99_s,
         "resume_p99_unbounded": m.resume_p99_unbounded,
+        "resume_target_p99_s": _finite(m.resume_target_p99) if m.resume_target_p99 is not None else None,
+        "resume_target_p99_unbounded": m.resume_target_p99 is not None and math.isinf(m.resume_target_p99),
         "reconnects": m.reconnects,
         "reconnect_qps_peak": m.reconnect_qps_peak,
         "status_4xx": m.status_4xx,
