@@ -108,7 +108,11 @@ def _child(tree: Path | None, args: argparse.Namespace) -> float:
     out = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise SystemExit(f"bench child failed ({tree or 'this tree'}):\n{out.stderr}")
-    return float(json.loads(out.stdout.strip().splitlines()[-1])["us_per_event"])
+    answer = json.loads(out.stdout.strip().splitlines()[-1])
+    expected = (tree or ROOT) / "lab"
+    if Path(answer["lab"]).parent != expected:  # the measured code must be the tree's
+        raise SystemExit(f"the child imported {answer['lab']}, not {expected}")
+    return float(answer["us_per_event"])
 
 
 def _export(rev: str, into: Path) -> Path:
@@ -135,7 +139,9 @@ def main() -> None:
     if args.child:
         with tempfile.TemporaryDirectory() as tmp:
             us = measure(args.clients, args.events, args.core_only, Path(tmp))
-        print(json.dumps({"us_per_event": us}))
+        import lab
+
+        print(json.dumps({"us_per_event": us, "lab": lab.__file__}))
         return
     with tempfile.TemporaryDirectory() as tmp:
         trees: dict[str, Path | None] = {}
