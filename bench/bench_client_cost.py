@@ -46,8 +46,7 @@ def measure(clients: int, events: int, core_only: bool, folder: Path) -> float:
 
     import httpx
 
-    from lab.client import BackoffPolicy, ClientConfig, ClientCore, ReconnectBudget
-    from lab.client._commands import Purpose
+    from lab.client import BackoffPolicy, ClientConfig, ClientCore, Purpose, ReconnectBudget
     from lab.drivers.sync import SyncDriver
     from lab.inbox import InboxDatabase
     from lab.wire.redact import Redactor
