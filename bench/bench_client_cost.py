@@ -5,6 +5,7 @@ side in one run.
 
     .venv/bin/python bench/bench_client_cost.py [--before REV] [--clients 200] [--events 200]
                                                 [--rounds 5] [--core-only]
+    .venv/bin/python bench/bench_client_cost.py --resolve 20000 [--rounds 5]
 
 Each client does its handshake with the in-memory model server (tests/client/model_server)
 and opens its standalone GET stream; then every client gets `--events` notifications on
@@ -18,7 +19,8 @@ With `--before REV`, REV's `lab/` is taken out with `git archive` into a tempora
 and each round runs both, alternated, each in a process of its own (the other tree's
 `lab` first on sys.path). Measured: process CPU time of the feeding loop and the flushes
 only (not the handshakes), divided by the events. Prints µs per event, medians of the
-rounds, and the ratio; asserts nothing.
+rounds, and the ratio; asserts nothing. `--resolve N` measures instead the lookup every
+connect makes (gevent's thread-pool resolver against lab.load.resolver's), in this process.
 """
 
 from __future__ import annotations
@@ -98,6 +100,35 @@ def measure(clients: int, events: int, core_only: bool, folder: Path) -> float:
     return spent / n * 1e6
 
 
+def measure_resolve(lookups: int, rounds: int) -> None:
+    """CPU per `getaddrinfo("127.0.0.1")` under gevent, as every connect does it: gevent's
+    thread resolver (before) against lab.load.resolver's (after), alternated."""
+    import gevent.monkey
+
+    gevent.monkey.patch_all()
+    import socket
+    import time
+
+    import gevent
+    from gevent.resolver.thread import Resolver as ThreadResolver
+
+    from lab.load.resolver import NumericFirstResolver
+
+    hub = gevent.get_hub()
+    kinds = {"thread pool (before)": ThreadResolver, "numeric first (after)": NumericFirstResolver}
+    results: dict[str, list[float]] = {name: [] for name in kinds}
+    for _ in range(rounds):
+        for name, kind in kinds.items():
+            hub.resolver = kind(hub=hub)
+            started = time.process_time()
+            for _ in range(lookups):
+                socket.getaddrinfo("127.0.0.1", 8080, 0, socket.SOCK_STREAM)
+            results[name].append((time.process_time() - started) / lookups * 1e6)
+    print(f"getaddrinfo('127.0.0.1') under gevent, {lookups} lookups, {rounds} rounds (median of rounds)")
+    for name, values in results.items():
+        print(f"  {name:24s} {statistics.median(values):7.1f} µs CPU per lookup")
+
+
 def _child(tree: Path | None, args: argparse.Namespace) -> float:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(tree)] if tree is not None else []) + os.pathsep + str(ROOT)
@@ -133,8 +164,12 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--core-only", action="store_true", help="feed the core directly, no driver")
+    ap.add_argument("--resolve", type=int, metavar="N", help="only: N lookups of 127.0.0.1, both resolvers")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.resolve:
+        measure_resolve(args.resolve, args.rounds)
+        return
     if args.child:
         with tempfile.TemporaryDirectory() as tmp:
             us = measure(args.clients, args.events, args.core_only, Path(tmp))
