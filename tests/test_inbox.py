@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from dataclasses import astuple
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,7 @@ from lab.client import (
 )
 from lab.inbox import InboxDatabase, SqliteInbox, connect
 from lab.wire import jsonrpc
+from lab.wire.client_ledger import EventRejected
 from lab.wire.event_ids import EventIdCodec, post_stream_id, session_tag
 from lab.wire.sse import SseEvent
 
@@ -170,6 +172,9 @@ class _CommitFails:
             raise sqlite3.OperationalError("database or disk is full")
         return self.db.execute(sql, params)
 
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.db, name)  # executemany, in_transaction: the real connection's
+
 
 def test_a_reopened_inbox_reads_what_the_file_holds(tmp_path: Path) -> None:
     db = InboxDatabase(tmp_path / "w.sqlite")
@@ -195,3 +200,108 @@ def test_a_batch_that_fails_to_commit_is_gone_from_what_the_clients_read(tmp_pat
         db.flush()
     # The file lost the batch: a redelivery of e1 must be accepted again, not dropped.
     assert not inbox.has(key) and not inbox.dispatched("ev:e1") and inbox.watermark(1, "get:1") is None
+
+
+# -- group commit: the batch waits in memory and is written whole at flush ---------------
+
+
+def test_a_kill_before_the_flush_loses_the_batch_whole(tmp_path: Path) -> None:
+    # Group mode, flushed every 7 commits, killed at the 21st: the batches 0..6 and 7..13
+    # are in the file, the pending one (14..19) is gone: receipts with their dispatches.
+    path = tmp_path / "inbox.sqlite"
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.helpers.inbox_writer", str(path), "50", "20", "group"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    receipts, dispatches = _check_atomic(path)
+    assert receipts == dispatches == 14
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT COUNT(*) FROM watermarks").fetchone()[0] == 14
+
+
+def test_a_read_mid_batch_sees_the_pending_rows_uncommitted(tmp_path: Path) -> None:
+    path = tmp_path / "w.sqlite"
+    db = InboxDatabase(path)
+    inbox = db.inbox("c1")
+    _, receipt, dispatch = _receipt("c1", "e1")
+    inbox.commit(receipt, dispatch)
+    assert db.pending_rows() == 3  # receipt, watermark, dispatch: nothing written yet
+    assert list(inbox.receipts()) == [receipt]  # the read writes the batch first
+    assert db.pending_rows() == 0
+    # A second inbox of the same client loads its index from the file: the batch is in it.
+    _, receipt2, dispatch2 = _receipt("c1", "e2")
+    inbox.commit(receipt2, dispatch2)
+    again = SqliteInbox(db.db, "c1", group=db)
+    assert again.has(receipt2.key) and again.dispatched("ev:e2")
+    # Written is not committed: another connection sees nothing until the flush.
+    other = sqlite3.connect(path)
+    assert other.execute("SELECT COUNT(*) FROM inbox").fetchone()[0] == 0
+    db.flush()
+    assert other.execute("SELECT COUNT(*) FROM inbox").fetchone()[0] == 2
+    assert other.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] == 2
+    db.close()
+
+
+def test_a_batch_the_disk_cannot_take_is_lost_whole_and_loudly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A real full disk: the file may not grow by a page (PRAGMA max_page_count).
+    path = tmp_path / "w.sqlite"
+    db = InboxDatabase(path)
+    inbox = db.inbox("c1")
+    key, receipt, dispatch = _receipt("c1", "e0")
+    inbox.commit(receipt, dispatch)
+    db.flush()
+    pages = db.db.execute("PRAGMA page_count").fetchone()[0]
+    db.db.execute(f"PRAGMA max_page_count={pages}")
+    big = []
+    for i in range(1, 40):
+        k, r, d = _receipt("c1", f"e{i}")
+        r = InboxReceipt(r.client_id, k, i, None, "notification", None, "m", 1, r.accepted_at, "x" * 4000)
+        inbox.commit(r, d)
+        big.append(k)
+    db.record([EventRejected("c1", 1, 1, "get:1", "e99", "d" * 64, "duplicate", "", 1.0)])
+    with pytest.raises(sqlite3.OperationalError, match="full"):
+        db.flush()
+    assert "the batch is lost" in caplog.text
+    assert db.pending_rows() == 0 and not db.db.in_transaction
+    # What the client reads is what the file holds: e0, and none of the lost batch.
+    assert inbox.has(key) and not any(inbox.has(k) for k in big) and not inbox.dispatched("ev:e1")
+    other = sqlite3.connect(path)
+    assert other.execute("SELECT COUNT(*) FROM inbox").fetchone()[0] == 1
+    assert other.execute("SELECT COUNT(*) FROM events_rejected").fetchone()[0] == 0
+    # Room again: the next batch is written (the lost events come again on resumption).
+    db.db.execute("PRAGMA max_page_count=1073741823")
+    _, r1, d1 = _receipt("c1", "e1")
+    inbox.commit(r1, d1)
+    db.close()
+    assert other.execute("SELECT COUNT(*) FROM inbox").fetchone()[0] == 2
+
+
+def test_a_commit_the_file_would_refuse_fails_at_once_and_leaves_the_batch_alone(tmp_path: Path) -> None:
+    db = InboxDatabase(tmp_path / "w.sqlite")
+    inbox = db.inbox("c1")
+    _, receipt, dispatch = _receipt("c1", "e1")
+    inbox.commit(receipt, dispatch)
+    with pytest.raises(sqlite3.IntegrityError, match="UNIQUE"):
+        inbox.commit(receipt, None)  # the same dedup key again
+    _, other, _ = _receipt("c1", "e2")
+    with pytest.raises(sqlite3.IntegrityError, match="outbox"):
+        inbox.commit(other, OutboxDispatch("c1", "ev:e1", other.key, "notification", 1.0))
+    assert db.pending_rows() == 3
+    db.close()
+    file = sqlite3.connect(tmp_path / "w.sqlite")
+    assert file.execute("SELECT COUNT(*) FROM inbox").fetchone()[0] == 1
+
+
+def test_ledger_records_are_written_as_their_fields(tmp_path: Path) -> None:
+    db = InboxDatabase(tmp_path / "w.sqlite")
+    rec = EventRejected("c1", 3, 2, "post:1", "e9", "d" * 64, "cursor_gap", "skips", 12.5)
+    db.record([rec, rec])
+    db.close()
+    rows = sqlite3.connect(tmp_path / "w.sqlite").execute("SELECT * FROM events_rejected").fetchall()
+    assert rows == [astuple(rec), astuple(rec)]

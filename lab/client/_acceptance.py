@@ -238,14 +238,6 @@ type _Refusal = tuple[RejectReason, str]
 """Why a check refuses an event: the reason and its detail."""
 
 
-@dataclass(slots=True)
-class _Verdicts:
-    parsed: ParsedEventId | None = None
-    sequence: int | None = None
-    server_stream_id: str | None = None
-    server_generation: int | None = None
-
-
 def accept_stream_event(
     store: InboxStore,
     *,
@@ -273,8 +265,8 @@ def accept_stream_event(
     bad = _check_connection(session, conn, checks)
     if bad is not None:
         return _reject(event_id, digest, *bad)
-    # 4: the event ID (known scheme).
-    v, bad = _check_event_id(session, stream, event, event_id, checks)
+    # 4: the event ID (known scheme); what it names is read even when the check is off.
+    parsed, bad = _check_event_id(session, stream, event_id, digest, checks)
     if bad is not None:
         return _reject(event_id, digest, *bad)
     # 5: duplicates are not errors, and not accepted twice.
@@ -284,7 +276,7 @@ def accept_stream_event(
     seen = None if event_id.startswith("~") else store.seen(gen, event_id)
     bad = (
         _check_other_stream(seen, stream, checks)  # 6
-        or _check_cursor(store, gen, stream, v.sequence, checks)  # 7
+        or _check_cursor(store, gen, stream, None if parsed is None else parsed.sequence, checks)  # 7
         or _check_digest(seen, digest, checks)  # 8
     )
     if bad is not None:
@@ -293,7 +285,7 @@ def accept_stream_event(
     message, bad = _check_message(event, stream, checks)
     if bad is not None:
         return _reject(event_id, digest, *bad)
-    return _commit(store, client_id, session, conn, stream, key, v, message, event.data, now)
+    return _commit(store, client_id, session, conn, stream, key, parsed, message, event.data, now)
 
 
 def _check_connection(
@@ -322,33 +314,31 @@ def _check_connection(
 
 
 def _check_event_id(
-    session: SessionView, stream: StreamView, event: SseEvent, event_id: str, checks: frozenset[Check]
-) -> tuple[_Verdicts, _Refusal | None]:
+    session: SessionView, stream: StreamView, event_id: str, digest: str, checks: frozenset[Check]
+) -> tuple[ParsedEventId | None, _Refusal | None]:
     """4: a known-scheme ID names this session, server generation and stream, and the
-    content it was made for. What it names is read even when the check is off."""
-    v = _Verdicts()
+    content it was made for (`digest`, the data's, computed once per event). What it
+    names (the parsed ID: sequence, server stream, generation) is returned even when the
+    check is off."""
     if not session.structured_ids or event_id.startswith("~"):
-        return v, None
-    v.parsed = parse_event_id(event_id)
-    if v.parsed is None:
-        return v, (
+        return None, None
+    parsed = parse_event_id(event_id)
+    if parsed is None:
+        return None, (
             RejectReason.MALFORMED_EVENT_ID,
             "not an e1 event ID",
         ) if Check.EVENT_ID in checks else None
-    v.sequence = v.parsed.sequence
-    v.server_stream_id = v.parsed.stream_id
-    v.server_generation = v.parsed.generation
     verdict = classify_structured(
-        v.parsed,
+        parsed,
         session_tag=session.session_tag or "",
         generation=session.server_generation,
         stream_id=stream.server_stream_id,
-        data=event.data,
+        digest=digest,
     )
     reason = _STRUCTURED_REASON.get(verdict)
     if reason is not None and Check.EVENT_ID in checks:
-        return v, (reason, f"event ID is {verdict}")
-    return v, None
+        return parsed, (reason, f"event ID is {verdict}")
+    return parsed, None
 
 
 def _check_other_stream(
@@ -411,17 +401,18 @@ def _commit(
     conn: ConnectionView,
     stream: StreamView,
     key: DedupKey,
-    v: _Verdicts,
+    parsed: ParsedEventId | None,
     message: jsonrpc.Message | None,
     data: str,
     now: float,
 ) -> Acceptance:
     """The receipt and its dispatch, written in one `commit` (atomic in the store)."""
+    server_stream_id = None if parsed is None else parsed.stream_id
     receipt = InboxReceipt(
         client_id=client_id,
         key=key,
-        sequence=v.sequence,
-        server_stream_id=v.server_stream_id,
+        sequence=None if parsed is None else parsed.sequence,
+        server_stream_id=server_stream_id,
         kind="priming" if message is None else str(message.kind),
         jsonrpc_id=None if message is None or message.id is None else str(message.id),
         method=None if message is None else message.method,
@@ -442,8 +433,10 @@ def _commit(
         message=message,
         receipt=receipt,
         dispatch=dispatch,
-        bound_server_stream_id=v.server_stream_id if stream.server_stream_id is None else None,
-        bound_server_generation=v.server_generation if session.server_generation is None else None,
+        bound_server_stream_id=server_stream_id if stream.server_stream_id is None else None,
+        bound_server_generation=(
+            parsed.generation if parsed is not None and session.server_generation is None else None
+        ),
         ends_stream=message is not None and message.kind.is_response,
         detail="" if dispatch is not None or message is None else "operation already dispatched",
     )

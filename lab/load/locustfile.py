@@ -53,11 +53,13 @@ from lab.inbox import InboxDatabase
 from lab.load import sut_user
 from lab.load.clock import start_the_clock
 from lab.load.locust_spawn import cache_default_args
+from lab.load.resolver import install_numeric_first_resolver
 from lab.load.settings import LoadSettings, ledger_key, split_budget
 from lab.load.user import WORKER, McpUser, WorkerContext
 from lab.runfolder import replace_file
 
 cache_default_args()  # a spawn message no longer builds ~60 argument parsers (lab.load.locust_spawn)
+install_numeric_first_resolver()  # connecting to 127.0.0.1 skips gevent's thread pool (lab.load.resolver)
 
 STOP_FILE = "stop-requested"
 """Created in the run folder by `lab run` to end the load gracefully."""

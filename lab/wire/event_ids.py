@@ -165,15 +165,20 @@ def classify_structured(
     generation: int | None,
     stream_id: str | None,
     data: str | None = None,
+    digest: str | None = None,
 ) -> CursorVerdict:
     """Client side (no key): check an `e1` ID against what the client knows.
 
     `generation`/`stream_id` None means "not bound yet": anything is accepted there.
-    With `data`, the digest in the ID must match the content (else TAMPERED).
+    With `data`, the digest in the ID must match the content (else TAMPERED); `digest`
+    (the data's `message_digest`) may be passed when the caller has it already, so the
+    content is not hashed a second time.
     """
     gens = None if generation is None else (generation,)
     verdict = _classify_fields(parsed, session_tag, gens, stream_id)
-    digest_ok = data is None or message_digest(data)[:DIGEST_PREFIX_LEN] == parsed.digest_prefix
+    if data is not None and digest is None:
+        digest = message_digest(data)
+    digest_ok = digest is None or digest[:DIGEST_PREFIX_LEN] == parsed.digest_prefix
     if verdict is CursorVerdict.VALID and not digest_ok:
         return CursorVerdict.TAMPERED
     return verdict

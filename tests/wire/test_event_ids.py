@@ -12,6 +12,7 @@ from lab.wire.event_ids import (
     EventIdCodec,
     classify_opaque,
     classify_structured,
+    message_digest,
     parse_event_id,
     post_stream_id,
     session_tag,
@@ -70,6 +71,12 @@ def test_client_side_classification_detects_swapped_content() -> None:
     swapped = classify_structured(p, session_tag=TAG_A, generation=1, stream_id="s1", data="swapped")
     unbound = classify_structured(p, session_tag=TAG_A, generation=None, stream_id=None)
     assert (ok, swapped, unbound) == (CursorVerdict.VALID, CursorVerdict.TAMPERED, CursorVerdict.VALID)
+    # The content's digest, when the caller has it, decides the same way as the content.
+    by_digest = [
+        classify_structured(p, session_tag=TAG_A, generation=1, stream_id="s1", digest=message_digest(d))
+        for d in ("original", "swapped")
+    ]
+    assert by_digest == [CursorVerdict.VALID, CursorVerdict.TAMPERED]
 
 
 def test_opaque_ids_are_valid_only_on_the_stream_they_were_seen() -> None:
