@@ -213,14 +213,21 @@ def _slow_recovery(*, client_wait: float, answer_after: float, retry_ms: int | N
     return w
 
 
+def _share_p99(g: GateResult, share: str) -> float:
+    shares = g.measured["shares"]
+    assert isinstance(shares, dict)
+    figures = shares[share]
+    assert isinstance(figures, dict)
+    value = figures["p99_s"]
+    assert isinstance(value, float)
+    return value
+
+
 def test_gate5_fails_the_client_under_test_on_its_own_slow_resumption(tmp_path: Path) -> None:
     g = gate(judged(tmp_path, _slow_recovery(client_wait=8.0, answer_after=0.02)), "resume_p99")
     assert g.verdict is Verdict.FAIL, g.summary
     assert g.measured["judged_on"] == "client's share"
-    shares = g.measured["shares"]
-    assert isinstance(shares, dict)
-    client = shares["client"]
-    assert isinstance(client, dict) and 7.9 < float(client["p99_s"]) < 8.1
+    assert 7.9 < _share_p99(g, "client") < 8.1
     assert [w.attribution for w in g.witnesses] == [Attribution.CLIENT]
     assert "client's share 8.0" in g.witnesses[0].explanation
 
@@ -230,21 +237,16 @@ def test_gate5_does_not_blame_the_client_under_test_for_a_slow_target(tmp_path: 
     g = gate(judged(tmp_path, _slow_recovery(client_wait=0.01, answer_after=8.0)), "resume_p99")
     assert g.verdict is Verdict.INCONCLUSIVE, g.summary
     assert "limited by the target or the lab" in g.summary
-    shares = g.measured["shares"]
-    assert isinstance(shares, dict)
-    target, client = shares["target"], shares["client"]
-    assert isinstance(target, dict) and isinstance(client, dict)
-    assert float(target["p99_s"]) > 7.9 and float(client["p99_s"]) < 0.1
+    assert _share_p99(g, "target") > 7.9 and _share_p99(g, "client") < 0.1
 
 
 def test_gate5_counts_the_wait_a_server_advised_as_the_servers(tmp_path: Path) -> None:
     # The stream advised `retry: 8000`; the client waited exactly that long.
-    g = gate(judged(tmp_path, _slow_recovery(client_wait=8.0, answer_after=0.02, retry_ms=8000)), "resume_p99")
+    g = gate(
+        judged(tmp_path, _slow_recovery(client_wait=8.0, answer_after=0.02, retry_ms=8000)), "resume_p99"
+    )
     assert g.verdict is Verdict.INCONCLUSIVE, g.summary
-    shares = g.measured["shares"]
-    assert isinstance(shares, dict)
-    client = shares["client"]
-    assert isinstance(client, dict) and float(client["p99_s"]) < 0.1
+    assert _share_p99(g, "client") < 0.1
 
 
 # -- client checks ----------------------------------------------------------------------------
