@@ -116,6 +116,12 @@ class EventFaults:
         self.armed = [a for a in self.armed if a.kind.name != kind]
         self._hooks = [h for h in self._hooks if h.armed is None or h.armed.kind.name != kind]
 
+    def inert(self) -> bool:
+        """Whether, under the plan active now, no fault can act on this flow's events and
+        none of them needs remembering: each event would be forwarded as it came. (A plan
+        change is seen at the next call.)"""
+        return not self._hooks_now() and not self._holder.active.needs_memory
+
     def _hooks_now(self) -> list[_Hook]:
         active = self._holder.active
         if active.version != self._version:

@@ -9,6 +9,12 @@ and what goes on to the client is re-encoded (`encode_event`) and recorded as
 *forwarded* (or *dropped*). A chunk that carried only comments (keep-alives) is passed on
 as one empty comment, so idle streams stay alive through the proxy.
 
+Two shortcuts, both giving the client the same events and the checker the same records:
+a chunk of whole events that no fault can touch (no event-level rule matches the flow,
+nothing armed, nothing to remember: `EventFaults.inert`) is passed on as it came, not
+re-encoded; and an event forwarded untouched at once gets no `forwarded` record of its
+own, its `sent` record carries `"fwd": <forwarded index>` instead (docs/ledgers.md).
+
 Records go to a list the caller drains (per-event ones as ready JSON text: they are the
 hot path, see `as_record`). Nothing here reads a clock or does I/O.
 """
@@ -117,12 +123,22 @@ class SsePipe:
             self._ended = True
             self._decoder.end_of_stream()
             return b""
-        events = self._decoder.feed(chunk)
+        decoder = self._decoder
+        # Pass the chunk on as it came when it is whole events (the decoder held nothing back
+        # before it nor after it) and no fault can act on them: re-encoding would give the
+        # client the same events. Only what the tap records is then worked out per event.
+        faults = self.faults
+        whole = decoder.at_boundary and self.cut is None and (faults is None or faults.inert())
+        events = decoder.feed(chunk)
         if not events:
             # Only comments or a partial block so far: pass keep-alives on, never half an event.
-            return KEEPALIVE if not self._decoder.in_block and self.cut is None else b""
+            return KEEPALIVE if not decoder.in_block and self.cut is None else b""
         now = self.clock()
         ts = repr(now)
+        if whole and decoder.at_boundary:
+            for ev in events:
+                self._untouched(ev, now, ts)
+            return chunk
         out: list[bytes] = []
         for ev in events:
             self._one(ev, now, ts, out)
@@ -130,9 +146,9 @@ class SsePipe:
 
     # ------------------------------------------------------------------ one event
 
-    def _one(self, ev: SseEvent, now: float, ts: str, out: list[bytes]) -> None:
-        index = self._sent
-        self._sent += 1
+    def _sent_record(self, ev: SseEvent, index: int, ts: str, fwd: str) -> tuple[str | None, str, str]:
+        """Append the `sent` record of event `index` (`fwd`: its short-form tail, see
+        `_untouched`); its (stream ID, JSON of its ID, digest)."""
         eid = ev.id
         digest = sha256(ev.data.encode()).hexdigest()  # = message_digest, inlined: once per event
         parsed = parse_event_id(eid) if eid else None
@@ -146,16 +162,44 @@ class SsePipe:
             f'{self._head_sent}{ts},"index":{index},"event_id":{eid_js},"digest":"{digest}",'
             f'"has_data":{"true" if ev.has_data else "false"},"priming":{"true" if ev.is_priming else "false"},'
             f'"stream_id":{sid_js},"session":{self._session_js},'
-            f'"retry":{"null" if ev.retry is None else ev.retry}}}'
+            f'"retry":{"null" if ev.retry is None else ev.retry}{fwd}}}'
         )
+        return sid, eid_js, digest
+
+    def _untouched(self, ev: SseEvent, now: float, ts: str) -> None:
+        """An event forwarded as it came, at once: its `sent` record carries `"fwd": N`, the
+        short form of the `forwarded` record (index N) that would only repeat it with no
+        fault (docs/ledgers.md; the checker expands it, lab.checker.inputs.tap_forms)."""
+        index = self._sent
+        self._sent += 1
+        self._sent_record(ev, index, ts, f',"fwd":{self._fwd}')
+        self._fwd += 1
+        if self.results is not None and ev.is_message:
+            self.sink.extend(self.results.records(ev.data, now))
+
+    def _one(self, ev: SseEvent, now: float, ts: str, out: list[bytes]) -> None:
+        index = self._sent
+        faults = self.faults
+        if self.cut is None and (faults is None or faults.inert()):
+            out.append(reencode(ev, ev.id))  # (half of a chunk: the rest is not yet whole)
+            self._untouched(ev, now, ts)
+            return
+        self._sent += 1
+        eid = ev.id
+        at = len(self.sink)
+        sid, eid_js, digest = self._sent_record(ev, index, ts, "")
         if self.results is not None and ev.is_message:
             self.sink.extend(self.results.records(ev.data, now))
         if self.cut is not None:
             self._drop(index, ts, self.cut)
             return
-        o: EventOutcome | None = self.faults(index, ev, sid, digest, now) if self.faults is not None else None
-        if o is None:
-            self._forward(reencode(ev, eid), eid_js, digest, self._flow_js, index, ts, None, out)
+        o: EventOutcome | None = faults(index, ev, sid, digest, now) if faults is not None else None
+        if o is None:  # forwarded untouched after all: the short form on its `sent` record
+            out.append(reencode(ev, eid))
+            sent = self.sink[at]
+            assert isinstance(sent, str)
+            self.sink[at] = f'{sent[:-1]},"fwd":{self._fwd}}}'
+            self._fwd += 1
             return
         for copy, fired in o.before:
             self._forward_copy(copy, ts, fired, out)

@@ -103,6 +103,13 @@ class SseDecoder:
         """True while bytes of an unfinished block are buffered."""
         return self._touched or bool(self._buf)
 
+    @property
+    def at_boundary(self) -> bool:
+        """True when nothing of the stream is held back: no unfinished block, and no partial
+        UTF-8 character. The bytes fed so far are then exactly the events returned so far
+        (and comments): a proxy may forward them as they came."""
+        return not (self._touched or self._buf) and not self._decoder.getstate()[0]
+
     def feed(self, chunk: bytes) -> list[SseEvent]:
         text = self._decoder.decode(chunk)
         if not text:

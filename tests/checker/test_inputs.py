@@ -300,3 +300,52 @@ def test_a_sqlite_error_raised_by_pandas_is_one_line(tmp_path: Path, monkeypatch
         "is not a readable SQLite database (database disk image is malformed)"
     )
     assert report.verdict is Verdict.INCONCLUSIVE
+
+
+def _long_and_short_taps() -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """One flow's tap in the long form (every `forwarded` record written) and in the short
+    form the proxy writes (an untouched one folded into its `sent` record), the same run."""
+    long: list[dict[str, object]] = [{"type": "plan", "t": 1.0, "source": "x", "digest": "d", "error": None}]
+    short: list[dict[str, object]] = list(long)
+    for i, (eid, fault) in enumerate([("e0", None), ("e1", None), ("e2", "cross_ids"), ("e3", None)]):
+        sent = {
+            "type": "sent", "flow": "f1", "t": 2.0 + i, "index": i, "event_id": eid, "digest": f"d{i}",
+            "has_data": True, "priming": False, "stream_id": None, "session": "s_x", "retry": None,
+        }  # fmt: skip
+        fwd = {
+            "type": "forwarded", "flow": "f1", "t": 2.0 + i, "index": i,
+            "event_id": eid if fault is None else "other", "digest": f"d{i}",
+            "source": {"flow": "f1", "index": i}, "fault": fault,
+            "rule": None if fault is None else "r1", "decision": None if fault is None else "d_1",
+        }  # fmt: skip
+        long += [sent, fwd]
+        short += [{**sent, "fwd": i}] if fault is None else [sent, fwd]
+    return long, short
+
+
+def test_the_short_form_of_an_untouched_forward_reads_as_the_long_form(tmp_path: Path) -> None:
+    long, short = _long_and_short_taps()
+    frames = {}
+    for name, records in (("long", long), ("short", short)):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        frames[name] = read_jsonl(path, name, TAP_RECORDS, TAP_SCHEMA).frames
+    for kind in ("sent", "forwarded"):
+        got, want = frames["short"][kind], frames["long"][kind]
+        assert got.drop(columns=[LINE]).to_dict("records") == want.drop(columns=[LINE]).to_dict("records")
+    assert "fwd" not in frames["short"]["sent"].columns
+    # A witness points at the line that holds the record: a short form's own line.
+    assert frames["short"]["forwarded"][LINE].tolist() == [2, 3, 5, 6]
+    # The faulted forward keeps its own record, with its fault named.
+    [faulted] = frames["short"]["forwarded"].query("fault == 'cross_ids'").to_dict("records")
+    assert faulted["event_id"] == "other" and faulted["rule"] == "r1"
+
+
+def test_records_in_memory_expand_the_short_form_as_a_file_does() -> None:
+    from lab.checker.inputs.records import run_data_from_records
+
+    long, short = _long_and_short_taps()
+    a, b = run_data_from_records(tap=long), run_data_from_records(tap=short)
+    for kind in ("sent", "forwarded"):
+        got, want = b.tap_records(kind).drop(columns=[LINE]), a.tap_records(kind).drop(columns=[LINE])
+        assert got.to_dict("records") == want.to_dict("records")

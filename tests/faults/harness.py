@@ -21,6 +21,7 @@ import mcp_tap
 from mitmproxy import http
 from mitmproxy.test import taddons, tflow
 
+from lab.checker.inputs.tap_forms import expand_all
 from lab.faults.kinds.base import HttpCall
 from lab.wire.sse import SseDecoder, SseEvent, encode_event
 
@@ -158,8 +159,9 @@ class Harness:
         if not self.tap_path.exists():
             return []
         out = []
-        for line in self.tap_path.read_text().splitlines():
-            r = json.loads(line)
+        # As the checker reads the tap: short forms expanded (lab.checker.inputs.tap_forms).
+        lines = [json.loads(line) for line in self.tap_path.read_text().splitlines()]
+        for r in expand_all(lines):
             if all(r.get(k) == v for k, v in match.items()):
                 out.append(r)
         return out

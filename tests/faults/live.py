@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from lab.checker.inputs.tap_forms import expand_all
 from lab.faults.launch import TAP_ADDON, mitmdump_argv, ready_prefix
 from lab.wire.sse import SseDecoder, SseEvent
 from tests.livesrv import stop, wait_for_line
@@ -135,8 +136,9 @@ class Tap:
         if not self.path.exists():
             return []
         out = []
-        for line in self.path.read_text().splitlines():
-            r = json.loads(line)
+        # As the checker reads the tap: short forms expanded (lab.checker.inputs.tap_forms).
+        lines = [json.loads(line) for line in self.path.read_text().splitlines()]
+        for r in expand_all(lines):
             if all(r.get(k) == v for k, v in match.items()):
                 out.append(r)
         return out

@@ -9,6 +9,7 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
+from lab.checker.inputs.tap_forms import expand_all
 from lab.faults.decisions import Decider
 from lab.faults.events import Armed, EventFaults
 from lab.faults.facts import RequestFacts, RpcFacts
@@ -180,6 +181,74 @@ def test_other_stream_and_other_session_choices() -> None:
     assert m.other_token("s2", "t2", d) == "t1"
     assert m.other_token("s1", "t1", d) == "t2"
     assert m.other_token("s1", "t2", d) is None  # the only other token is the one it has
+
+
+# ---------------------------------------------------------------------- shortcuts: pass-through, short form
+
+
+def long_form(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records as the checker reads them (short forms expanded)."""
+    return expand_all([dict(r) for r in records])
+
+
+def test_whole_events_no_fault_can_touch_pass_as_they_came() -> None:
+    # CRLF line ends, a comment, an event type: re-encoding would change the bytes, not the events.
+    chunk = b"id: 7\r\nevent: message\r\ndata: {}\r\n\r\n: ping\n\nid: 8\ndata: x\n\n"
+    pipe, sink = make_pipe([])
+    assert pipe.feed(chunk) == chunk
+    half = b"id: 9\ndata: y"  # half an event is held back, never passed on
+    assert pipe.feed(half) == b""
+    assert fields(pipe.feed(b"\n\nid: 10\ndata: z\n\n")) == [
+        ("9", "y", None, None, True),
+        ("10", "z", None, None, True),
+    ]
+    fwd = [r for r in long_form([as_record(r) for r in sink]) if r["type"] == "forwarded"]
+    assert [(r["index"], r["event_id"], r["source"], r["fault"]) for r in fwd] == [
+        (i, eid, {"flow": "f1", "index": i}, None) for i, eid in enumerate(["7", "8", "9", "10"])
+    ]
+
+
+def test_an_untouched_forward_is_written_short_and_reads_as_before() -> None:
+    _, sink, _ = run(RAW, [])
+    assert not [r for r in sink if r["type"] == "forwarded"]  # every one folded into its `sent`
+    records = long_form(sink)
+    sent = [r for r in records if r["type"] == "sent"]
+    fwd = [r for r in records if r["type"] == "forwarded"]
+    assert "fwd" not in sent[0]
+    assert fwd == [
+        {
+            "type": "forwarded",
+            "flow": "f1",
+            "t": 1.0,
+            "index": s["index"],
+            "event_id": s["event_id"],
+            "digest": s["digest"],
+            "source": {"flow": "f1", "index": s["index"]},
+            "fault": None,
+            "rule": None,
+            "decision": None,
+        }
+        for s in sent
+    ]
+
+
+def test_a_planned_event_fault_still_writes_its_forwarded_record_with_the_fault() -> None:
+    body = b"".join(
+        encode_event(json.dumps({"jsonrpc": "2.0", "method": "m", "n": i}), id=f"x{i}") for i in range(4)
+    )
+    out, sink, _ = run(body, [], [{"kind": "replay_after_ack", "rate": 1.0}])
+    written = [r for r in sink if r["type"] == "forwarded"]  # as written, not expanded
+    faulted = [r for r in written if r["fault"] is not None]
+    assert faulted and all(r["fault"] == "replay_after_ack" for r in faulted)
+    assert all(r["rule"] and r["decision"].startswith("d_") for r in faulted)
+    # An event forwarded after copies keeps its long form too (its record follows theirs).
+    assert all(
+        r["source"] == {"flow": "f1", "index": r["source"]["index"]} for r in written if not r["fault"]
+    )
+    records = long_form(sink)
+    fwd = [r for r in records if r["type"] == "forwarded"]
+    assert [r["index"] for r in fwd] == list(range(len(fwd))) == list(range(len(fields(out))))
+    assert [r["event_id"] for r in fwd] == [e[0] for e in fields(out)]
 
 
 # ---------------------------------------------------------------------- write receipts (the tap's `result`)

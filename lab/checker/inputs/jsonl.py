@@ -25,6 +25,9 @@ from typing import Any
 
 import pandas as pd
 
+from lab.checker.inputs import tap_forms
+from lab.checker.inputs.schemas import TAP_SCHEMA
+
 LINE = "_line"
 """The column holding each record's 1-based line number in its file (for witnesses' refs)."""
 
@@ -138,6 +141,7 @@ def _group(
 ) -> tuple[dict[str, list[dict[str, Any]]], Counter[str]]:
     by_type: dict[str, list[dict[str, Any]]] = {kind: [] for kind in record_fields}
     skipped: Counter[str] = Counter()
+    short_forms = schema == TAP_SCHEMA
     for position, item in enumerate(objects, start=first_line):
         number, obj = (item.number, item.obj) if isinstance(item, _Numbered) else (position, item)
         if not isinstance(obj, dict):
@@ -154,4 +158,9 @@ def _group(
             continue
         obj[LINE] = number
         rows.append(obj)
+        if short_forms:  # a `sent` record that also stands for its `forwarded` one
+            extra = tap_forms.expand(obj)
+            if extra is not None:
+                extra[LINE] = number
+                by_type["forwarded"].append(extra)
     return by_type, skipped

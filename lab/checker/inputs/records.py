@@ -29,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 
-from lab.checker.inputs import schemas
+from lab.checker.inputs import schemas, tap_forms
 from lab.checker.inputs.jsonl import LINE, LedgerError
 from lab.checker.inputs.load import ROWID, RunData, as_object_strings, check_numeric
 from lab.checker.model import SourceInfo
@@ -130,7 +130,11 @@ def _jsonl(
     for number, record in enumerate(records, start=1):
         rows = grouped.get(str(record.get("type")))
         if rows is not None:
-            rows.append({**record, LINE: number})
+            row = {**record, LINE: number}
+            rows.append(row)
+            extra = tap_forms.expand(row) if what == "tap" else None  # (as read_jsonl does)
+            if extra is not None:
+                grouped["forwarded"].append({**extra, LINE: number})
     frames = {kind: _frame(rows, kinds[kind], f"{what} {kind}") for kind, rows in grouped.items()}
     check_numeric(frames, what)
     return frames

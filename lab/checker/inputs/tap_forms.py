@@ -1,0 +1,51 @@
+"""The tap's short forms, expanded at read time: the one place that knows them.
+
+An SSE event the proxy forwarded untouched, at once, as the server sent it has no
+`forwarded` record of its own: its `sent` record carries `"fwd": N` (N its index among
+the events forwarded on the flow) and stands for both (docs/ledgers.md, *Proxy tap*).
+Every reader of the tap (the checker's `read_jsonl` and `run_data_from_records`, tests
+reading a tap file) expands it here into exactly the `forwarded` record the proxy wrote
+before the short form existed, on the same line of the file.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+SHORT_FORWARD: Final = "fwd"
+"""The field of a `sent` record that stands for its untouched `forwarded` record."""
+
+
+def expand(record: dict[str, Any]) -> dict[str, Any] | None:
+    """The `forwarded` record a `sent` record's short form stands for (None: it has none).
+
+    Removes the short-form field from `record`, which then reads as the `sent` record of
+    the long form."""
+    if record.get("type") != "sent" or SHORT_FORWARD not in record:
+        return None
+    index = record.pop(SHORT_FORWARD)
+    if index is None:
+        return None
+    return {
+        "type": "forwarded",
+        "flow": record.get("flow"),
+        "t": record.get("t"),
+        "index": index,
+        "event_id": record.get("event_id"),
+        "digest": record.get("digest"),
+        "source": {"flow": record.get("flow"), "index": record.get("index")},
+        "fault": None,
+        "rule": None,
+        "decision": None,
+    }
+
+
+def expand_all(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Records in file order, each short form followed by the record it stands for."""
+    out: list[dict[str, Any]] = []
+    for r in records:
+        out.append(r)
+        extra = expand(r)
+        if extra is not None:
+            out.append(extra)
+    return out
