@@ -23,6 +23,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from lab.client import DedupKey, InboxReceipt, OutboxDispatch, SeenEvent, Watermark
 from lab.inbox import InboxDatabase, SqliteInbox
@@ -131,30 +132,50 @@ class SqlReadsSavepoint(SqlReads, SavepointCommit):
     """Reads from SQLite and the savepoint per event: the inbox before both steps."""
 
 
-def one_round(kind: type[SqliteInbox], folder: Path, clients: int, events: int) -> float:
+class EveryWatermark(InboxDatabase):
+    """The batch as it was before watermarks were coalesced: every event's watermark row
+    written (each replacing the one before it)."""
+
+    @staticmethod
+    def _rows_to_write(insert: str, rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+        return rows
+
+
+def one_round(
+    variant: tuple[type[SqliteInbox], type[InboxDatabase]],
+    folder: Path,
+    clients: int,
+    events: int,
+    burst: int,
+) -> float:
     """µs of process CPU per accepted event."""
-    db = InboxDatabase(folder / f"{kind.__name__}.sqlite")
+    kind, db_kind = variant
+    db = db_kind(folder / f"{kind.__name__}-{db_kind.__name__}.sqlite")
     inboxes = [kind(db.db, f"c{i}", group=db) for i in range(clients)]
     started = time.process_time()
     n = 0
-    for e in range(events):
-        for i, inbox in enumerate(inboxes):
-            event_id = f"{i}-{e}"
-            digest = f"{(i * 7919 + e):064x}"
-            key = DedupKey(1, "get:1", event_id, digest)
-            inbox.has(key)
-            inbox.seen(1, event_id)
-            inbox.watermark(1, "get:1")
-            inbox.dispatched(f"ev:1:get:1:{event_id}")
-            now = time.time()
-            cid = inbox.client_id
-            receipt = InboxReceipt(
-                cid, key, e, None, "notification", None, "notifications/progress", 1, now, "{}"
-            )
-            inbox.commit(receipt, OutboxDispatch(cid, f"ev:1:get:1:{event_id}", key, "notification", now))
-            n += 1
-            if n % 200 == 0:
-                db.flush()
+    # Each client takes `burst` events in a row (a stream's events arrive together), then the next.
+    order = [(e0 + j, i) for e0 in range(0, events, burst) for i in range(clients) for j in range(burst)]
+    for e, i in order:
+        if e >= events:
+            continue
+        inbox = inboxes[i]
+        event_id = f"{i}-{e}"
+        digest = f"{(i * 7919 + e):064x}"
+        key = DedupKey(1, "get:1", event_id, digest)
+        inbox.has(key)
+        inbox.seen(1, event_id)
+        inbox.watermark(1, "get:1")
+        inbox.dispatched(f"ev:1:get:1:{event_id}")
+        now = time.time()
+        cid = inbox.client_id
+        receipt = InboxReceipt(
+            cid, key, e, None, "notification", None, "notifications/progress", 1, now, "{}"
+        )
+        inbox.commit(receipt, OutboxDispatch(cid, f"ev:1:get:1:{event_id}", key, "notification", now))
+        n += 1
+        if n % 200 == 0:
+            db.flush()
     db.close()
     return (time.process_time() - started) / n * 1e6
 
@@ -165,12 +186,16 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=500)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--sql-reads", action="store_true", help="also the reads from SQLite (SqlReads)")
+    ap.add_argument("--burst", type=int, default=1, help="events each client takes in a row (1..100)")
     args = ap.parse_args()
-    variants: dict[str, type[SqliteInbox]] = {}
+    if not 1 <= args.burst <= 100:
+        ap.error("--burst 1..100")
+    variants: dict[str, tuple[type[SqliteInbox], type[InboxDatabase]]] = {}
     if args.sql_reads:
-        variants["sql reads, savepoint per event"] = SqlReadsSavepoint
-    variants["savepoint per event (before)"] = SavepointCommit
-    variants["batch at flush (lab.inbox)"] = SqliteInbox
+        variants["sql reads, savepoint per event"] = (SqlReadsSavepoint, InboxDatabase)
+    variants["savepoint per event (before)"] = (SavepointCommit, InboxDatabase)
+    variants["batch, every watermark row"] = (SqliteInbox, EveryWatermark)
+    variants["batch at flush (lab.inbox)"] = (SqliteInbox, InboxDatabase)
     results: dict[str, list[float]] = {name: [] for name in variants}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
@@ -178,8 +203,11 @@ def main() -> None:
             folder.mkdir()
             # Alternated, so that a noisy moment of the machine hits every variant.
             for name, kind in variants.items():
-                results[name].append(one_round(kind, folder, args.clients, args.events))
-    print(f"{args.clients} clients x {args.events} events, {args.rounds} rounds (median of rounds)")
+                results[name].append(one_round(kind, folder, args.clients, args.events, args.burst))
+    print(
+        f"{args.clients} clients x {args.events} events ({args.burst} in a row), {args.rounds} rounds"
+        " (median of rounds)"
+    )
     medians = {k: statistics.median(v) for k, v in results.items()}
     first = next(iter(medians.values()))
     for name, value in medians.items():
