@@ -53,9 +53,17 @@ class SendRequest:
 
 @dataclass(frozen=True, slots=True)
 class CloseConnection:
-    """Abort connection `conn_id` (the core needs nothing more from it)."""
+    """Abort connection `conn_id` (the core needs nothing more from it).
+
+    `finished`: the response is complete for the core (a call's answer ended its stream):
+    the driver may read what is left of the body, the end of the HTTP message the server
+    sends right after, and keep the connection for the next request, rather than close
+    it. (Closing it made every tools/call and initialize cost a new TCP connection through
+    the nemesis and mitmdump, bench/bench_chain_cost.py.) Nothing read then reaches the
+    core."""
 
     conn_id: int
+    finished: bool = False
 
 
 type Command = SendRequest | CloseConnection

@@ -127,7 +127,7 @@ class Handshake:
                 now,
             )
             return
-        self.http.abort(conn, now, "")
+        self.http.abort(conn, now, "", finished=True)
         self.result(conn, init, now)
 
     def result(self, conn: Conn, msg: jsonrpc.Message, now: float) -> None:

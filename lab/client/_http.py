@@ -112,10 +112,11 @@ class Connections:
         """The response ended, by `cause` (`server_closed`: normally, so no error)."""
         self.end(conn, now, "" if cause == "server_closed" else cause)
 
-    def abort(self, conn: Conn, now: float, reason: str) -> None:
-        """End a connection and tell the driver to close it."""
+    def abort(self, conn: Conn, now: float, reason: str, *, finished: bool = False) -> None:
+        """End a connection and tell the driver to close it (`finished`: the response
+        is complete, the driver may let the message end and keep the connection)."""
         self.end(conn, now, reason)
-        self.state.fx.commands.append(CloseConnection(conn.conn_id))
+        self.state.fx.commands.append(CloseConnection(conn.conn_id, finished))
 
     def abort_id(self, conn_id: int | None, now: float, reason: str) -> None:
         conn = None if conn_id is None else self.live.get(conn_id)

@@ -161,7 +161,7 @@ class Streaming:
         st.machine.process(Trigger.COMPLETED)
         st.conn_id = None
         self.table.unwatch(st.key)
-        self.http.abort(conn, now, "")
+        self.http.abort(conn, now, "", finished=True)
         if msg.kind is jsonrpc.MessageKind.RESPONSE:
             res = msg.body.get("result")
             self.calling.finish(call, CallOutcome.OK, now, result=res if isinstance(res, dict) else None)

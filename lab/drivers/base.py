@@ -52,7 +52,7 @@ class DriverBase:
         for cmd in out.commands:
             if isinstance(cmd, CloseConnection):
                 self._closed.add(cmd.conn_id)
-                self._close(cmd.conn_id)
+                self._close(cmd.conn_id, finished=cmd.finished)
             elif not self._stopped:
                 self._start(cmd)
         if out.records and self.on_records is not None:
@@ -97,7 +97,9 @@ class DriverBase:
     def _start(self, cmd: SendRequest) -> None:
         raise NotImplementedError
 
-    def _close(self, conn_id: int) -> None:
+    def _close(self, conn_id: int, *, finished: bool = False) -> None:
+        """Close a connection; `finished` (CloseConnection's): the driver may first let the
+        response's message end, to keep the connection."""
         raise NotImplementedError
 
     def _signal(self) -> None:

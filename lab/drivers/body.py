@@ -62,15 +62,17 @@ def _connection(resp: httpx.Response) -> Any | None:
     return conn
 
 
-def body_reader(resp: httpx.Response) -> Callable[[], bytes | None] | None:
+def body_reader(resp: httpx.Response, *, timeout: float | None = None) -> Callable[[], bytes | None] | None:
     """A function returning the body's next bytes, None once the body has ended (raising
-    httpx's errors, as `iter_raw` would); None if `resp` cannot be read this way."""
+    httpx's errors, as `iter_raw` would); None if `resp` cannot be read this way. Each
+    read waits at most `timeout` s for data (default: the request's read timeout)."""
     if resp.is_closed or resp.is_stream_consumed:
         return None
     conn = _connection(resp)
     if conn is None:
         return None
-    timeout = resp.request.extensions.get("timeout", {}).get("read")
+    if timeout is None:
+        timeout = resp.request.extensions.get("timeout", {}).get("read")
     receive_event = conn._receive_event
 
     def read() -> bytes | None:

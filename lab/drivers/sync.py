@@ -67,6 +67,13 @@ def default_client(
 IDLE_CHECK_S = 1.0
 """While a driver has idle connections, it looks this often whether to close them."""
 
+DRAIN_S = 0.5
+DRAIN_BYTES = 64 * 1024
+"""A response the core is done with (its call answered, CloseConnection `finished`) is
+read to the end of its message, so its connection goes back to the pool: for at most
+DRAIN_S between reads and DRAIN_BYTES in all. The reference server ends a POST stream
+right after the answer; a server that keeps it open gets the connection closed."""
+
 
 def close_idle_connections(client: httpx.Client) -> int:
     """Close the client's idle connections whose keep-alive has run out (or that the server
@@ -108,6 +115,8 @@ class SyncDriver(DriverBase):
         """Set (and replaced by a fresh one) whenever the core said something: waiters
         take the current one under the lock and wait on it without the lock."""
         self._responses: dict[int, httpx.Response] = {}
+        self._draining: set[int] = set()
+        """Responses the core is done with whose reader lets the message end (DRAIN_S)."""
         self._timer_started = False
         """The timer starts with the first `call`: making a driver starts nothing, so a
         Locust user killed while it is being built leaves nothing behind."""
@@ -149,7 +158,12 @@ class SyncDriver(DriverBase):
     def _start(self, cmd: SendRequest) -> None:
         _spawn(self._run, cmd)
 
-    def _close(self, conn_id: int) -> None:
+    def _close(self, conn_id: int, *, finished: bool = False) -> None:
+        if finished and conn_id in self._responses:
+            # Its own reader is the one feeding the core now: it reads on to the end of
+            # the message (nothing more reaches the core), then closes it (`_run`).
+            self._draining.add(conn_id)
+            return
         resp = self._responses.pop(conn_id, None)
         if resp is not None:
             resp.close()  # under gevent this wakes the greenlet blocked reading it
@@ -206,16 +220,23 @@ class SyncDriver(DriverBase):
             while (chunk := read()) is not None:
                 with self._lock:
                     if not self._feed(self.core.response_data, conn_id, chunk):
-                        return
-            with self._lock:
-                self._feed(self.core.response_end, conn_id)
+                        draining = conn_id in self._draining
+                        break
+            else:
+                draining = False
+                with self._lock:
+                    self._feed(self.core.response_end, conn_id)
+            if draining:
+                _drain(resp)
+            return
         except (httpx.HTTPError, OSError) as e:
             with self._lock:
                 self._lost(conn_id, e)
         finally:
             with self._lock:
                 self._responses.pop(conn_id, None)
-            resp.close()
+                self._draining.discard(conn_id)
+            resp.close()  # a message read to its end leaves the connection in the pool
             self._released()
 
     def _released(self) -> None:
@@ -239,6 +260,20 @@ class SyncDriver(DriverBase):
                 process_clock().schedule(self, wake - now)
         if close_idle_connections(self.client):  # outside the lock: it may yield (gevent)
             process_clock().schedule(self, IDLE_CHECK_S)
+
+
+def _drain(resp: httpx.Response) -> None:
+    """Read a response the core is done with to the end of its message (bounded by
+    DRAIN_S and DRAIN_BYTES), discarding it; whatever stops it, the caller closes."""
+    read = None if resp.is_closed else body_reader(resp, timeout=DRAIN_S)
+    if read is None:
+        return  # not the shallow path (or closed meanwhile, by stop()): closed as before
+    left = DRAIN_BYTES
+    try:
+        while left > 0 and (chunk := read()) is not None:
+            left -= len(chunk)
+    except (httpx.HTTPError, OSError):
+        pass  # the connection is not reusable then: closing it is all that is left
 
 
 def _next_of(chunks: Iterator[bytes]) -> Callable[[], bytes | None]:

@@ -63,7 +63,7 @@ class TrioDriver(DriverBase):
         self._scopes[cmd.conn_id] = trio.CancelScope()
         self.nursery.start_soon(self._run, cmd)
 
-    def _close(self, conn_id: int) -> None:
+    def _close(self, conn_id: int, *, finished: bool = False) -> None:  # always at once here
         scope = self._scopes.pop(conn_id, None)
         if scope is not None:
             scope.cancel()

@@ -4,7 +4,9 @@
 
 Prints one JSON line: what happened, for the test to check; `idle_sockets` is how many
 connections the client holds once its session is up and it has sat idle past its
-keep-alive (the standalone GET stream alone, if idle connections are closed).
+keep-alive (the standalone GET stream alone, if idle connections are closed);
+`calls_leaving_a_kept_connection`: of three calls in a row, after how many the pool
+still held an idle connection for the next (the POST's, when it is kept).
 """
 
 from __future__ import annotations
@@ -77,6 +79,19 @@ def main() -> None:
 
             driver.wait_for(finished, 20)
             outcomes += [str(n.outcome) for n in notices if isinstance(n, CallFinished) and n.call == handle]
+        # Three calls in a row, each answered on its POST's SSE stream: the connection of
+        # one goes back to the pool for the next (the driver lets each message end).
+        kept = 0
+        for i in range(3):
+            again: CallHandle = driver.call(core.call_tool, "echo", {"text": f"again {i}"})
+
+            def answered(h: CallHandle = again) -> bool:
+                return any(isinstance(n, CallFinished) and n.call == h for n in notices)
+
+            driver.wait_for(answered, 20)
+            time.sleep(0.1)  # (the reader lets the message end just after the answer)
+            pool = http._transport._pool.connections  # type: ignore[attr-defined]
+            kept += sum(1 for c in pool if c.is_idle())  # the GET stream is busy: not counted
         driver.call(core.leave)
         driver.wait_for(lambda: any(isinstance(n, LeaveFinished) for n in notices), 10)
         driver.stop()
@@ -90,6 +105,7 @@ def main() -> None:
                 "leave": leave,
                 "gevent": "gevent" in sys.modules,
                 "idle_sockets": idle_sockets,
+                "calls_leaving_a_kept_connection": kept,
             }
         )
     )
