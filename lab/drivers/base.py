@@ -49,14 +49,18 @@ class DriverBase:
         return None
 
     def _after(self, out: Output) -> None:
+        # The records first: they are what already happened. Closing a connection may
+        # switch greenlets (gevent), and a Locust user killed right there (its stop at the
+        # end of a run) lost the records of the same output: an exchange the client had
+        # ended, never written (gate 1 then could not verify the events it had received).
+        if out.records and self.on_records is not None:
+            self.on_records(list(out.records))
         for cmd in out.commands:
             if isinstance(cmd, CloseConnection):
                 self._closed.add(cmd.conn_id)
                 self._close(cmd.conn_id, finished=cmd.finished)
             elif not self._stopped:
                 self._start(cmd)
-        if out.records and self.on_records is not None:
-            self.on_records(list(out.records))
         if self.on_notice is not None:
             for notice in out.notices:
                 self.on_notice(notice)
