@@ -1,7 +1,7 @@
 """The lab's own latency at the release gate's load, without faults: per hop, per worker,
 per 5 s, and each process's CPU.
 
-    python bench/bench_lab_latency.py [--users 200] [--workers 2] [--duration 30]
+    python bench/bench_lab_latency.py [--users 120] [--workers 2] [--duration 30]
                                       [--stall 1500/2000@0] [--blocking 50] [--probe] [--keep]
     python bench/bench_lab_latency.py RUN_DIR [RUN_DIR ...]   # figures of finished runs
 
@@ -60,8 +60,8 @@ spawn_rate = 50
 duration = "{duration}s"
 hard_timeout = "{hard}s"
 workers = {workers}
-wait_min = "1.5s"
-wait_max = "2.5s"
+wait_min = "0.8s"
+wait_max = "1.6s"
 
 [load.mix]
 read = 1
@@ -298,7 +298,7 @@ def show(folder: Path, wall: float | None = None, code: int | None = None) -> No
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="*", type=Path, help="finished run folders: print their figures")
-    ap.add_argument("--users", type=int, default=200)
+    ap.add_argument("--users", type=int, default=120)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--duration", type=int, default=30, help="seconds of load")
     ap.add_argument("--stall", default=None, help="LAB_TEST_LOOP_STALL_MS for the workers (test only)")
