@@ -58,8 +58,6 @@ from lab.checker.inputs.load import MissingInput
 from lab.wire.event_ids import parse_event_id
 
 SEP = KEY_SEP
-# Chains of resumptions of opaque-ID streams resolve one link per round.
-MAX_RESOLVE_ROUNDS = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,24 +270,99 @@ def _resolve_logicals(
 ) -> tuple[pd.Series, pd.Series]:
     """(logical of each flow, home of each send): a resumption flow carries the logical
     stream its cursor was sent on, and an opaque-ID event's home is the logical stream of
-    the flow of its `definer` send; chains of resumptions resolve one link per round."""
-    has_sid = sent["stream_id"].notna()
-    has_id = sent["event_id"].notna()
-    event_key = _key(sent["session"], sent["event_id"]).where(has_id)
-    named_home = _key(sent["session"], sent["stream_id"]).where(has_sid)
-    logical = base
-    home = named_home
-    for _ in range(MAX_RESOLVE_ROUNDS):
-        on_logical = _take(logical, sent_flow_pos, sent.index)
-        by_definer = pd.Series(on_logical.to_numpy(dtype=object)[definer], index=sent.index, dtype="object")
-        home = named_home.where(has_sid, by_definer.where(has_id))
-        home = home.where(has_id | has_sid, on_logical)
-        resumed = _resume_logicals(flows, event_key[has_id], home[has_id])
-        new_logical = base.where(~flows["resumption"], resumed)
-        if new_logical.equals(logical):
-            break
-        logical = new_logical
-    return logical, home
+    the flow of its `definer` send.
+
+    One pass, with no limit on depth: a resumption's cursor names an event sent earlier,
+    on a flow that is either an opening flow (its logical is `base`) or an earlier
+    resumption, so every chain ends at an opening flow, an `e1` ID that names its stream,
+    or a cursor the tap never saw sent. Each flow is resolved once (a chain is walked up
+    to the first flow already resolved, then written back down), so the work is linear
+    in the number of flows; a server that polls (a close after every event, `retry: 0`)
+    makes chains as long as its streams, and a cap on rounds judged the deep links off
+    their stream."""
+    has_sid = sent["stream_id"].notna().to_numpy()
+    has_id = sent["event_id"].notna().to_numpy()
+    named_home = (
+        _key(sent["session"], sent["stream_id"]).where(sent["stream_id"].notna()).to_numpy(dtype=object)
+    )
+    logical = _resumption_logicals(flows, sent, base, sent_flow_pos, definer, has_sid, named_home)
+    on_logical = _take(logical, sent_flow_pos, sent.index).to_numpy(dtype=object)
+    home = np.where(has_sid, named_home, np.where(has_id, on_logical[definer], on_logical))
+    return logical, pd.Series(home, index=sent.index, dtype="object")
+
+
+def _resumption_logicals(
+    flows: pd.DataFrame,
+    sent: pd.DataFrame,
+    base: pd.Series,
+    sent_flow_pos: np.ndarray,
+    definer: np.ndarray,
+    has_sid: np.ndarray,
+    named_home: np.ndarray,
+) -> pd.Series:
+    """The logical stream of every flow: `base` for opening flows; for a resumption, that
+    of the first send of its cursor in its session (by the definer's flow, or the stream
+    an `e1` ID names), else what the cursor itself says (`_cursor_fallbacks`)."""
+    n = len(flows)
+    resumption = flows["resumption"].to_numpy(dtype=bool)
+    logical = base.to_numpy(dtype=object, copy=True)
+    if not resumption.any():
+        return pd.Series(logical, index=flows.index, dtype="object")
+    with_id = np.flatnonzero(sent["event_id"].notna().to_numpy())
+    first_send = pd.Series(
+        with_id, index=_key(sent["session"], sent["event_id"]).to_numpy(dtype=object)[with_id]
+    )
+    first_send = first_send[~first_send.index.duplicated(keep="first")]
+    cursor = (
+        _key(flows["session"], flows["last_event_id_out"]).map(first_send).fillna(-1).to_numpy(dtype="int64")
+    )
+    fallback = _cursor_fallbacks(flows)
+    # Each resumption gets either its value now, or the earlier resumption it follows.
+    parent = np.full(n, -1, dtype="int64")
+    done = ~resumption
+    for i in np.flatnonzero(resumption).tolist():
+        c = int(cursor[i])
+        if c < 0:
+            logical[i], done[i] = fallback[i], True
+        elif has_sid[c]:
+            logical[i], done[i] = named_home[c], True
+        else:
+            p = int(sent_flow_pos[definer[c]])
+            if p < 0:
+                logical[i], done[i] = fallback[i], True
+            elif not resumption[p]:
+                logical[i], done[i] = logical[p], True
+            else:
+                parent[i] = p
+    walking = np.zeros(n, dtype=bool)
+    for i in np.flatnonzero(~done).tolist():
+        path = []
+        j = i
+        while not done[j] and not walking[j]:
+            walking[j] = True
+            path.append(j)
+            j = int(parent[j])
+        # A cycle (a cursor first sent on the flow that resumes it: a tap out of order)
+        # has no opening flow to inherit from: each flow on it falls back to its cursor.
+        value = logical[j] if done[j] else None
+        for k in reversed(path):
+            logical[k] = value if value is not None else fallback[k]
+            done[k] = True
+    return pd.Series(logical, index=flows.index, dtype="object")
+
+
+def _cursor_fallbacks(flows: pd.DataFrame) -> np.ndarray:
+    """For each resumption flow whose cursor the tap never saw sent: the stream its `e1`
+    ID names, else `unknown:<flow>`. Null for other flows."""
+    out = np.full(len(flows), None, dtype=object)
+    cursors = flows["last_event_id_out"].to_numpy(dtype=object)
+    sessions = flows["session"].to_numpy(dtype=object)
+    flow_ids = flows["flow"].to_numpy(dtype=object)
+    for i in np.flatnonzero(flows["resumption"].to_numpy(dtype=bool)).tolist():
+        parsed = parse_event_id(str(cursors[i]))
+        session = sessions[i] if isinstance(sessions[i], str) else "-"
+        out[i] = f"{session}{SEP}{parsed.stream_id}" if parsed is not None else f"unknown:{flow_ids[i]}"
+    return out
 
 
 def _first_sends(sent: pd.DataFrame, has_id: pd.Series) -> tuple[pd.Series, pd.Series]:
@@ -350,26 +423,6 @@ def _take(values: pd.Series, positions: np.ndarray, index: pd.Index) -> pd.Serie
     found = positions >= 0
     out[found] = arr[positions[found]]
     return pd.Series(out, index=index, dtype="object")
-
-
-def _resume_logicals(flows: pd.DataFrame, event_key: pd.Series, home: pd.Series) -> pd.Series:
-    """For each resumption flow, the logical stream its `last_event_id_out` was sent on
-    (`event_key`/`home`: every sent event with an ID); else the stream its `e1` ID names;
-    else `unknown:<flow>`. Null for other flows."""
-    by_event = pd.Series(home.values, index=event_key.values)
-    by_event = by_event[~by_event.index.duplicated(keep="first")]
-    looked_up = _key(flows["session"], flows["last_event_id_out"]).map(by_event)
-    out = looked_up.where(flows["resumption"]).astype("object")
-    unresolved = np.flatnonzero(flows["resumption"].to_numpy() & out.isna().to_numpy())
-    cursors = flows["last_event_id_out"].to_numpy(dtype=object)
-    sessions = flows["session"].to_numpy(dtype=object)
-    flow_ids = flows["flow"].to_numpy(dtype=object)
-    values = out.to_numpy(dtype=object, copy=True)  # a view may be read-only (copy-on-write)
-    for i in unresolved.tolist():
-        parsed = parse_event_id(str(cursors[i]))
-        session = sessions[i] if isinstance(sessions[i], str) else "-"
-        values[i] = f"{session}{SEP}{parsed.stream_id}" if parsed is not None else f"unknown:{flow_ids[i]}"
-    return pd.Series(values, index=out.index, dtype="object")
 
 
 def _stream_map_tap(ctx: Context, flows: pd.DataFrame) -> pd.DataFrame:
