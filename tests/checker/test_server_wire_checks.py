@@ -12,6 +12,7 @@ the bad case and passing the good one, on runs built by hand (tests/checker/buil
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from lab.checker.judge.verdict import judge_dir
@@ -312,3 +313,60 @@ def test_gate6_a_stream_a_proxy_storm_answered_in_the_servers_place_is_no_server
     g = gate(report, "reconnect_qps")
     assert g.measured["server_closes_mid_stream"] == 0 and g.measured["close_without_retry"] == 0, g.measured
     assert "close_without_retry" not in {w.check for w in g.witnesses}
+
+
+# ------------------------------------------------------------------- gate 1: broadcast
+
+
+def broadcasts(g: GateResult) -> object:
+    by_check = g.measured["server_by_check"]
+    assert isinstance(by_check, dict)
+    return by_check["broadcast"]
+
+
+def progress(sim: Sim, st: Stream) -> str:
+    sim.messages += 1
+    return json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "method": "notifications/progress",
+            "params": {"progressToken": 2, "progress": sim.messages},
+        }
+    )
+
+
+def test_gate1_one_message_on_two_streams_of_a_session_is_the_servers_violation(tmp_path: Path) -> None:
+    run = clean_run()
+    sim = run.sim
+    sim.opaque_ids = True  # the copy comes under a new ID, so no ID says it is off its stream
+    post = sim.call("a", 7)
+    for _ in range(3):
+        data = progress(sim, post)
+        sim.send(post, data)
+        sim.send(run.get_a, data, accept=False)  # the client rejects the copy: still the server's
+    report = check(sim, tmp_path, server=False)
+    g = gate(report, "cross_stream")
+    assert g.verdict is Verdict.FAIL and server_checks(g) == {"broadcast"}
+    assert broadcasts(g) == 3 and g.attribution_counts["server"] == 3
+    w = g.witnesses[0]
+    assert w.row["flow"] == run.get_a.flow
+    assert post.flow in w.explanation and "also sent on" in w.explanation
+    assert len([r for r in w.refs if r.startswith("proxy/tap.jsonl:")]) == 2
+
+
+def test_gate1_equal_messages_far_apart_or_in_two_sessions_are_not_a_broadcast(tmp_path: Path) -> None:
+    run = clean_run()
+    sim = run.sim
+    sim.opaque_ids = True
+    post = sim.call("a", 7)
+    data = progress(sim, post)
+    sim.send(post, data)
+    sim.tick(5.0)  # the same content, seconds later, on another stream: two messages
+    sim.send(run.get_a, data)
+    other = progress(sim, post)
+    sim.send(run.get_a, other)
+    sim.send(run.get_b, other)  # at once, but in another session: each its own message
+    report = check(sim, tmp_path, server=False)
+    g = gate(report, "cross_stream")
+    assert g.verdict is Verdict.PASS, g.witnesses
+    assert broadcasts(g) == 0

@@ -20,6 +20,13 @@ client side is judged separately, on what it accepted):
 - `replayed_out_of_order`: on one connection, an event of the stream sent after an event
   the server first sent later than it (a replay, or a live stream, out of the order of
   first sending; a response before its progress is caught here or just above).
+- `broadcast`: one message sent live on two streams of one session (the spec: a message
+  MUST NOT be broadcast across streams): the same message (digest) sent, not as a replay,
+  on another logical stream of the session within `BROADCAST_WINDOW_S` of its previous
+  live send. Each copy after the first counts, under whatever event ID it came. Equal
+  content is the only sign on the wire: two messages that merely look alike (the same log
+  line from two calls in the same second) read as one; progress notifications carry their
+  request's token, so two calls never make equal ones.
 
 Message kinds (response, notification, …) come from, in order: the tap's `sent` records
 when they carry `kind`/`jsonrpc_id`, the server ledger's `events_sent`, and the clients'
@@ -45,7 +52,12 @@ CHECKS = (
     "response_to_another_request",
     "event_after_response",
     "replayed_out_of_order",
+    "broadcast",
 )
+BROADCAST_WINDOW_S = 1.0
+"""A message's second live send on another stream of the session counts as the same
+message broadcast when it follows the first within this many seconds (a server that
+broadcasts writes both copies at once; equal messages far apart are two messages)."""
 RESPONSE_KINDS = ("response", "error")
 
 
@@ -99,6 +111,7 @@ def _server_sends(ctx: Context) -> pd.DataFrame:
     on_wire = sent["flow"].notna().to_numpy() & (sent["order"].to_numpy() >= 0)
     check = pd.Series(None, index=sent.index, dtype="object")
     cursor_order = pd.Series(np.nan, index=sent.index, dtype="float64")
+    copy_of = pd.Series(np.nan, index=sent.index, dtype="float64")
 
     def flag(mask: np.ndarray, name: str) -> None:
         mask = mask & check.isna().to_numpy()
@@ -134,7 +147,12 @@ def _server_sends(ctx: Context) -> pd.DataFrame:
             "event_after_response",
         )
         flag(_out_of_order(sent, message & with_id & on_wire), "replayed_out_of_order")
-    bad = sent[check.notna()].assign(check=check[check.notna()], cursor_order=cursor_order[check.notna()])
+        copies, previous = _broadcasts(truth, message & on_wire)
+        flag(copies, "broadcast")
+        copy_of[copies] = previous[copies]
+    bad = sent[check.notna()].assign(
+        check=check[check.notna()], cursor_order=cursor_order[check.notna()], copy_of=copy_of[check.notna()]
+    )
     return bad.sort_values("order", kind="stable")
 
 
@@ -208,6 +226,34 @@ def _out_of_order(sent: pd.DataFrame, candidates: np.ndarray) -> np.ndarray:
     return out
 
 
+def _broadcasts(truth: StreamTruth, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(copies, previous): live sends of a message that the server had sent live on
+    another logical stream of the session within `BROADCAST_WINDOW_S` before; and, per
+    send, the `order` of that previous send (NaN elsewhere)."""
+    sent = truth.sent
+    copies = np.zeros(len(sent), dtype=bool)
+    previous = np.full(len(sent), np.nan)
+    resumption = pd.Series(
+        truth.flows["resumption"].to_numpy(dtype=bool), index=truth.flows["flow"].to_numpy()
+    )
+    live = candidates & ~sent["flow"].map(resumption).fillna(False).to_numpy(dtype=bool)
+    live &= sent["session"].notna().to_numpy() & sent["digest"].notna().to_numpy()
+    rows = sent[live][["session", "digest", "on_logical", "t", "order"]]
+    if not len(rows):
+        return copies, previous
+    rows = rows.sort_values(["session", "digest", "t", "order"], kind="stable")
+    group = [rows["session"], rows["digest"]]
+    before_logical = rows.groupby(group, sort=False)["on_logical"].shift()
+    before_t = rows.groupby(group, sort=False)["t"].shift()
+    before_order = rows.groupby(group, sort=False)["order"].shift()
+    copy = before_logical.notna() & (before_logical != rows["on_logical"])
+    copy &= (rows["t"] - before_t) <= BROADCAST_WINDOW_S
+    at = rows.index[copy.to_numpy(dtype=bool)].to_numpy()
+    copies[at] = True
+    previous[at] = before_order[copy].to_numpy(dtype="float64")
+    return copies, previous
+
+
 # ---------------------------------------------------------------------------- witnesses
 
 _WHY = {
@@ -218,6 +264,8 @@ _WHY = {
     "response_to_another_request": "it answers request {rid}, not the POST of request {own}",
     "event_after_response": "it came after that stream's response, which ends a POST stream",
     "replayed_out_of_order": "the server had first sent it before an event already sent on this connection",
+    "broadcast": "the same message went out live on another stream of the session: a message may travel on one "
+    "stream only",
 }
 
 
@@ -243,7 +291,13 @@ def server_witness(row: pd.Series, ctx: Context) -> Witness:
     )
     first_at = ""
     refs = tap_ref(row, prefix="")
-    if present(row.get("first_flow")) and row["first_flow"] != row["flow"]:
+    if check == "broadcast" and present(row.get("copy_of")):
+        other = truth.sent[truth.sent["order"] == int(row["copy_of"])]
+        if len(other):
+            o = other.iloc[0]
+            first_at = f"; also sent on {describe_flow(truth, o['flow'])} {at(o['t'], ctx.origin)}"
+            refs = tap_ref(o) + refs
+    elif present(row.get("first_flow")) and row["first_flow"] != row["flow"]:
         first = truth.sent[truth.sent["order"] == row["home_order"]]
         if len(first):
             f = first.iloc[0]
