@@ -134,6 +134,13 @@ CASES: tuple[Case, ...] = (
         "the target's own share of the recoveries, timed at the proxy from the resumption it "
         "forwarded to the first event the target sent back, is over the budget",
     ),
+    _case(
+        Defect.BROADCAST,
+        1,
+        ("broadcast",),
+        "each progress notification goes out live on its POST stream and, at the same moment, "
+        "on the session's standalone GET stream: one message on two streams",
+    ),
 )
 BY_NAME: dict[str, Case] = {c.name: c for c in CASES}
 

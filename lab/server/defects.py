@@ -27,6 +27,7 @@ class Defect(enum.StrEnum):
     NO_RETRY_FIELD = "no-retry-field"
     DELETED_SESSION_ALIVE = "deleted-session-alive"
     SLOW_RESUME = "slow-resume"
+    BROADCAST = "broadcast"
 
 
 SLOW_RESUME_S = 6.0
@@ -56,6 +57,10 @@ DESCRIPTIONS: dict[Defect, str] = {
     Defect.SLOW_RESUME: (
         f"a resumption is answered at once but replays nothing for {SLOW_RESUME_S:g} s "
         "(longer than the default resume budget of 5 s): the target's own share of every recovery"
+    ),
+    Defect.BROADCAST: (
+        "every progress notification is also sent, under a new event ID, on the session's "
+        "standalone GET stream (one message on two streams)"
     ),
 }
 

@@ -59,7 +59,12 @@ class ToolCall:
         if message is not None:
             params["message"] = message
         data = jsonrpc.dumps(jsonrpc.notification(jsonrpc.PROGRESS, params))
-        self.state.emit(self.stream, data, "notification", None, time.time())
+        now = time.time()
+        self.state.emit(self.stream, data, "notification", None, now)
+        g = self.stream.session.standalone
+        if Defect.BROADCAST in self.state.defects and g is not None and g.closed_at is None:
+            # defect: the same message on the standalone GET too (the ledger's kind says so)
+            self.state.emit(g, data, "stray_notification", None, now)
 
 
 def _text(text: str, **extra: Any) -> dict[str, Any]:

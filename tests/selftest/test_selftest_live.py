@@ -1,10 +1,11 @@
 """`lab selftest` for real: the CI subset of the defect matrix (issue 10 §6), and what the
 command does around it (listing, refusals, Ctrl-C, no process left behind).
 
-The subset is the pristine run and four defects, one per family of detector: a foreign
+The subset is the pristine run and five defects, one per family of detector: a foreign
 replay (`shared-event-store`, gate 1), liveness (`unknown-cursor-silent`, gate 5), the
 write's results on the wire (`no-idempotency`, gate 2), sessions (`deleted-session-alive`,
-gate 3). The whole matrix is run by hand (`lab selftest`, docs/selftest.md).
+gate 3), one message on two streams (`broadcast`, gate 1; six runs two at a time take no
+longer than five). The whole matrix is run by hand (`lab selftest`, docs/selftest.md).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ SUBSET = (
     "unknown-cursor-silent",
     "no-idempotency",
     "deleted-session-alive",
+    "broadcast",
 )
 
 
