@@ -1,7 +1,7 @@
 """The reference server's ledger (`mcpServerLedger.v1`, SQLite; fields in docs/ledgers.md).
 
 Writes never block the event loop: the loop puts (sql, params) on a queue and a writer
-thread applies them in batches (executemany per statement, one transaction every
+thread applies them in batches (executemany per statement and table, in order, one transaction every
 ~50 ms or 5,000 rows). Durability: WAL with synchronous=NORMAL, so a committed batch
 survives a crash of the server process. Business dispatches must be durable *before*
 the client is told they happened, so `barrier()` returns a future that resolves once
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import re
 import sqlite3
 import threading
 from collections.abc import Sequence
@@ -163,17 +164,16 @@ class Ledger:
                 if not batch:
                     continue
                 waiters = []
-                grouped: dict[str, list[Sequence[Any]]] = {}
+                writes = []
                 for item in batch:
                     if item is _STOP:
                         stop = True
                     elif isinstance(item, Future):
                         waiters.append(item)
                     else:
-                        sql, params = item
-                        # Statements keep their first-seen order so an UPDATE follows its INSERT.
-                        grouped.setdefault(sql, []).append(params)
-                self._inflight = sum(len(rows) for rows in grouped.values())
+                        writes.append(item)
+                grouped = group_in_order(writes)
+                self._inflight = len(writes)
                 self._commit(db, grouped)
                 self._inflight = 0
                 for w in waiters:
@@ -183,22 +183,23 @@ class Ledger:
         except BaseException as e:  # the writer must never die silently, whatever the cause
             self._fail(e, waiters)
 
-    def _commit(self, db: sqlite3.Connection, grouped: dict[str, list[Sequence[Any]]]) -> None:
+    def _commit(self, db: sqlite3.Connection, grouped: list[tuple[str, list[Sequence[Any]]]]) -> None:
         try:
             with db:
-                for sql, rows in grouped.items():
+                for sql, rows in grouped:
                     db.executemany(sql, rows)
         except (UnicodeEncodeError, sqlite3.ProgrammingError):
             # Text SQLite cannot take (the transaction was rolled back): write the batch
             # again with such text escaped. A second failure is a real one.
-            escaped: dict[str, list[tuple[Any, ...]]] = {}
-            for sql, rows in grouped.items():
-                escaped[sql] = [tuple(escape_text(v) for v in row) for row in rows]
-                self.rows_escaped += sum(tuple(a) != b for a, b in zip(rows, escaped[sql], strict=True))
+            escaped: list[tuple[str, list[tuple[Any, ...]]]] = []
+            for sql, rows in grouped:
+                fixed = [tuple(escape_text(v) for v in row) for row in rows]
+                self.rows_escaped += sum(tuple(a) != b for a, b in zip(rows, fixed, strict=True))
+                escaped.append((sql, fixed))
             with db:
-                for sql, fixed in escaped.items():
+                for sql, fixed in escaped:
                     db.executemany(sql, fixed)
-        self.rows_written += sum(len(rows) for rows in grouped.values())
+        self.rows_written += sum(len(rows) for _, rows in grouped)
 
     def _fail(self, error: BaseException, waiters: list[Future[None]]) -> None:
         with self._lock:
@@ -218,6 +219,35 @@ class Ledger:
         for w in waiters:
             if not w.done():
                 w.set_exception(self._failed())
+
+
+_TABLE = re.compile(r"^\s*(?:INSERT(?:\s+OR\s+\w+)?\s+INTO|UPDATE)\s+(\w+)", re.IGNORECASE)
+
+
+def group_in_order(writes: Sequence[tuple[str, Sequence[Any]]]) -> list[tuple[str, list[Sequence[Any]]]]:
+    """A batch's writes as (statement, rows) groups for executemany, in an order with the
+    same outcome as writing them one by one.
+
+    A row joins the last group of its statement only if no other statement touched the
+    same table since: an UPDATE must follow the INSERT it updates, and an INSERT OR
+    REPLACE must not overtake an UPDATE of its row. Tables are independent of each other,
+    so events, requests and dispatches still go in one executemany each per batch.
+    (Grouping by statement alone once put a stream's close before its own insert when
+    streams opened and closed within one batch, and the close was lost.)
+    """
+    groups: list[tuple[str, list[Sequence[Any]]]] = []
+    last_of_sql: dict[str, int] = {}
+    last_on_table: dict[str, int] = {}
+    for sql, params in writes:
+        m = _TABLE.match(sql)
+        table = m.group(1).lower() if m else sql
+        at = last_of_sql.get(sql)
+        if at is not None and last_on_table.get(table) == at:
+            groups[at][1].append(params)
+            continue
+        groups.append((sql, [params]))
+        last_of_sql[sql] = last_on_table[table] = len(groups) - 1
+    return groups
 
 
 INSERT_SESSION = "INSERT OR REPLACE INTO sessions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)"
