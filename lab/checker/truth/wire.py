@@ -236,7 +236,8 @@ def _broadcasts(truth: StreamTruth, candidates: np.ndarray) -> tuple[np.ndarray,
     resumption = pd.Series(
         truth.flows["resumption"].to_numpy(dtype=bool), index=truth.flows["flow"].to_numpy()
     )
-    live = candidates & ~sent["flow"].map(resumption).fillna(False).to_numpy(dtype=bool)
+    # A flow the flows table lacks maps to NaN: not a resumption (`eq` is False for NaN).
+    live = candidates & ~sent["flow"].map(resumption).eq(True).to_numpy(dtype=bool)
     live &= sent["session"].notna().to_numpy() & sent["digest"].notna().to_numpy()
     rows = sent[live][["session", "digest", "on_logical", "t", "order"]]
     if not len(rows):
