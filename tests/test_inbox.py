@@ -305,3 +305,39 @@ def test_ledger_records_are_written_as_their_fields(tmp_path: Path) -> None:
     db.close()
     rows = sqlite3.connect(tmp_path / "w.sqlite").execute("SELECT * FROM events_rejected").fetchall()
     assert rows == [astuple(rec), astuple(rec)]
+
+
+def test_a_commit_alone_refuses_a_duplicate_after_a_restart(tmp_path: Path) -> None:
+    """The file has no unique indexes: a client's index, loaded from the file when it is
+    reopened, refuses what the constraints would have (and writes nothing)."""
+    path = tmp_path / "inbox.sqlite"
+    _, receipt, dispatch = _receipt("c1", "e1")
+    SqliteInbox.open(path, "c1").commit(receipt, dispatch)
+    reopened = SqliteInbox.open(path, "c1")
+    with pytest.raises(sqlite3.IntegrityError, match="inbox.event_id"):
+        reopened.commit(receipt, None)
+    _, other, _ = _receipt("c1", "e2")
+    with pytest.raises(sqlite3.IntegrityError, match="outbox"):
+        reopened.commit(other, dispatch)
+    file = sqlite3.connect(path)
+    assert file.execute("SELECT COUNT(*) FROM inbox").fetchone()[0] == 1
+    assert file.execute("SELECT COUNT(*) FROM outbox").fetchone()[0] == 1
+
+
+def test_a_new_client_reads_nothing_from_the_file_and_a_known_one_its_own(tmp_path: Path) -> None:
+    """A worker makes clients all run long: a client the file never held starts with an
+    empty index, without scanning the file; one the file holds (a reopened file) loads it."""
+    path = tmp_path / "w.sqlite"
+    db = InboxDatabase(path)
+    _, receipt, dispatch = _receipt("old", "e1")
+    db.inbox("old").commit(receipt, dispatch)
+    db.close()
+    db = InboxDatabase(path)
+    selects: list[str] = []
+    db.db.set_trace_callback(lambda sql: selects.append(sql) if sql.startswith("SELECT") else None)
+    assert not db.inbox("new").has(receipt.key)
+    assert selects == []
+    old = db.inbox("old")
+    assert old.has(receipt.key) and old.dispatched(dispatch.dispatch_key)
+    assert len(selects) == 3  # its receipts, watermarks and dispatches
+    db.close()
