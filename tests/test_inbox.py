@@ -314,7 +314,7 @@ def test_a_commit_alone_refuses_a_duplicate_after_a_restart(tmp_path: Path) -> N
     _, receipt, dispatch = _receipt("c1", "e1")
     SqliteInbox.open(path, "c1").commit(receipt, dispatch)
     reopened = SqliteInbox.open(path, "c1")
-    with pytest.raises(sqlite3.IntegrityError, match="inbox.event_id"):
+    with pytest.raises(sqlite3.IntegrityError, match=r"inbox\.event_id"):
         reopened.commit(receipt, None)
     _, other, _ = _receipt("c1", "e2")
     with pytest.raises(sqlite3.IntegrityError, match="outbox"):
