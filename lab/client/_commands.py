@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from lab.wire.client_ledger import Record
 from lab.wire.jsonrpc import JsonObject
@@ -158,6 +158,10 @@ class Output:
         )
 
 
+NOTHING: Final = Output()
+"""The output of a call that produced nothing (immutable, so one serves every such call)."""
+
+
 class Effects:
     """Where the core's private parts put what they produce during one public call; the
     public method hands it over with `take()` (so nothing is kept between calls)."""
@@ -170,6 +174,8 @@ class Effects:
         self.notices: list[Notice] = []
 
     def take(self) -> Output:
+        if not (self.commands or self.records or self.notices):
+            return NOTHING  # most events of a stream produce nothing: no tuples to build
         out = Output(tuple(self.commands), tuple(self.records), tuple(self.notices))
         self.commands.clear()
         self.records.clear()

@@ -190,8 +190,11 @@ class ClientCore:
         return self.fx.take()
 
     def next_wakeup(self) -> float | None:
-        times = [t for t in (self.reconnector.next_wakeup(), self.table.next_deadline()) if t is not None]
-        return min(times) if times else None
+        # Asked after every event a driver feeds: no list, no generator.
+        a, b = self.reconnector.next_wakeup(), self.table.next_deadline()
+        if a is None or b is None:
+            return b if a is None else a
+        return a if a < b else b
 
     def tick(self, now: float) -> Output:
         """Run whatever is due at `now`: reconnects held by backoff or the budget, and

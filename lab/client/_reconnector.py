@@ -256,6 +256,8 @@ class Reconnector:
     # ------------------------------------------------------------------ budget and attempt
 
     def next_wakeup(self) -> float | None:
+        if not self._losses:
+            return None
         return min((loss.at for loss in self._losses.values() if loss.at is not None), default=None)
 
     def tick(self, now: float) -> None:

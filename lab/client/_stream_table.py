@@ -56,6 +56,8 @@ class StreamTable:
             self._watched.pop(key, None)
 
     def next_deadline(self) -> float | None:
+        if not self._watched:
+            return None
         return min((t for t, _ in self._watched.values()), default=None)
 
     def due(self, now: float) -> Iterator[tuple[str, str]]:

@@ -114,6 +114,9 @@ class SyncDriver(DriverBase):
         self._changed = threading.Event()
         """Set (and replaced by a fresh one) whenever the core said something: waiters
         take the current one under the lock and wait on it without the lock."""
+        self._awaited = False
+        """A waiter took `_changed` since it was last set: only then is it set and replaced
+        (most signals, one per event of a stream, have nobody waiting)."""
         self._responses: dict[int, httpx.Response] = {}
         self._draining: set[int] = set()
         """Responses the core is done with whose reader lets the message end (DRAIN_S)."""
@@ -143,6 +146,7 @@ class SyncDriver(DriverBase):
                 if predicate():
                     return True
                 changed = self._changed
+                self._awaited = True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
@@ -169,8 +173,10 @@ class SyncDriver(DriverBase):
             resp.close()  # under gevent this wakes the greenlet blocked reading it
 
     def _signal(self) -> None:
-        self._changed.set()
-        self._changed = threading.Event()
+        if self._awaited:
+            self._awaited = False
+            self._changed.set()
+            self._changed = threading.Event()
         if self._timer_started and not self._stopped:
             # The core may have moved its next wake-up earlier (a loss to reconnect, a
             # stream to watch): the clock learns it now. Every change of the core comes
