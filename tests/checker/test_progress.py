@@ -74,3 +74,37 @@ def test_the_progress_line_waits_for_a_second_to_be_whole(tmp_path: Path) -> Non
     run_dir = sim.write(tmp_path / "run")
     assert "reconnects 0/s, peak 1/s" in _line(run_dir, now=second + SETTLE_S - 0.5)  # clean run's own resume
     assert "reconnects 4/s, peak 4/s" in _line(run_dir, now=second + SETTLE_S + 0.5)
+
+
+def test_the_tap_counter_counts_what_a_json_reading_counts(tmp_path: Path) -> None:
+    """The counter reads the SSE pipe's `sent` records by their bytes: it must count what
+    parsing every line counts, for those and for records written in any other form."""
+    import json
+
+    from lab.faults.pipeline import SsePipe
+
+    sink: list[str | dict[str, object]] = []
+    pipe = SsePipe("f1", "s_x", sink, lambda: 1.0)
+    pipe.feed(
+        b'id: a0\ndata: \n\nid: a1\ndata: {"x": 1}\n\n: keep-alive\n\nid: a2\ndata: {"y": "\\u00e9"}\n\n'
+    )
+    pipe.feed(b"retry: 500\n\n")
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in sink]
+    lines += [
+        json.dumps({"type": "sent", "flow": "f2", "has_data": True, "priming": False}),  # another form
+        json.dumps({"type": "sent", "flow": "f2", "has_data": True, "priming": True}),
+        json.dumps({"type": "flow", "flow": "f2", "faults": [{"fault": "storm"}, {"fault": "old_token"}]}),
+        json.dumps({"type": "dropped", "flow": "f1", "fault": "cut_stream"}),
+        json.dumps({"type": "flow_end", "flow": "f1"}),
+        '{"type":"sent","flow":"f3","has_data":true,"priming":false,',  # torn (being written)
+    ]
+    path = tmp_path / "tap.jsonl"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    parsed = []
+    for line in lines[:-1]:  # the torn last line is not read yet
+        parsed.append(json.loads(line))
+    expected = sum(1 for r in parsed if r["type"] == "sent" and r.get("has_data") and not r.get("priming"))
+    tap = TapCounter(path)
+    tap.update()
+    assert tap.events == expected == 3
+    assert dict(tap.faults) == {"storm": 1, "old_token": 1, "cut_stream": 1}
