@@ -39,7 +39,6 @@ protocol.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
 from typing import Protocol
 
 from lab.wire import jsonrpc
@@ -51,6 +50,7 @@ from lab.wire.event_ids import (
     message_digest,
     parse_event_id,
 )
+from lab.wire.frozen import frozen_record
 from lab.wire.sse import SseEvent
 
 
@@ -104,7 +104,7 @@ class Check(enum.StrEnum):
 ALL_CHECKS = frozenset(Check)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class SessionView:
     """The client's current session at the moment of acceptance."""
 
@@ -121,7 +121,7 @@ class SessionView:
     """The server's cursor generation, bound by the first structured ID of this session."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class ConnectionView:
     """How the HTTP connection that delivered the event was opened (and answered)."""
 
@@ -133,7 +133,7 @@ class ConnectionView:
     """A `MCP-Protocol-Version` header on the response, if the server sent one."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class StreamView:
     """What the client knows of the stream the connection belongs to."""
 
@@ -150,7 +150,7 @@ class StreamView:
     """The response of this stream was already accepted."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class DedupKey:
     session_generation: int
     stream_key: str
@@ -158,19 +158,19 @@ class DedupKey:
     message_digest: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class Watermark:
     event_id: str
     sequence: int | None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class SeenEvent:
     stream_key: str
     message_digest: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class InboxReceipt:
     """One accepted event (a row of the inbox). Times in Unix epoch seconds."""
 
@@ -187,7 +187,7 @@ class InboxReceipt:
     data: str
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class OutboxDispatch:
     """One business dispatch (a row of the outbox): exactly once per dispatch key."""
 
@@ -208,7 +208,7 @@ class InboxStore(Protocol):
     def commit(self, receipt: InboxReceipt, dispatch: OutboxDispatch | None) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class Acceptance:
     """What `accept_stream_event` decided, and what it learned."""
 

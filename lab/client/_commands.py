@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from lab.wire.client_ledger import Record
+from lab.wire.frozen import frozen_record
 from lab.wire.jsonrpc import JsonObject
 
 
@@ -137,7 +138,7 @@ class LeaveFinished:
 type Notice = SessionEstablished | SessionLost | CallFinished | Progress | LeaveFinished
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class Output:
     """Everything one call into the core produced, in the order it happened."""
 

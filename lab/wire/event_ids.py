@@ -29,9 +29,9 @@ import hashlib
 import hmac
 import re
 from collections.abc import Container
-from dataclasses import dataclass
 
 from lab.wire.errors import LocalProtocolError
+from lab.wire.frozen import frozen_record
 
 ID_SCHEME = "e1"
 DIGEST_PREFIX_LEN = 12
@@ -68,7 +68,7 @@ class CursorVerdict(enum.StrEnum):
     """An opaque ID never seen on any stream of this session."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class ParsedEventId:
     """The fields of an `e1` event ID (structure only; the MAC is not checked here)."""
 

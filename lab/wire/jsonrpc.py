@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass
 from typing import Any
 
 from lab.wire.errors import RemoteProtocolError
+from lab.wire.frozen import frozen_record
 
 type JsonRpcId = str | int
 type JsonObject = dict[str, Any]
@@ -36,7 +36,7 @@ class MessageKind(enum.StrEnum):
         return self in (MessageKind.RESPONSE, MessageKind.ERROR)
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class Message:
     """One classified JSON-RPC message."""
 

@@ -24,16 +24,16 @@ from __future__ import annotations
 
 import codecs
 import re
-from dataclasses import dataclass
 
 from lab.wire.errors import LocalProtocolError
+from lab.wire.frozen import frozen_record
 
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
 _SIMPLE_BLOCK = re.compile(r"id: ([^\n\x00]*)\ndata: ([^\n]*)")
 """The block MCP servers send for an event: exactly what the line-by-line rules make of it."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class SseEvent:
     """One dispatched SSE block.
 
