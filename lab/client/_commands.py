@@ -34,7 +34,7 @@ class Purpose(enum.StrEnum):
 type Headers = tuple[tuple[str, str], ...]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class SendRequest:
     """Open connection `conn_id` with this request and stream its response back."""
 
@@ -52,7 +52,7 @@ class SendRequest:
         return None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class CloseConnection:
     """Abort connection `conn_id` (the core needs nothing more from it).
 
@@ -102,7 +102,7 @@ class SessionLost:
     outcome_unknown: tuple[CallHandle, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class CallFinished:
     call: CallHandle
     outcome: CallOutcome
@@ -112,7 +112,7 @@ class CallFinished:
     reason: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class Progress:
     call: CallHandle
     progress: float | None

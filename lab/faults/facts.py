@@ -10,11 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Final
 
 from lab.wire.event_ids import parse_event_id
 from lab.wire.extensions import IDEMPOTENCY_META, LAB_CONN_HEADER
+from lab.wire.frozen import frozen_record
 from lab.wire.redact import Redactor
 from lab.wire.revisions import LAST_EVENT_ID_HEADER, PROTOCOL_VERSION_HEADER, SESSION_HEADER
 from lab.wire.sse import SseDecoder
@@ -25,7 +25,7 @@ MAX_BODY_PARSED: Final = 1 << 20
 type JsonRpcId = str | int
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class Target:
     """What a rule can be matched against: the facts of one request."""
 
@@ -38,7 +38,7 @@ class Target:
     """Pseudonym of the session ID the request carried."""
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class RpcFacts:
     """What the POST body says (all None when it is not a JSON-RPC message)."""
 
@@ -111,7 +111,7 @@ def decision_key(
     return "anon:" + hashlib.sha256(ident.encode()).hexdigest()[:20]
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class RequestFacts:
     """Everything the addon and the tap need to know about one request."""
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from lab.wire.frozen import frozen_record
+
 LEDGER_SCHEMA = "mcpClientLedger.v1"
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class HttpExchange:
     """One HTTP request of the client, written when it ends.
 
@@ -47,7 +49,7 @@ class HttpExchange:
     last_event_id: str | None
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class EventRejected:
     """An event the client did not take: refused by `accept_stream_event` (reason: a
     `RejectReason` value), found duplicate (reason `duplicate`), or refused unread around
@@ -101,7 +103,7 @@ class ReconnectAttempt:
     session_generation: int
 
 
-@dataclass(frozen=True, slots=True)
+@frozen_record
 class Recovery:
     """One loss of a call or of the standalone stream, and how it ended (one row each).
 
