@@ -154,3 +154,40 @@ def test_a_wait_a_proxys_storm_advised_is_the_labs_not_the_targets(tmp_path: Pat
     g = gate5(sim, tmp_path)
     assert g.verdict is Verdict.INCONCLUSIVE and "limited by the lab" in g.summary, g.summary
     assert p99(g, "lab") >= SLOW and p99(g, "target") < 1.0
+
+
+def test_an_answer_a_toxic_held_back_is_the_labs_not_the_targets_nor_the_clients(tmp_path: Path) -> None:
+    """The first resumption reaches the target, which answers at once; a TCP toxic holds
+    the answer back 6 s and resets the connection; the client resumes again and recovers.
+    As the lab's client does, every attempt's `lost_at` is the recovery's first loss: the
+    6 s are found from the first attempt's own end in the client's ledger."""
+    run = clean_run()
+    sim, st = run.sim, run.get_a
+    lost = sim.cut_and_resume(st, after=0.1, advised=0.1)
+    held = next(r for r in reversed(sim.tap) if r["type"] == "flow" and r["flow"] == st.flow)
+    held.update(t_request=sim.t + 0.001, t=sim.t + 0.002)
+    sim.t += 0.003
+    sim.send(st, '{"jsonrpc": "2.0", "method": "notifications/progress", "params": {"p": 1}}', accept=False)
+    exchange = next(
+        r
+        for r in reversed(sim.client_rows["http_exchanges"])
+        if r["client_id"] == st.client and r["conn_id"] == st.conn_id
+    )
+    exchange.update(status=None, error="connection_reset", ended_at=sim.t + SLOW)
+    sim.tick(SLOW)
+    sent_at = sim.tick(0.3)
+    st.conn, st.conn_id = sim._conn(st.client)
+    st.flow = sim._flow()
+    st.index = 0
+    sim.flow_record(st.flow, st.conn, "GET", st.session, t_request=sent_at + 0.005)
+    sim.exchange(st.client, st.conn_id, "resume", "GET", st.key, 200)
+    sim.reconnect_row(st, "connection_reset", None, 0.3, lost, sent_at, attempt=1)
+    sim.t = sent_at + 0.05
+    event = sim.send(
+        st, '{"jsonrpc": "2.0", "method": "notifications/progress", "params": {"p": 2}}', accept=False
+    )
+    sim.accept(st, event, kind="notification")
+    sim.recovered(st, lost, sim.t)
+    g = gate5(sim, tmp_path)
+    assert g.verdict is Verdict.INCONCLUSIVE and "limited by the lab" in g.summary, g.summary
+    assert p99(g, "lab") >= SLOW and p99(g, "target") < 0.5 and p99(g, "client") < 0.5

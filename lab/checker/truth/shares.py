@@ -7,16 +7,19 @@ event it accepted on the resumed stream (`recovered_at`), through one or more at
 (`reconnects` rows of that client, on that stream, or re-handshakes, sent inside it).
 Each attempt is
 
-    wait      answered loss -> the attempt leaves the client (`sent_at`): the part it was
-              advised to wait (SSE `retry`, `Retry-After`: `advised_delay`) is the
-              **target's** when the target gave the advice (the stream's `retry`, the
-              target's answer to the attempt before), the **lab's** when a storm the proxy
-              answered gave it; the rest is the client's
+    wait      the loss (for a later attempt: the end of the one before) -> the attempt
+              leaves the client (`sent_at`): the part it was advised to wait (SSE `retry`,
+              `Retry-After`: `advised_delay`) is the **target's** when the target gave the
+              advice (the stream's `retry`, the target's answer to the attempt before), the
+              **lab's** when a storm the proxy answered gave it; the rest is the client's
     request   the attempt leaves the client -> the proxy sees it (`t_request`): the **lab's**
               (the worker's loop, the nemesis, mitmdump's accept)
-    answer    the proxy has it -> the end of that attempt: for every attempt but the last,
-              the loss the next one answers; answered by the target, the **target's**,
-              answered by the proxy (an injected storm) or never seen by it, the **lab's**
+    answer    the proxy has it -> the end of that attempt, for every attempt but the last
+              (its exchange's `ended_at` in the client's ledger, else the loss the next
+              attempt answers): answered by the target, the **target's** until its answer
+              reached the proxy (first event, else head) and the **lab's** after (a toxic
+              holding the answer back); answered by the proxy (an injected storm) or never
+              seen by it, the **lab's**
     and, for the last attempt of a recovery that ended,
     target    the proxy has the request -> the proxy sees the target's first event on
               that flow (its first answer byte, the response head, without one): the
@@ -132,7 +135,33 @@ def _attempts_in_recoveries(ctx: Context, rec: pd.DataFrame, flows: pd.DataFrame
     ours = (pairs["a_stream"] == pairs["stream_key"]) | (pairs["kind"] == "reinitialize")
     pairs = pairs[inside & ours]
     pairs = pairs.merge(flows, on=["client_id", "conn_id"], how="left")
+    pairs = pairs.merge(_exchange_ends(ctx), on=["client_id", "conn_id"], how="left")
     return pairs.sort_values(["rid", "sent"], kind="stable").reset_index(drop=True)
+
+
+def _exchange_ends(ctx: Context) -> pd.DataFrame:
+    """When each of the clients' exchanges ended (client_id, conn_id -> `ended`, s; NaN
+    when the ledger has no end): how an attempt that failed ends, seen by the client."""
+    try:
+        ex = ctx.require_client("http_exchanges")
+    except MissingInput:
+        ex = None
+    if ex is None or not len(ex):
+        return pd.DataFrame(
+            {
+                "client_id": pd.Series(dtype="object"),
+                "conn_id": pd.Series(dtype="Int64"),
+                "ended": pd.Series(dtype="float64"),
+            }
+        )
+    out = pd.DataFrame(
+        {
+            "client_id": ex["client_id"].astype("object"),
+            "conn_id": pd.to_numeric(ex["conn_id"], errors="coerce").astype("Int64"),
+            "ended": pd.to_numeric(ex["ended_at"], errors="coerce").astype("float64"),
+        }
+    )
+    return out.dropna(subset=["conn_id"]).drop_duplicates(["client_id", "conn_id"], keep="last")
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,27 +178,47 @@ class _Segments:
 
 def _segments(pairs: pd.DataFrame) -> tuple[_Segments, np.ndarray]:
     sent = pairs["sent"].to_numpy(dtype="float64")
-    wait = np.clip(sent - pairs["a_lost"].to_numpy(dtype="float64"), 0.0, None)
-    advised = np.minimum(np.nan_to_num(wait), pairs["advised"].to_numpy(dtype="float64"))
     t_req = pairs["t_request"].to_numpy(dtype="float64")
     seen = np.isfinite(t_req)
     request = np.where(seen, np.clip(t_req - sent, 0.0, None), 0.0)
     last = (pairs["rid"] != pairs["rid"].shift(-1)).to_numpy()
-    next_lost = pairs.groupby("rid", sort=False)["a_lost"].shift(-1).to_numpy(dtype="float64")
     start = np.where(seen, t_req, sent)
-    span = np.where(~last & np.isfinite(next_lost), np.clip(next_lost - start, 0.0, None), 0.0)
+    # Where an attempt that was not the last ended: its exchange's end in the client's
+    # ledger (a reset, a refusal, a timeout), else the loss the next attempt answers.
+    # (The lab's client writes the recovery's first loss in every attempt's `lost_at`:
+    # a first attempt a toxic held for 5 s and then reset was otherwise no one's span,
+    # and its 5 s fell to the client, the share left over.)
+    by_rid = pairs.groupby("rid", sort=False)
+    next_lost = by_rid["a_lost"].shift(-1).to_numpy(dtype="float64")
+    ended = pairs["ended"].to_numpy(dtype="float64") if "ended" in pairs else np.full(len(pairs), np.nan)
+    end = np.where(np.isfinite(ended), ended, next_lost)
+    span = np.where(~last & np.isfinite(end), np.clip(end - start, 0.0, None), 0.0)
+    # Each attempt waited from the end of the one before it (the first: from the loss).
+    prev_end = pd.Series(np.where(last, np.nan, end), index=pairs.index).groupby(pairs["rid"], sort=False)
+    since = prev_end.shift(1).to_numpy(dtype="float64")
+    lost = pairs["a_lost"].to_numpy(dtype="float64")
+    since = np.where(np.isfinite(since), np.fmax(since, lost), lost)
+    wait = np.clip(sent - since, 0.0, None)
+    advised = np.minimum(np.nan_to_num(wait), pairs["advised"].to_numpy(dtype="float64"))
     by_target = pairs["by_target"].fillna(False).to_numpy(dtype=bool) & seen
     # The advice an attempt waited for came with the answer to the one before it: the
     # target's, or a storm the proxy answered in its place (the lab's fault). The first
     # attempt's came with the stream that was lost (its `retry`): the target's.
     prev = pd.Series(by_target, index=pairs.index).groupby(pairs["rid"], sort=False).shift(1)
     advice_by_target = prev.fillna(True).to_numpy(dtype=bool)
+    # A target that answered an attempt is blamed until its answer reached the proxy (its
+    # first event, else the head, else the flow's end there); what came after, until the
+    # client saw the attempt end, was on the lab's side (a toxic holding the answer).
+    answered = pairs["t_event"].to_numpy(dtype="float64")
+    answered = np.where(np.isfinite(answered), answered, pairs["t_head"].to_numpy(dtype="float64"))
+    answered = np.where(np.isfinite(answered), np.clip(answered, start, start + span), start + span)
+    target_part = np.where(by_target, answered - start, 0.0)
     return (
         _Segments(
             np.where(advice_by_target, advised, 0.0),
             request + np.where(advice_by_target, 0.0, advised),
-            np.where(by_target, span, 0.0),
-            np.where(by_target, 0.0, span),
+            target_part,
+            span - target_part,
         ),
         last,
     )
