@@ -2,7 +2,7 @@
 faults and without them, in one run of the bench.
 
     python bench/bench_chain_cost.py [--scenario scenarios/gate-100k.toml] [--rounds 1]
-                                     [--only faults|clean] [--keep]
+                                     [--only faults|clean] [--before REV] [--keep]
     python bench/bench_chain_cost.py RUN_DIR [RUN_DIR ...]   # figures of finished runs
 
 For each round it runs `lab run` twice, alternating: on the scenario as it is ("faults":
@@ -16,17 +16,25 @@ each part spends per event, in µs. Parts are grouped as the report groups them:
 lab's clients (the Locust workers and master), mitmdump (the addon and the tap), the
 nemesis, `lab run` itself, and the target (the reference server).
 
-Given run folders instead, it prints the same table for each, side by side: how the
-before/after figures in docs/architecture.md were taken (the same scenario file run by
-two checkouts). Prints figures only.
+With `--before REV`, every run is made twice, alternated: by this tree and by REV's
+`lab/` and `addons/` (taken out with `git archive` into a temporary folder, the addons as
+the `lab_addons` data package, and put first on the run's PYTHONPATH: every part it
+starts, mitmdump's addon and the Locust processes included, runs REV's code), on the
+same scenario file: the code's cost on one traffic, side by side in one sitting.
+
+Given run folders instead, it prints the same table for each, side by side. Prints
+figures only.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections import defaultdict
@@ -128,16 +136,34 @@ def print_table(named: list[tuple[str, dict[str, float]]]) -> None:
         ("load_s", "{:.1f}"),
         ("events_per_s", "{:.0f}"),
         ("lab_cpu_mean", "{:.2f}"),
+        ("wall_s", "{:.1f}"),
         ("verdict", "{:.0f}"),
     ):
         label = {"lab_cpu_mean": "lab cores (report mean)", "verdict": "lab run exit code"}.get(key, key)
-        print(f"  {label}".ljust(28) + "".join(fmt.format(f[key]).rjust(width + 2) for _, f in named))
+        cells = (fmt.format(f.get(key, float("nan"))).rjust(width + 2) for _, f in named)
+        print(f"  {label}".ljust(28) + "".join(cells))
 
 
-def run_one(scenario: Path, tmp: Path, name: str) -> tuple[Path, float]:
+def export_tree(rev: str, into: Path) -> Path:
+    """REV's lab/ and addons/ (as the data package `lab_addons`) under `into`."""
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", rev, "lab", "addons"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    (into / "tree.tar").write_bytes(archive)
+    with tarfile.open(into / "tree.tar") as t:
+        t.extractall(into, filter="data")
+    (into / "addons").rename(into / "lab_addons")
+    return into
+
+
+def run_one(scenario: Path, tmp: Path, name: str, tree: Path | None = None) -> tuple[Path, float]:
     out = tmp / f"results-{name}"
+    env = None
+    if tree is not None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     t0 = time.monotonic()
-    code = start_run(scenario, out).wait()
+    code = start_run(scenario, out, env=env).wait()
     wall = time.monotonic() - t0
     folder = run_folder(out)
     if folder is None or not (folder / "report.json").is_file():
@@ -151,6 +177,7 @@ def main() -> None:
     ap.add_argument("--scenario", type=Path, default=ROOT / "scenarios" / "gate-100k.toml")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--only", choices=("faults", "clean"))
+    ap.add_argument("--before", metavar="REV", help="also run REV's lab/ and addons/, alternated")
     ap.add_argument("--keep", action="store_true", help="keep the run folders (their paths are printed)")
     args = ap.parse_args()
     if args.runs:
@@ -161,16 +188,21 @@ def main() -> None:
     variants = {"faults": tmp / "faults.toml", "clean": tmp / "clean.toml"}
     variants["faults"].write_text(text, encoding="utf-8")
     variants["clean"].write_text(without_faults(text), encoding="utf-8")
+    trees: list[tuple[str, Path | None]] = [("", None)]
+    if args.before:
+        (tmp / "before").mkdir()
+        trees = [(f"{args.before[:7]}:", export_tree(args.before, tmp / "before")), ("now:", None)]
     named: list[tuple[str, dict[str, float]]] = []
     for rnd in range(args.rounds):
         for kind in ("clean", "faults"):
             if args.only and kind != args.only:
                 continue
-            folder, wall = run_one(variants[kind], tmp, f"{kind}-{rnd}")
-            f = figures(folder)
-            f["wall_s"] = wall
-            print(f"{kind} round {rnd + 1}: {folder} (wall {wall:.1f} s)", flush=True)
-            named.append((f"{kind}-{rnd + 1}", f))
+            for label, tree in trees:
+                folder, wall = run_one(variants[kind], tmp, f"{label.rstrip(':')}{kind}-{rnd}", tree)
+                f = figures(folder)
+                f["wall_s"] = wall
+                print(f"{label}{kind} round {rnd + 1}: {folder} (wall {wall:.1f} s)", flush=True)
+                named.append((f"{label}{kind}-{rnd + 1}", f))
     print_table(named)
     if not args.keep:
         import shutil
