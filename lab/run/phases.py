@@ -129,6 +129,8 @@ class PhaseDriver:
         self._rolled_back = threading.Event()
         self._rolled_back_at: float | None = None
         """When the server answered the rollback knob (epoch s): the probe comes back after it."""
+        self._came_back_at: float | None = None
+        """When the probe's return ended (epoch s): it last used the old sessions then."""
         self._out: IO[str] | None = None
         self.actions = self.plan()
         # The probe's moves wait on the network: they run apart, so they never delay a knob.
@@ -161,7 +163,7 @@ class PhaseDriver:
                 Action(back, "probe:come_back", partial(self.come_back_after_rollback, back - r.start))
             )
             if late < sc.horizon - 1.0:
-                out.append(Action(late, "probe:come_back_late", self.probe.come_back_late))
+                out.append(Action(late, "probe:come_back_late", partial(self.come_back_late_after, ttl)))
         if sc.load.until_knee:
             specs = [PhaseSpec(p.name, p.kind, p.start, p.end, p.users) for p in sc.phases]
             found = capacity_steps(specs)
@@ -285,6 +287,17 @@ class PhaseDriver:
             if wait > 0 and self._stop.wait(wait):
                 return
         self.probe.come_back()
+        self._came_back_at = time.time()
+
+    def come_back_late_after(self, ttl: float) -> None:
+        """The probe's late return, once the old sessions have been idle past their TTL
+        counted from when the probe last used them (its return, which a busy box can make
+        later than planned; the sessions' TTL runs from there), plus the margin."""
+        if self._came_back_at is not None:
+            wait = self._came_back_at + ttl + PROBE_LATE_MARGIN_S - time.time()
+            if wait > 0 and self._stop.wait(wait):
+                return
+        self.probe.come_back_late()
 
     def judge_step(self, st: CapacityStep) -> None:
         start, end = self.run_start + st.judged_start, self.run_start + st.judged_end
