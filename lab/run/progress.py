@@ -51,15 +51,16 @@ class JsonLines:
         return complete.splitlines()
 
     def new_records(self) -> list[dict[str, Any]]:
-        out = []
-        for line in self.new_lines():
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict):
-                out.append(rec)
-        return out
+        return [rec for line in self.new_lines() if (rec := _record(line)) is not None]
+
+
+def _record(line: bytes) -> dict[str, Any] | None:
+    """A line's JSON object; None for a bad line or any other JSON value."""
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) else None
 
 
 @dataclass
@@ -79,11 +80,8 @@ class TapCounter(JsonLines):
                 continue
             if b'"sent"' not in line and b'"fault' not in line:
                 continue
-            try:
-                rec = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(rec, dict):
+            rec = _record(line)
+            if rec is not None:
                 self._count(rec)
 
     def _count(self, rec: dict[str, Any]) -> None:

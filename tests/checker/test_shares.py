@@ -51,6 +51,24 @@ def resume_timed(
     sim.recovered(st, lost, sim.t)
 
 
+def resume_again(
+    sim: Sim, st: Stream, cause: str, advised: float | None, planned: float, lost_at: float, sent_at: float
+) -> None:
+    """A second resumption of `st`, sent at `sent_at` on a new connection (its reconnect
+    row says `lost_at`), which the target answers with an event the client accepts."""
+    st.conn, st.conn_id = sim._conn(st.client)
+    st.flow = sim._flow()
+    st.index = 0
+    sim.flow_record(st.flow, st.conn, "GET", st.session, t_request=sent_at + 0.005)
+    sim.exchange(st.client, st.conn_id, "resume", "GET", st.key, 200, started_at=sent_at)
+    sim.reconnect_row(st, cause, advised, planned, lost_at, sent_at, attempt=1)
+    sim.t = sent_at + 0.05
+    event = sim.send(
+        st, '{"jsonrpc": "2.0", "method": "notifications/progress", "params": {"p": 2}}', accept=False
+    )
+    sim.accept(st, event, kind="notification")
+
+
 def p99(g: GateResult, share: str) -> float:
     """The p99 (s) of one share in gate 5's measures."""
     shares = g.measured["shares"]
@@ -139,17 +157,7 @@ def test_a_wait_a_proxys_storm_advised_is_the_labs_not_the_targets(tmp_path: Pat
     storm = next(r for r in reversed(sim.tap) if r["type"] == "flow" and r["flow"] == st.flow)
     storm.update(status=429, answered_by="proxy", t_request=sim.t + 0.001, t=sim.t + 0.002)
     refused_at = sim.tick(0.01)
-    sent_at = sim.tick(SLOW)
-    st.conn, st.conn_id = sim._conn(st.client)
-    st.flow = sim._flow()
-    st.index = 0
-    sim.flow_record(st.flow, st.conn, "GET", st.session, t_request=sent_at + 0.005)
-    sim.reconnect_row(st, "http_429", SLOW, SLOW, refused_at, sent_at, attempt=1)
-    sim.t = sent_at + 0.05
-    event = sim.send(
-        st, '{"jsonrpc": "2.0", "method": "notifications/progress", "params": {"p": 2}}', accept=False
-    )
-    sim.accept(st, event, kind="notification")
+    resume_again(sim, st, "http_429", SLOW, SLOW, refused_at, sim.tick(SLOW))
     sim.recovered(st, lost, sim.t)
     g = gate5(sim, tmp_path)
     assert g.verdict is Verdict.INCONCLUSIVE and "limited by the lab" in g.summary, g.summary
@@ -175,18 +183,7 @@ def test_an_answer_a_toxic_held_back_is_the_labs_not_the_targets_nor_the_clients
     )
     exchange.update(status=None, error="connection_reset", ended_at=sim.t + SLOW)
     sim.tick(SLOW)
-    sent_at = sim.tick(0.3)
-    st.conn, st.conn_id = sim._conn(st.client)
-    st.flow = sim._flow()
-    st.index = 0
-    sim.flow_record(st.flow, st.conn, "GET", st.session, t_request=sent_at + 0.005)
-    sim.exchange(st.client, st.conn_id, "resume", "GET", st.key, 200)
-    sim.reconnect_row(st, "connection_reset", None, 0.3, lost, sent_at, attempt=1)
-    sim.t = sent_at + 0.05
-    event = sim.send(
-        st, '{"jsonrpc": "2.0", "method": "notifications/progress", "params": {"p": 2}}', accept=False
-    )
-    sim.accept(st, event, kind="notification")
+    resume_again(sim, st, "connection_reset", None, 0.3, lost, sim.tick(0.3))
     sim.recovered(st, lost, sim.t)
     g = gate5(sim, tmp_path)
     assert g.verdict is Verdict.INCONCLUSIVE and "limited by the lab" in g.summary, g.summary
