@@ -175,7 +175,7 @@ class SsePipe:
         self._sent_record(ev, index, ts, f',"fwd":{self._fwd}')
         self._fwd += 1
         if self.results is not None and ev.is_message:
-            self.sink.extend(self.results.records(ev.data, now))
+            self.sink.extend(self.results.records(ev.data, now, index))
 
     def _one(self, ev: SseEvent, now: float, ts: str, out: list[bytes]) -> None:
         index = self._sent
@@ -189,7 +189,7 @@ class SsePipe:
         at = len(self.sink)
         sid, eid_js, digest = self._sent_record(ev, index, ts, "")
         if self.results is not None and ev.is_message:
-            self.sink.extend(self.results.records(ev.data, now))
+            self.sink.extend(self.results.records(ev.data, now, index))
         if self.cut is not None:
             self._drop(index, ts, self.cut)
             return

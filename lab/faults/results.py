@@ -83,8 +83,10 @@ class ResultWatch:
         self._own = own
         self._calls = calls
 
-    def records(self, data: str, t: float) -> list[dict[str, Any]]:
-        """A `result` record per response to a write call in `data` (usually none)."""
+    def records(self, data: str, t: float, index: int | None = None) -> list[dict[str, Any]]:
+        """A `result` record per response to a write call in `data` (usually none);
+        `index`: the SSE event's index in its flow (None for a JSON body), which lets the
+        checker find where that event belongs."""
         if '"result"' not in data and '"error"' not in data:
             return []
         if self._own is None and not self._calls.has(self._session):
@@ -99,7 +101,7 @@ class ResultWatch:
                 continue
             call = self._call_of(m.get("id"))
             if call is not None:
-                out.append(self._record(call, m, t))
+                out.append(self._record(call, m, t, index))
         return out
 
     def _call_of(self, rid: object) -> WriteCall | None:
@@ -110,7 +112,7 @@ class ResultWatch:
             return own
         return self._calls.get(self._session, rid) if self._session is not None else None
 
-    def _record(self, call: WriteCall, m: dict[str, Any], t: float) -> dict[str, Any]:
+    def _record(self, call: WriteCall, m: dict[str, Any], t: float, index: int | None) -> dict[str, Any]:
         result = m.get("result")
         is_error = "result" not in m or (isinstance(result, dict) and result.get("isError") is True)
         return {
@@ -124,4 +126,5 @@ class ResultWatch:
             "tool": call.tool,
             "is_error": is_error,
             "result_digest": result_digest(result if "result" in m else m.get("error")),
+            "index": index,
         }

@@ -683,9 +683,17 @@ class Sim:
         )
 
     def result(
-        self, st: Stream, key: str | None, result: str, *, is_error: bool = False, tool: str = "ledger.append"
+        self,
+        st: Stream,
+        key: str | None,
+        result: str,
+        *,
+        is_error: bool = False,
+        tool: str = "ledger.append",
+        index: int | None = None,
     ) -> None:
-        """The tap's record of the server's answer to the tool call on `st` (its result digest)."""
+        """The tap's record of the server's answer to the tool call on `st` (its result
+        digest); `index`: that of the SSE event that carried it on `st`'s flow."""
         self.tap.append(
             {
                 "type": "result",
@@ -698,6 +706,7 @@ class Sim:
                 "tool": tool,
                 "is_error": is_error,
                 "result_digest": message_digest(result),
+                "index": index,
             }
         )
 

@@ -67,6 +67,26 @@ def test_a_replay_of_another_sessions_event_fails_even_when_every_client_rejecte
     assert len(w.refs) == 2 and all(r.startswith("proxy/tap.jsonl:") for r in w.refs)
 
 
+def test_a_foreign_replay_that_reaches_the_proxy_before_the_live_copy_is_still_the_replay(
+    tmp_path: Path,
+) -> None:
+    """One event store for every session can hand a's resumption an event of b's before
+    b's own live copy reaches the proxy (seen 43 ms apart). The replay on a's stream is
+    the misplaced send; b's live send is at home."""
+    sim, post_a, post_b = _two_sessions()
+    live = sim.send(post_b, _msg("b-live"))
+    record = next(r for r in reversed(sim.tap) if r["type"] == "sent" and r["event_id"] == live.event_id)
+    sim.cut_and_resume(post_a)
+    replay = sim.resend(post_a, live, accept=False)
+    replay_t = next(r for r in reversed(sim.tap) if r["type"] == "sent" and r["flow"] == replay.flow)["t"]
+    record["t"] = replay_t + 0.043  # the live copy is seen after the replay
+    g = _gate1(sim, tmp_path)
+    assert g.verdict is Verdict.FAIL and _server(g) == [("sent_off_home", Attribution.SERVER)]
+    (w,) = g.witnesses
+    assert w.row["event_id"] == live.event_id and w.row["foreign_session"] is True
+    assert "resumption GET" in w.explanation
+
+
 def test_a_client_that_accepts_a_foreign_replay_is_also_in_violation(tmp_path: Path) -> None:
     sim, post_a, post_b = _two_sessions()
     leaked = sim.send(post_a, _msg("a-secret"))
@@ -266,6 +286,38 @@ def test_a_retry_that_gets_the_original_receipt_passes_gate_2_from_the_wire(tmp_
 def test_an_error_answer_is_not_a_second_result(tmp_path: Path) -> None:
     g = _gate2(_write_retried(second_result='{"error": "busy"}', is_error=True), tmp_path)
     assert g.verdict is Verdict.PASS and g.measured["wire_different_results"] == 0
+
+
+def test_a_replay_of_another_sessions_answer_is_gate_1s_not_a_second_performance(tmp_path: Path) -> None:
+    """a and b each make a write with request id 7 under a key of their own. b's call is
+    cut and resumed, and a server with one event store for every session replays a's
+    answer onto b's resumption. The tap ties that answer to b's write (same session, same
+    id): read without where the event belongs, b's key had two different results, and
+    gate 2 said the server performed b's write again. Nothing was performed twice."""
+    sim, _, _ = _two_sessions()
+    call_a = sim.call("a", 7, idempotency_key="op-a-7")
+    answer_a = sim.send(
+        call_a, '{"jsonrpc": "2.0", "id": 7, "result": {"receipt": "r-a"}}', kind="response", jsonrpc_id="7"
+    )
+    sim.result(call_a, "op-a-7", '{"receipt": "r-a"}', index=answer_a.index)
+    call_b = sim.call("b", 7, idempotency_key="op-b-7")
+    sim.send(call_b, _msg("b-progress"))
+    sim.cut_and_resume(call_b)
+    replayed = sim.resend(call_b, answer_a, accept=False)
+    sim.result(call_b, "op-b-7", '{"receipt": "r-a"}', index=replayed.index)
+    answer_b = sim.send(
+        call_b, '{"jsonrpc": "2.0", "id": 7, "result": {"receipt": "r-b"}}', kind="response", jsonrpc_id="7"
+    )
+    sim.result(call_b, "op-b-7", '{"receipt": "r-b"}', index=answer_b.index)
+    sim.operation("b", "op-b-7", attempts=2)
+    g2 = _gate2(sim, tmp_path)
+    # Left out: the replay (sent off its home) and a's own answer with it (one result
+    # recorded for two writes is neither's receipt); a's write had one result anyway.
+    assert g2.measured["wire_different_results"] == 0 and g2.measured["results_not_compared"] == 2
+    assert g2.verdict is not Verdict.FAIL and not g2.witnesses, g2.summary
+    assert any("gate 1's finding" in n for n in g2.notes)
+    g1 = _gate1(sim, tmp_path / "g1")
+    assert g1.verdict is Verdict.FAIL and ("sent_off_home", Attribution.SERVER) in _server(g1)
 
 
 def test_the_wire_and_the_server_ledger_are_both_used_and_their_disagreement_reported(tmp_path: Path) -> None:

@@ -283,7 +283,10 @@ def test_a_write_answer_on_its_own_stream_is_recorded_from_what_the_server_sent(
         "tool": "ledger.append",
         "is_error": False,
         "result_digest": result_digest(result),
+        "index": 1,  # the second event of the flow, as on its `sent` record
     }
+    sent = [as_record(r) for r in pipe.sink if as_record(r)["type"] == "sent"]
+    assert sent[1]["index"] == 1 and sent[1]["event_id"] == "e-7"
     # The digest is of the canonical JSON: key order and spacing do not change it.
     assert result_digest({"b": 1, "a": "é"}) == result_digest(json.loads('{ "a" : "é", "b" : 1 }'))
     assert result_digest({"a": 1}) != result_digest({"a": 2})

@@ -10,7 +10,9 @@ Checks, each a count of offending groups:
   target contract says a retry returns the original receipt, so a second, different
   result is a second dispatch. Attribution: server. Where the server ledger exists too,
   both are used (a key caught by both counts once), and keys on which they disagree are
-  listed in the notes and counted in `ledger_wire_disagreements`.
+  listed in the notes and counted in `ledger_wire_disagreements`. Answers that cannot be
+  this session's own are not compared (`results_not_compared`): one the server sent on a
+  stream it does not belong to (gate 1's), one recorded for two different writes.
 - `client_dispatched_more_than_sent`: a client's outbox holds a message (digest) more
   times than the server sent that message to that client (distinct event IDs of that
   digest on the client's connections, from the tap or else the server ledger; replays of
@@ -44,6 +46,11 @@ from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 from lab.checker.rules.base import Rule
 from lab.checker.rules.duplicates_sut import check as read_under_test
 from lab.checker.truth.streams import stream_truth
+from lab.checker.truth.wire import server_sends
+
+_NOT_COUNTED = ("wire_different_results", "ledger_wire_disagreements", "results_not_compared")
+"""Measures that are not violations of their own: the wire's groups are counted once they
+are not the server ledger's too; the other two are notes."""
 
 
 def check(ctx: Context) -> GateResult:
@@ -68,11 +75,9 @@ def check(ctx: Context) -> GateResult:
     if checked + wire_checked + client_checked == 0:
         raise MissingInput("neither a server nor a client ledger could be read")
 
-    count = sum(
-        v
-        for k, v in measured.items()
-        if isinstance(v, int) and k not in ("wire_different_results", "ledger_wire_disagreements")
-    ) + len(wire_groups)
+    count = sum(v for k, v in measured.items() if isinstance(v, int) and k not in _NOT_COUNTED) + len(
+        wire_groups
+    )
     retried = _writes_retried(ctx)
     measured["writes_retried"] = retried
     evidence = _evidence(ctx, measured, notes, wire, retried)
@@ -129,6 +134,15 @@ def _wire_checks(
     if wire is None:
         notes.append("results on the wire not compared: the tap has no `result` records")
         return None, [], 0
+    wire, foreign = _without_sends_off_home(ctx, wire)
+    if foreign:
+        measured["results_not_compared"] = foreign
+        notes.append(
+            f"{plural(foreign, 'answer')} on the wire not compared: sent on a stream it does not belong to "
+            "(gate 1's finding), or the same result recorded for two different writes (a receipt names one "
+            "write): a replay of another session's answer is not a second result of the write whose request "
+            "ID it shares"
+        )
     wire_groups = _wire_different(wire)
     server_keys = set()
     if data.server is not None:
@@ -371,6 +385,43 @@ def _wire_results(ctx: Context) -> pd.DataFrame | None:
         return None
     r = tap["result"]
     return r[r["idempotency_key"].notna()].sort_values("t", kind="stable")
+
+
+def _without_sends_off_home(ctx: Context, results: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """The results that can be this session's own answer, and how many were left out.
+
+    The tap ties an answer to a write call by (session, JSON-RPC id): a replay of another
+    session's answer, whose request had the same id, reads as a second, different result
+    of this session's write, where nothing was performed twice (seen on servers with one
+    event store for every session). Left out:
+    - an answer whose SSE event the server sent on a stream it does not belong to (gate
+      1's `sent_off_home`: a foreign replay);
+    - an answer recorded for two or more different writes (auth, idempotency key): a
+      receipt names one write, so a result that answers two is neither's (an answer
+      replayed where the wire cannot place it, e.g. sent live to no one).
+    A tap without result indexes, or a run whose stream truth cannot be built, is
+    compared whole but for the second."""
+    keys = (
+        results["auth"].astype("object").fillna("-").astype(str)
+        + "\x00"
+        + results["idempotency_key"].astype(str)
+    )
+    writes = keys.groupby(results["result_digest"], sort=False).transform("nunique")
+    drop = (writes > 1) & ~_is_error(results["is_error"])
+    if "index" in results.columns and len(results):
+        try:
+            off = server_sends(ctx)
+        except MissingInput:
+            off = None
+        if off is not None and len(off):
+            off = off[off["check"] == "sent_off_home"]
+            bad = set(zip(off["flow"].astype(str), pd.to_numeric(off["index"], errors="coerce"), strict=True))
+            index = pd.to_numeric(results["index"], errors="coerce")
+            drop |= pd.Series(
+                [(f, i) in bad for f, i in zip(results["flow"].astype(str), index, strict=True)],
+                index=results.index,
+            )
+    return results[~drop], int(drop.sum())
 
 
 def _is_error(values: pd.Series) -> pd.Series:

@@ -145,8 +145,10 @@ def _from_tap(ctx: Context) -> StreamTruth:
     ids = has_id.to_numpy()
     safe_fs = np.where(ids, first_in_session.to_numpy(), 0)
     safe_fg = np.where(ids, first_anywhere.to_numpy(), 0)
-    foreign, shared_ids = _foreign_replays(sent, on_resumption, safe_fs, safe_fg)
-    definer = np.where(foreign, safe_fg, np.where(ids, safe_fs, sent["order"].to_numpy()))
+    first_live = _first_live_sends(sent, ids & ~on_resumption)
+    foreign, shared_ids = _foreign_replays(sent, on_resumption, safe_fs, safe_fg, first_live)
+    origin = np.where(first_live >= 0, first_live, safe_fg)
+    definer = np.where(foreign, origin, np.where(ids, safe_fs, sent["order"].to_numpy()))
     logical, home = _resolve_logicals(flows, sent, base, sent_flow_pos, definer)
 
     flows["logical"] = logical.astype("object")
@@ -238,24 +240,32 @@ def _opening_logicals(ctx: Context, flows: pd.DataFrame, sent: pd.DataFrame) -> 
 
 
 def _foreign_replays(
-    sent: pd.DataFrame, on_resumption: np.ndarray, safe_fs: np.ndarray, safe_fg: np.ndarray
+    sent: pd.DataFrame,
+    on_resumption: np.ndarray,
+    safe_fs: np.ndarray,
+    safe_fg: np.ndarray,
+    first_live: np.ndarray,
 ) -> tuple[np.ndarray, int]:
     """(foreign, shared_ids): which sends are foreign replays (opaque IDs: their home is
     another session's stream), and how many IDs the server sent live in two or more
     sessions. `safe_fs`/`safe_fg`: the order of each send's first send of its (ID, digest)
-    in its session / in any session (0 for sends without ID)."""
+    in its session / in any session (0 for sends without ID); `first_live`: that of its
+    first live send (not on a resumption) in any session, -1 if none."""
     has_sid = sent["stream_id"].notna()
     ids = sent["event_id"].notna().to_numpy()
     # An event's home for opaque IDs: the stream of its first send in this session; but a
     # first send in this session that is a replay (a resumption flow) of an event another
     # session was sent earlier belongs to that other session's stream (a foreign replay).
+    # So does one that another session was sent live, even a little later on the wire: a
+    # resumption can only replay what the server had stored, and one event store for
+    # every session can hand the replay out before the live copy reaches the proxy (seen:
+    # 43 ms earlier), which read the live send as the misplaced one.
     sessions = sent["session"].to_numpy(dtype=object)
-    foreign = (
-        ids
-        & ~has_sid.to_numpy()
-        & on_resumption[safe_fs]
-        & (sessions[safe_fg] != sessions)
-        & (safe_fg < safe_fs)
+    live_at = np.where(first_live >= 0, first_live, 0)
+    replayed_first = ids & ~has_sid.to_numpy() & on_resumption[safe_fs]
+    foreign = replayed_first & (
+        ((sessions[safe_fg] != sessions) & (safe_fg < safe_fs))
+        | ((first_live >= 0) & (sessions[live_at] != sessions))
     )
     live_sessions = _live_sessions_per_id(sent, ids & ~on_resumption)
     shared_ids = int(pd.Series(sent["event_id"].to_numpy(dtype=object)[live_sessions > 1]).nunique())
@@ -377,6 +387,20 @@ def _first_sends(sent: pd.DataFrame, has_id: pd.Series) -> tuple[pd.Series, pd.S
         full_s[ids] = order[_first_of(rows["session"], rows["event_id"], rows["digest"])]
         full_g[ids] = order[_first_of(rows["event_id"], rows["digest"])]
     return pd.Series(full_s, index=sent.index), pd.Series(full_g, index=sent.index)
+
+
+def _first_live_sends(sent: pd.DataFrame, live: np.ndarray) -> np.ndarray:
+    """For each row, the `order` of the first live send (`live`: with an ID, not on a
+    resumption) of its (event ID, digest) in any session; -1 if there is none."""
+    out = np.full(len(sent), -1, dtype="int64")
+    if not live.any():
+        return out
+    key = _key(sent["event_id"], sent["digest"])
+    first = pd.Series(sent["order"].to_numpy()[live], index=key.to_numpy()[live]).groupby(level=0).min()
+    found = key.map(first)
+    has = found.notna().to_numpy()
+    out[has] = found.to_numpy()[has].astype("int64")
+    return out
 
 
 def _live_sessions_per_id(sent: pd.DataFrame, live: np.ndarray) -> np.ndarray:
