@@ -116,11 +116,21 @@ class EventFaults:
         self.armed = [a for a in self.armed if a.kind.name != kind]
         self._hooks = [h for h in self._hooks if h.armed is None or h.armed.kind.name != kind]
 
-    def inert(self) -> bool:
-        """Whether, under the plan active now, no fault can act on this flow's events and
-        none of them needs remembering: each event would be forwarded as it came. (A plan
-        change is seen at the next call.)"""
-        return not self._hooks_now() and not self._holder.active.needs_memory
+    def quiet(self, start: int, end: int) -> bool:
+        """Whether, under the plan active now, no fault can act on the events with indexes
+        `start` .. `end - 1`: no armed kind waits for them, and every event-level rule's
+        next firing is later. Each would be forwarded as it came; `passed` must still be
+        told of each (the memory may need it)."""
+        if not self._hooks_now():
+            return True
+        return not self.armed and bool(self._samplers) and end <= self._next_hit
+
+    def passed(self, index: int, ev: SseEvent, stream_id: str | None, digest: str) -> None:
+        """Event `index` went on as it came, no fault asked (see `quiet`): what a call
+        that changed nothing would have done with it (remember it, when the plan needs)."""
+        if self._holder.active.needs_memory and ev.is_message:
+            stream = stream_id or self._inherited or self._flow_stream
+            self._remember(self._memory, index, ev, stream, stream_id, digest)
 
     def _hooks_now(self) -> list[_Hook]:
         active = self._holder.active

@@ -10,9 +10,10 @@ and what goes on to the client is re-encoded (`encode_event`) and recorded as
 as one empty comment, so idle streams stay alive through the proxy.
 
 Two shortcuts, both giving the client the same events and the checker the same records:
-a chunk of whole events that no fault can touch (no event-level rule matches the flow,
-nothing armed, nothing to remember: `EventFaults.inert`) is passed on as it came, not
-re-encoded; and an event forwarded untouched at once gets no `forwarded` record of its
+a chunk of whole events that no fault can touch (no event-level rule is due on any of
+them, nothing armed: `EventFaults.quiet`; each is still remembered where the plan needs
+it) is passed on as it came, not re-encoded; and an event forwarded untouched at once
+gets no `forwarded` record of its
 own, its `sent` record carries `"fwd": <forwarded index>` instead (docs/ledgers.md).
 
 Records go to a list the caller drains (per-event ones as ready JSON text: they are the
@@ -128,14 +129,20 @@ class SsePipe:
         # before it nor after it) and no fault can act on them: re-encoding would give the
         # client the same events. Only what the tap records is then worked out per event.
         faults = self.faults
-        whole = decoder.at_boundary and self.cut is None and (faults is None or faults.inert())
+        whole = decoder.at_boundary and self.cut is None
         events = decoder.feed(chunk)
         if not events:
             # Only comments or a partial block so far: pass keep-alives on, never half an event.
             return KEEPALIVE if not decoder.in_block and self.cut is None else b""
         now = self.clock()
         ts = repr(now)
-        if whole and decoder.at_boundary:
+        if (
+            whole
+            and decoder.at_boundary
+            and (faults is None or faults.quiet(self._sent, self._sent + len(events)))
+        ):
+            # No fault is due on any of them (most chunks, even under the gate's faults):
+            # passed on as they came, each recorded and, where the plan needs, remembered.
             for ev in events:
                 self._untouched(ev, now, ts)
             return chunk
@@ -172,15 +179,17 @@ class SsePipe:
         fault (docs/ledgers.md; the checker expands it, lab.checker.inputs.tap_forms)."""
         index = self._sent
         self._sent += 1
-        self._sent_record(ev, index, ts, f',"fwd":{self._fwd}')
+        sid, _, digest = self._sent_record(ev, index, ts, f',"fwd":{self._fwd}')
         self._fwd += 1
         if self.results is not None and ev.is_message:
             self.sink.extend(self.results.records(ev.data, now, index))
+        if self.faults is not None:
+            self.faults.passed(index, ev, sid, digest)
 
     def _one(self, ev: SseEvent, now: float, ts: str, out: list[bytes]) -> None:
         index = self._sent
         faults = self.faults
-        if self.cut is None and (faults is None or faults.inert()):
+        if self.cut is None and (faults is None or faults.quiet(index, index + 1)):
             out.append(reencode(ev, ev.id))  # (half of a chunk: the rest is not yet whole)
             self._untouched(ev, now, ts)
             return

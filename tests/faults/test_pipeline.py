@@ -333,3 +333,22 @@ def test_write_calls_are_bounded() -> None:
         calls.note(f"s{i % 2}", WriteCall(i, f"k{i}", "t", None))
     assert calls.get("s0", 0) is None and calls.get("s0", 4) is not None
     assert calls.has("s1") and not calls.has("s9") and not calls.has(None)
+
+
+def test_a_chunk_no_fault_is_due_on_passes_as_it_came_and_is_still_remembered() -> None:
+    """Under rules that fire rarely (and need the memory), a chunk of whole events none
+    of which a rule is due on goes on as the very bytes that came (no re-encoding), and
+    each of its messages is remembered as a forwarded one would be."""
+    memory = Memory()
+    pipe, sink = make_pipe([{"kind": "replay_after_ack", "rate": 1e-9}], memory=memory)
+    first = encode_event('{"jsonrpc": "2.0", "method": "m", "params": {"n": 0}}', id="a0")
+    pipe.feed(first)  # the first event asks the rules: their next firing is far away
+    chunk = b"".join(
+        encode_event(json.dumps({"jsonrpc": "2.0", "method": "m", "params": {"n": n}}), id=f"a{n}")
+        for n in range(1, 4)
+    )
+    assert pipe.feed(chunk) is chunk
+    stream = "flow:f1"  # opaque IDs: the flow's own stream
+    assert [r.event_id for r in memory.queue("s_x", stream)] == ["a0", "a1", "a2", "a3"]
+    sent = [as_record(r) for r in sink if as_record(r)["type"] == "sent"]
+    assert [r.get("fwd") for r in sent] == [0, 1, 2, 3]  # each forwarded untouched, in order
