@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tarfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -36,6 +37,19 @@ def start_run(
     if not report:
         argv.append("--no-report")
     return subprocess.Popen(argv, cwd=ROOT, env=None if env is None else dict(env))
+
+
+def export_tree(rev: str, into: Path, *paths: str) -> Path:
+    """`paths` (folders of the repository) as they are at commit `rev`, as files under
+    `into` (made if needed), by `git archive`: nothing in the work tree changes."""
+    into.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", rev, *paths], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    (into / "tree.tar").write_bytes(archive)
+    with tarfile.open(into / "tree.tar") as t:
+        t.extractall(into, filter="data")
+    return into
 
 
 def run_folder(out: Path) -> Path | None:

@@ -32,16 +32,14 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _labrun import ROOT, run_folder, start_run
+from _labrun import ROOT, export_tree, run_folder, start_run
 
 GROUPS = (
     ("clients", ("worker-", "master")),
@@ -144,14 +142,9 @@ def print_table(named: list[tuple[str, dict[str, float]]]) -> None:
         print(f"  {label}".ljust(28) + "".join(cells))
 
 
-def export_tree(rev: str, into: Path) -> Path:
+def export_lab(rev: str, into: Path) -> Path:
     """REV's lab/ and addons/ (as the data package `lab_addons`) under `into`."""
-    archive = subprocess.run(
-        ["git", "archive", "--format=tar", rev, "lab", "addons"], cwd=ROOT, capture_output=True, check=True
-    ).stdout
-    (into / "tree.tar").write_bytes(archive)
-    with tarfile.open(into / "tree.tar") as t:
-        t.extractall(into, filter="data")
+    export_tree(rev, into, "lab", "addons")
     (into / "addons").rename(into / "lab_addons")
     return into
 
@@ -190,8 +183,7 @@ def main() -> None:
     variants["clean"].write_text(without_faults(text), encoding="utf-8")
     trees: list[tuple[str, Path | None]] = [("", None)]
     if args.before:
-        (tmp / "before").mkdir()
-        trees = [(f"{args.before[:7]}:", export_tree(args.before, tmp / "before")), ("now:", None)]
+        trees = [(f"{args.before[:7]}:", export_lab(args.before, tmp / "before")), ("now:", None)]
     named: list[tuple[str, dict[str, float]]] = []
     for rnd in range(args.rounds):
         for kind in ("clean", "faults"):

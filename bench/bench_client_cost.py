@@ -31,11 +31,11 @@ import os
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _labrun import ROOT, export_tree
 
 
 def measure(clients: int, events: int, core_only: bool, folder: Path) -> float:
@@ -145,18 +145,6 @@ def _child(tree: Path | None, args: argparse.Namespace) -> float:
     return float(answer["us_per_event"])
 
 
-def _export(rev: str, into: Path) -> Path:
-    """REV's lab/ package into `into`, by git archive (nothing in the work tree changes)."""
-    archive = subprocess.run(
-        ["git", "archive", "--format=tar", rev, "lab"], cwd=ROOT, capture_output=True, check=True
-    ).stdout
-    tar = into / "lab.tar"
-    tar.write_bytes(archive)
-    with tarfile.open(tar) as t:
-        t.extractall(into, filter="data")
-    return into
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", metavar="REV", help="also measure this git revision's lab/, alternated")
@@ -180,7 +168,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         trees: dict[str, Path | None] = {}
         if args.before:
-            trees[f"before ({args.before})"] = _export(args.before, Path(tmp))
+            trees[f"before ({args.before})"] = export_tree(args.before, Path(tmp), "lab")
         trees["after (this tree)"] = None
         results: dict[str, list[float]] = {name: [] for name in trees}
         for _ in range(args.rounds):

@@ -34,6 +34,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _labrun import export_tree
 from bench_proxy import cpu_seconds, load, start, stop
 
 from lab.faults.launch import ADDONS, mitmdump_argv, ready_prefix
@@ -49,16 +50,6 @@ GATE_EVENT_FAULTS = [
 ]
 """The SSE event faults of scenarios/gate-100k.toml (its request faults left out: against the
 raw upstream most cannot apply, and they would change which flows carry events)."""
-
-
-def export(base: str, into: Path) -> Path:
-    """`lab/` and `addons/` of commit `base`, as files under `into`."""
-    into.mkdir(parents=True)
-    archive = subprocess.run(
-        ["git", "archive", base, "lab", "addons"], cwd=ROOT, check=True, capture_output=True
-    )
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
-    return into
 
 
 def proxy(
@@ -145,7 +136,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench-tap-") as tmp_s:
         tmp = Path(tmp_s)
-        old = export(a.base, tmp / "old")
+        old = export_tree(a.base, tmp / "old", "lab", "addons")
         plans = {"empty": {"seed": 1, "rules": []}, "faults": {"seed": 1, "rules": GATE_EVENT_FAULTS}}
         if a.no_faults:
             del plans["faults"]
