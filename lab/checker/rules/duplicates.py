@@ -39,7 +39,7 @@ from typing import Any
 
 import pandas as pd
 
-from lab.checker.context import Context
+from lab.checker.context import Context, in_keys, text_ids, text_key
 from lab.checker.explain import at, client_ref, plural, row_of, server_ref, short, tap_ref
 from lab.checker.inputs.load import MissingInput
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
@@ -134,7 +134,7 @@ def _wire_checks(
     if wire is None:
         notes.append("results on the wire not compared: the tap has no `result` records")
         return None, [], 0
-    wire, foreign = _without_sends_off_home(ctx, wire)
+    wire, foreign = _without_foreign_answers(ctx, wire)
     if foreign:
         measured["results_not_compared"] = foreign
         notes.append(
@@ -387,7 +387,7 @@ def _wire_results(ctx: Context) -> pd.DataFrame | None:
     return r[r["idempotency_key"].notna()].sort_values("t", kind="stable")
 
 
-def _without_sends_off_home(ctx: Context, results: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+def _without_foreign_answers(ctx: Context, results: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     """The results that can be this session's own answer, and how many were left out.
 
     The tap ties an answer to a write call by (session, JSON-RPC id): a replay of another
@@ -401,11 +401,7 @@ def _without_sends_off_home(ctx: Context, results: pd.DataFrame) -> tuple[pd.Dat
       replayed where the wire cannot place it, e.g. sent live to no one).
     A tap without result indexes, or a run whose stream truth cannot be built, is
     compared whole but for the second."""
-    keys = (
-        results["auth"].astype("object").fillna("-").astype(str)
-        + "\x00"
-        + results["idempotency_key"].astype(str)
-    )
+    keys = text_key(results["auth"], results["idempotency_key"])
     writes = keys.groupby(results["result_digest"], sort=False).transform("nunique")
     drop = (writes > 1) & ~_is_error(results["is_error"])
     if "index" in results.columns and len(results):
@@ -415,12 +411,8 @@ def _without_sends_off_home(ctx: Context, results: pd.DataFrame) -> tuple[pd.Dat
             off = None
         if off is not None and len(off):
             off = off[off["check"] == "sent_off_home"]
-            bad = set(zip(off["flow"].astype(str), pd.to_numeric(off["index"], errors="coerce"), strict=True))
-            index = pd.to_numeric(results["index"], errors="coerce")
-            drop |= pd.Series(
-                [(f, i) in bad for f, i in zip(results["flow"].astype(str), index, strict=True)],
-                index=results.index,
-            )
+            where = text_key(results["flow"], text_ids(results["index"]))
+            drop |= in_keys(where, text_key(off["flow"], text_ids(off["index"])))
     return results[~drop], int(drop.sum())
 
 
