@@ -188,16 +188,14 @@ def _segments(pairs: pd.DataFrame) -> tuple[_Segments, np.ndarray]:
     # (The lab's client writes the recovery's first loss in every attempt's `lost_at`:
     # a first attempt a toxic held for 5 s and then reset was otherwise no one's span,
     # and its 5 s fell to the client, the share left over.)
-    by_rid = pairs.groupby("rid", sort=False)
-    next_lost = by_rid["a_lost"].shift(-1).to_numpy(dtype="float64")
-    ended = pairs["ended"].to_numpy(dtype="float64") if "ended" in pairs else np.full(len(pairs), np.nan)
+    next_lost = pairs.groupby("rid", sort=False)["a_lost"].shift(-1).to_numpy(dtype="float64")
+    ended = pairs["ended"].to_numpy(dtype="float64")
     end = np.where(np.isfinite(ended), ended, next_lost)
     span = np.where(~last & np.isfinite(end), np.clip(end - start, 0.0, None), 0.0)
     # Each attempt waited from the end of the one before it (the first: from the loss).
     prev_end = pd.Series(np.where(last, np.nan, end), index=pairs.index).groupby(pairs["rid"], sort=False)
     since = prev_end.shift(1).to_numpy(dtype="float64")
-    lost = pairs["a_lost"].to_numpy(dtype="float64")
-    since = np.where(np.isfinite(since), np.fmax(since, lost), lost)
+    since = np.fmax(since, pairs["a_lost"].to_numpy(dtype="float64"))  # (fmax passes a NaN over)
     wait = np.clip(sent - since, 0.0, None)
     advised = np.minimum(np.nan_to_num(wait), pairs["advised"].to_numpy(dtype="float64"))
     by_target = pairs["by_target"].fillna(False).to_numpy(dtype=bool) & seen
