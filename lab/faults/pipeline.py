@@ -13,8 +13,8 @@ Two shortcuts, both giving the client the same events and the checker the same r
 a chunk of whole events that no fault can touch (no event-level rule is due on any of
 them, nothing armed: `EventFaults.quiet`; each is still remembered where the plan needs
 it) is passed on as it came, not re-encoded; and an event forwarded untouched at once
-gets no `forwarded` record of its
-own, its `sent` record carries `"fwd": <forwarded index>` instead (docs/ledgers.md).
+gets no `forwarded` record of its own, its `sent` record carries `"fwd": <forwarded
+index>` instead (docs/ledgers.md).
 
 Records go to a list the caller drains (per-event ones as ready JSON text: they are the
 hot path, see `as_record`). Nothing here reads a clock or does I/O.

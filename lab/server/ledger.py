@@ -1,8 +1,9 @@
 """The reference server's ledger (`mcpServerLedger.v1`, SQLite; fields in docs/ledgers.md).
 
 Writes never block the event loop: the loop puts (sql, params) on a queue and a writer
-thread applies them in batches (executemany per statement and table, in order, one transaction every
-~50 ms or 5,000 rows). Durability: WAL with synchronous=NORMAL, so a committed batch
+thread applies them in batches (executemany per statement and table, in an order with
+the outcome of writing row by row: `group_in_order`; one transaction every ~50 ms or
+5,000 rows). Durability: WAL with synchronous=NORMAL, so a committed batch
 survives a crash of the server process. Business dispatches must be durable *before*
 the client is told they happened, so `barrier()` returns a future that resolves once
 everything queued before it is committed; `ledger.append` awaits it before answering
