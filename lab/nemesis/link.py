@@ -33,6 +33,9 @@ class Link:
     end_reason: str | None = None
     reset_side: str | None = None  # "client" | "upstream": the socket to close with RST
     ended_directions: set[str] = field(default_factory=set)
+    toxic_spells: dict[str, int] = field(default_factory=dict)
+    """Per direction, how many times its bytes left the fast path for the toxics' queued
+    one (each spell ends when no toxic acts on the direction any more)."""
 
     def applies(self, entry: ToxicEntry) -> bool:
         """Whether the toxic acts on this connection (toxicity, rolled once per version)."""

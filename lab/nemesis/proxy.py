@@ -68,6 +68,9 @@ _PASSES_PER_CHECKPOINT: Final = 16
 """Passes the fast path makes without blocking before it lets the other tasks run."""
 _IO_ERRORS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
+_BACK_TO_CLEAN: Final = (b"", -1.0)
+"""Queued by a direction's reader when no toxic acts on it any more (compared by identity)."""
+
 type _Onward = Callable[[bytes, float], Awaitable[bool]]
 """The continuation a toxic hands its output to (a piece, and when it left the toxic);
 it answers False when the connection is over."""
@@ -169,25 +172,38 @@ class Proxy:
     async def _pump(
         self, link: Link, direction: str, source: trio.SocketStream, sink: trio.SocketStream
     ) -> None:
-        first = await self._copy_while_clean(direction, source, sink)
-        if first is None:  # the sink broke
-            ended = False
-        elif first == b"":  # the end of the stream, with no toxic in the way
-            ended = await self._end_stream(link, direction, sink)
-        else:  # a toxic came: this chunk and the rest go through the toxics
+        while True:  # clean, then through toxics, then clean again when they are gone, ...
+            first = await self._copy_while_clean(link, direction, source, sink)
+            if first is None:  # the sink broke
+                ended = False
+                break
+            if first == b"":  # the end of the stream, with no toxic in the way
+                ended = await self._end_stream(link, direction, sink)
+                break
+            # A toxic came: this chunk and the rest go through the toxics, until none acts
+            # on this direction any more and what was read has left.
+            link.toxic_spells[direction] = link.toxic_spells.get(direction, 0) + 1
             send, recv = trio.open_memory_channel[tuple[bytes, float]](_QUEUE_CHUNKS)
             send.send_nowait((first, trio.current_time()))
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_read_chunks, source, send)
-                ended = await self._write_chunks(link, direction, recv, sink)
+                nursery.start_soon(_read_chunks, source, send, lambda: self._toxic_on(link, direction))
+                outcome = await self._write_chunks(link, direction, recv, sink)
                 nursery.cancel_scope.cancel()
+            if outcome is not None:
+                ended = outcome
+                break
         if ended:
             link.direction_ended(direction)
         else:
             link.finish(f"{direction} peer gone")
 
+    def _toxic_on(self, link: Link, direction: str) -> bool:
+        """Some toxic acts on this direction of this connection (its toxicity roll
+        included: a toxic that does not apply to a connection leaves its bytes alone)."""
+        return any(link.applies(e) for e in self.toxics.for_stream(direction))
+
     async def _copy_while_clean(
-        self, direction: str, source: trio.SocketStream, sink: trio.SocketStream
+        self, link: Link, direction: str, source: trio.SocketStream, sink: trio.SocketStream
     ) -> bytes | None:
         """The fast path: while this direction has no toxic, copy through one buffer with
         no queue and no per-chunk work. Returns `b""` at the end of the stream (or when
@@ -218,7 +234,7 @@ class Proxy:
                 return b""
             if not n:
                 return b""
-            if self.toxics.for_stream(direction):
+            if self.toxics.for_stream(direction) and self._toxic_on(link, direction):
                 return bytes(view[:n])  # read before the toxic's time: its turn from here
             if not await _send_raw(raw_out, view[:n]):
                 return None
@@ -236,10 +252,15 @@ class Proxy:
         direction: str,
         recv: trio.MemoryReceiveChannel[tuple[bytes, float]],
         sink: trio.SocketStream,
-    ) -> bool:
-        """Pass every chunk on, then the end of stream; False if the sink broke."""
+    ) -> bool | None:
+        """Pass every chunk on, then the end of stream; False if the sink broke; None when
+        the reader found no toxic acting any more (everything it read has been written:
+        the fast path takes over)."""
         async with recv:
-            async for data, read_at in recv:  # until the source ends
+            async for item in recv:  # until the source ends
+                if item is _BACK_TO_CLEAN:
+                    return None
+                data, read_at = item
                 chain = [e for e in self.toxics.for_stream(direction) if link.applies(e)]
                 if not await self._through(link, direction, chain, 0, data, read_at, sink):
                     return False
@@ -395,11 +416,23 @@ class Proxy:
                 await changed.wait()
 
 
-async def _read_chunks(source: trio.SocketStream, send: trio.MemorySendChannel[tuple[bytes, float]]) -> None:
+async def _read_chunks(
+    source: trio.SocketStream,
+    send: trio.MemorySendChannel[tuple[bytes, float]],
+    toxic_on: Callable[[], bool],
+) -> None:
     """Queue what the source sends, stamped with the time it was read; closing `send`
-    tells the writer the stream ended (EOF, or the source broke: both end the direction)."""
+    tells the writer the stream ended (EOF, or the source broke: both end the direction).
+    Before each read, once no toxic acts on the direction any more, it queues
+    `_BACK_TO_CLEAN` instead and stops: the writer passes on what is queued, then the
+    fast path reads on. (A connection kept alive across a latency window used to stay on
+    this queued path for the rest of its life: two tasks and a channel per chunk.)"""
     async with send:
-        while True:  # until EOF or an error on the source
+        while True:  # until EOF, an error on the source, or no toxic acting
+            if not toxic_on():
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await send.send(_BACK_TO_CLEAN)
+                return
             try:
                 data = await source.receive_some(_READ_SIZE)
             except _IO_ERRORS:

@@ -61,7 +61,11 @@ class ProcStat:
 def read_stat(pid: int, proc: Path = PROC) -> ProcStat | None:
     """/proc/<pid>/stat, or None if the process is gone (or the file cannot be read)."""
     try:
-        text = (proc / str(pid) / "stat").read_text()
+        # A plain open, not Path.read_text: the sampler reads every process's stat once
+        # a second (it looks for the parts' children), and pathlib's overhead was most
+        # of that.
+        with open(f"{proc}/{pid}/stat", encoding="utf-8", errors="replace") as f:
+            text = f.read()
     except OSError:
         return None
     return parse_stat(pid, text)

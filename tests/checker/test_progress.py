@@ -95,6 +95,8 @@ def test_the_tap_counter_counts_what_a_json_reading_counts(tmp_path: Path) -> No
         json.dumps({"type": "sent", "flow": "f2", "has_data": True, "priming": True}),
         json.dumps({"type": "flow", "flow": "f2", "faults": [{"fault": "storm"}, {"fault": "old_token"}]}),
         json.dumps({"type": "dropped", "flow": "f1", "fault": "cut_stream"}),
+        json.dumps({"type": "dropped", "flow": "f1", "fault": "cut_stream"}),  # the same line twice
+        json.dumps({"flow": "f4", "type": "sent", "has_data": True, "priming": False}, separators=(",", ":")),
         json.dumps({"type": "flow_end", "flow": "f1"}),
         '{"type":"sent","flow":"f3","has_data":true,"priming":false,',  # torn (being written)
     ]
@@ -106,5 +108,5 @@ def test_the_tap_counter_counts_what_a_json_reading_counts(tmp_path: Path) -> No
     expected = sum(1 for r in parsed if r["type"] == "sent" and r.get("has_data") and not r.get("priming"))
     tap = TapCounter(path)
     tap.update()
-    assert tap.events == expected == 3
-    assert dict(tap.faults) == {"storm": 1, "old_token": 1, "cut_stream": 1}
+    assert tap.events == expected == 4
+    assert dict(tap.faults) == {"storm": 1, "old_token": 1, "cut_stream": 2}
