@@ -141,6 +141,20 @@ CASES: tuple[Case, ...] = (
         "each progress notification goes out live on its POST stream and, at the same moment, "
         "on the session's standalone GET stream: one message on two streams",
     ),
+    _case(
+        Defect.RESUME_FORGET,
+        5,
+        ("unreplayed_resumption",),
+        "a resumption on a cursor the server did send owes the messages the server had sent on "
+        "that stream after it; the resumed stream carries none of them (it streams on, or closes)",
+    ),
+    _case(
+        Defect.RESUME_EMPTY,
+        5,
+        ("unreplayed_resumption",),
+        "a resumption on a known cursor is closed at once after a fresh priming event, with none "
+        "of the messages it owed",
+    ),
 )
 BY_NAME: dict[str, Case] = {c.name: c for c in CASES}
 

@@ -425,6 +425,9 @@ class McpApp:
         found = self.state.resolve_cursor(s, cursor)
         if isinstance(found, Resumption):
             self._log(req, 200, None, "valid")
+            if Defect.RESUME_EMPTY in self.defects:  # defect: a fresh priming event, a close, no replay
+                await self._empty_resumption(send, found.stream)
+                return
             hold = SLOW_RESUME_S if Defect.SLOW_RESUME in self.defects else 0.0  # defect: replay late
             await self._stream(req, receive, send, found.stream, found, hold_s=hold)
             return
@@ -486,6 +489,16 @@ class McpApp:
             self.state.detach(st, live, "client_gone", time.time())
         finally:
             self.open_sse -= 1
+
+    async def _empty_resumption(self, send: Send, st: Stream) -> None:
+        """defect resume-empty: 200, a priming event with a fresh ID of the stream (stored,
+        as a server that takes every resumption for a new stream would), and the end."""
+        ev = self.state.emit(st, "", "priming", None, time.time())
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+            await send({"type": "http.response.body", "body": ev.wire, "more_body": False})
+        except OSError:
+            pass
 
     async def _silent_stream(self, receive: Receive, send: Send) -> None:
         """defect unknown-cursor-silent: an SSE stream with keep-alives and nothing else."""

@@ -28,6 +28,8 @@ class Defect(enum.StrEnum):
     DELETED_SESSION_ALIVE = "deleted-session-alive"
     SLOW_RESUME = "slow-resume"
     BROADCAST = "broadcast"
+    RESUME_FORGET = "resume-forget"
+    RESUME_EMPTY = "resume-empty"
 
 
 SLOW_RESUME_S = 6.0
@@ -61,6 +63,15 @@ DESCRIPTIONS: dict[Defect, str] = {
     Defect.BROADCAST: (
         "every progress notification is also sent, under a new event ID, on the session's "
         "standalone GET stream (one message on two streams)"
+    ),
+    Defect.RESUME_FORGET: (
+        "a resumption on a known cursor is answered 200 and replays nothing: what the stream "
+        "sent after the cursor is forgotten (a live stream goes on with its new events; a "
+        "finished one closes at once)"
+    ),
+    Defect.RESUME_EMPTY: (
+        "a resumption on a known cursor is answered 200 with a fresh priming event and closed, "
+        "replaying nothing"
     ),
 }
 

@@ -424,8 +424,10 @@ class ServerState:
         return Resumption(st, self._backlog(st, seq))
 
     def _backlog(self, st: Stream, after_seq: int) -> list[StoredEvent]:
-        """What a resumption from `after_seq` replays: that stream's events after it. Three
+        """What a resumption from `after_seq` replays: that stream's events after it. Four
         defects change it, here and nowhere else."""
+        if Defect.RESUME_FORGET in self.defects:  # defect: what was sent after the cursor is forgotten
+            return []
         if Defect.REPLAY_FROM_START in self.defects:  # defect: the cursor is ignored
             after_seq = -1
         events = [ev for ev in st.events if ev.seq > after_seq]

@@ -32,6 +32,8 @@ SUBSET = (
     "no-idempotency",
     "deleted-session-alive",
     "broadcast",
+    "resume-forget",
+    "resume-empty",
 )
 
 

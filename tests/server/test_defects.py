@@ -137,6 +137,34 @@ def test_replay_misordered_sends_the_response_before_its_progress(
     assert [x["params"]["progress"] for x in msgs[:-1]] == [1, 2, 3] and "result" in msgs[-1]
 
 
+def _owed_case(srv: LiveProcess) -> tuple[int, list[SseEvent]]:
+    """A finished call, resumed from its priming event: it owes 3 progress + the response."""
+    m = _session(srv)
+    events = _ticker(m, rid=1)
+    return _resume(m, events[0].id or "", limit=2.0)
+
+
+def test_resume_forget_answers_200_and_replays_nothing(tmp_path: Path, pristine: LiveProcess) -> None:
+    with defective(tmp_path, "resume-forget") as srv:
+        status, replayed = _owed_case(srv)
+        assert status == 200 and messages(replayed) == []  # a finished stream: closed at once
+    status, replayed = _owed_case(pristine)
+    assert status == 200 and len(messages(replayed)) == 4
+
+
+def test_resume_empty_answers_a_fresh_priming_event_and_closes(tmp_path: Path, pristine: LiveProcess) -> None:
+    with defective(tmp_path, "resume-empty") as srv:
+        m = _session(srv)
+        events = _ticker(m, rid=1)
+        status, replayed = _resume(m, events[0].id or "", limit=2.0)
+        assert status == 200 and messages(replayed) == []
+        (fresh,) = replayed
+        assert fresh.id and fresh.data == "" and fresh.id not in _ids(events)  # a new priming event
+        # The fresh ID is the server's own: a resumption from it is accepted, and empty again.
+        again, more = _resume(m, fresh.id, limit=2.0)
+        assert again == 200 and messages(more) == []
+
+
 def test_unknown_cursor_silent_answers_200_and_never_sends_an_event(
     tmp_path: Path, pristine: LiveProcess
 ) -> None:

@@ -46,9 +46,11 @@ WORKER_CPU_AIM = 0.7
 
 def server_violations(result: GateResult) -> int:
     """Gate 5's violations the server committed on the wire (`no_priming`,
-    `silent_resumption`): never the lab's latency, so nothing may excuse them."""
+    `silent_resumption`, `unreplayed_resumption`): never the lab's latency, so nothing
+    may excuse them."""
     m = result.measured
-    return sum(int(cast(int, m.get(name) or 0)) for name in ("no_priming", "silent_resumptions"))
+    names = ("no_priming", "silent_resumptions", "unreplayed_resumptions")
+    return sum(int(cast(int, m.get(name) or 0)) for name in names)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,12 +20,14 @@ slowest first (never-recovered ones first). Evidence: recoveries (censored exclu
 >= min_recoveries. Slow recoveries are not attributed: the ledgers do not say whose
 slowness it was.
 
-Two server checks from the wire stand beside the latency (`lab.checker.truth.wire_streams`),
-each a violation that fails the gate, attributed to the server: `no_priming` (a
-2025-11-25 POST stream that does not start with its priming event) and
-`silent_resumption` (a cursor the server never sent, answered 2xx with a stream that
-carries no message for resume_p99_s or more). They are counted in `violations` and
-witnessed first; the evidence minimum (recoveries) is the latency's.
+Three server checks from the wire stand beside the latency, each a violation that fails
+the gate, attributed to the server: `no_priming` (a 2025-11-25 POST stream that does not
+start with its priming event), `silent_resumption` (a cursor the server never sent,
+answered 2xx with a stream that carries no message for resume_p99_s or more; both
+`lab.checker.truth.wire_streams`) and `unreplayed_resumption` (a known cursor, answered
+2xx, whose stream carried none of the messages the server had sent after it, or skipped
+some: `lab.checker.truth.owed`). They are counted in `violations` and witnessed first;
+the evidence minimum (recoveries) is the latency's.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from lab.checker.model import Attribution, Evidence, GateResult, JsonValue, Witn
 from lab.checker.rules.base import Rule
 from lab.checker.rules.resume_sut import check as read_under_test
 from lab.checker.truth.liveness import describe_stuck, never_finished_latencies
+from lab.checker.truth.owed import unreplayed_resumptions, unreplayed_witness
 from lab.checker.truth.recoveries import NEVER_FINISHED, PERCENTILE, nearest_rank, run_latencies
 from lab.checker.truth.shares import (
     SHARES,
@@ -68,7 +71,8 @@ def check(ctx: Context) -> GateResult:
     n = len(counted)
     unprimed, primed_judged = no_priming(ctx) if ctx.data.tap is not None else (pd.DataFrame(), 0)
     silent, silent_judged = silent_resumptions(ctx) if ctx.data.tap is not None else (pd.DataFrame(), 0)
-    server_count = len(unprimed) + len(silent)
+    unpaid, owing = unreplayed_resumptions(ctx) if ctx.data.tap is not None else (pd.DataFrame(), 0)
+    server_count = len(unprimed) + len(silent) + len(unpaid)
     latency = _latency_verdict(ctx, counted, stuck, p99, budget)
     slow_p99, limited, slow, judged, figures = (
         latency.failed,
@@ -98,7 +102,8 @@ def check(ctx: Context) -> GateResult:
         summary=f"p99 {p99_text} over {n} recoveries (budget < {budget:g} s){target_text}"
         + (
             f"; server: {len(unprimed)} POST stream(s) without priming event, {len(silent)} silent "
-            "resumption(s) on an unknown cursor"
+            f"resumption(s) on an unknown cursor, {len(unpaid)} resumption(s) that did not replay what "
+            "they owed"
             if server_count
             else ""
         ),
@@ -118,6 +123,8 @@ def check(ctx: Context) -> GateResult:
             "post_streams_judged_for_priming": primed_judged,
             "silent_resumptions": len(silent),
             "unknown_cursor_resumptions_served": silent_judged,
+            "unreplayed_resumptions": len(unpaid),
+            "resumptions_owing_events": owing,
             "judged_on": JUDGED_ON_TARGET if latency.on_target else "total",
             "shares": _shares_json(figures),
         },
@@ -125,6 +132,7 @@ def check(ctx: Context) -> GateResult:
         violations=(len(slow) if slow_p99 else 0) + server_count,
         witnesses=tuple(no_priming_witness(r, ctx) for _, r in unprimed.head(ctx.witness_limit).iterrows())
         + tuple(silent_witness(r, ctx) for _, r in silent.head(ctx.witness_limit).iterrows())
+        + tuple(unreplayed_witness(r, ctx) for _, r in unpaid.head(ctx.witness_limit).iterrows())
         + (
             tuple(_witness(r, budget, ctx) for _, r in slow.head(ctx.witness_limit).iterrows())
             if slow_p99

@@ -55,10 +55,17 @@ def _served(flows: pd.DataFrame) -> pd.Series:
     return (flows["answered_by"] == "server") & (flows["status"] >= 200) & (flows["status"] < 300)
 
 
-def _column(frame: pd.DataFrame, name: str) -> pd.Series:
+def column_or_null(frame: pd.DataFrame, name: str) -> pd.Series:
+    """A column of `frame`, or nulls where an older tap lacks it."""
     if name in frame.columns:
         return frame[name]
     return pd.Series(None, index=frame.index, dtype="object")
+
+
+def flows_served(ctx: Context) -> pd.DataFrame:
+    """The tap's flows (one row each, `status` numeric) that the server itself answered 2xx."""
+    flows = _flows(ctx)
+    return flows[_served(flows)]
 
 
 # ------------------------------------------------------------------------------ no_priming
@@ -73,7 +80,7 @@ def _no_priming(ctx: Context) -> tuple[pd.DataFrame, int]:
     if ctx.data.tap is None:
         return pd.DataFrame(), 0
     flows = _flows(ctx)
-    version = _column(flows, "protocol_version_out").astype("object")
+    version = column_or_null(flows, "protocol_version_out").astype("object")
     given = version.notna()
     usual = version[given].groupby(flows.loc[given, "session"]).agg(lambda v: v.mode().iloc[0])
     version = version.where(version.notna(), flows["session"].map(usual))
@@ -206,7 +213,7 @@ def _closes(ctx: Context) -> tuple[pd.DataFrame, int]:
     closed = closed[went_on.to_numpy()]
     closed = closed[~closed["flow"].isin(_superseded(ctx, closed, truth.flows))]
     raw = ctx.data.tap["sent"]
-    retry = _column(raw, "retry")
+    retry = column_or_null(raw, "retry")
     advised = set(raw.loc[retry.notna().to_numpy(), "flow"].tolist())
     bad = closed[~closed["flow"].isin(advised)]
     return bad.sort_values("ended_at", kind="stable").reset_index(drop=True), len(closed)
