@@ -155,6 +155,13 @@ CASES: tuple[Case, ...] = (
         "a resumption on a known cursor is closed at once after a fresh priming event, with none "
         "of the messages it owed",
     ),
+    _case(
+        Defect.SERVE_WITHOUT_SESSION,
+        3,
+        ("served_without_session",),
+        "the proxy removes MCP-Session-Id from some POSTs after the handshake (strip_session_id); "
+        "the server serves them instead of answering 400",
+    ),
 )
 BY_NAME: dict[str, Case] = {c.name: c for c in CASES}
 

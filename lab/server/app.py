@@ -249,7 +249,14 @@ class McpApp:
     def _session(self, req: Request, subject: str | None, now: float) -> Session:
         sid = req.header(SESSION_HEADER)
         if sid is None:
-            raise Refused(400, "missing_session", "MCP-Session-Id header required")
+            fallback = (
+                self.state.latest_session(subject)
+                if Defect.SERVE_WITHOUT_SESSION in self.defects  # defect: serve a request naming no session
+                else None
+            )
+            if fallback is None:
+                raise Refused(400, "missing_session", "MCP-Session-Id header required")
+            sid = fallback.sid
         s = self.state.sessions.get(sid)
         if s is None or not s.alive:
             if Defect.UNKNOWN_SESSION_400 in self.defects:  # defect: 400 where the rule says 404

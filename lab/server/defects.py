@@ -30,6 +30,7 @@ class Defect(enum.StrEnum):
     BROADCAST = "broadcast"
     RESUME_FORGET = "resume-forget"
     RESUME_EMPTY = "resume-empty"
+    SERVE_WITHOUT_SESSION = "serve-without-session"
 
 
 SLOW_RESUME_S = 6.0
@@ -72,6 +73,10 @@ DESCRIPTIONS: dict[Defect, str] = {
     Defect.RESUME_EMPTY: (
         "a resumption on a known cursor is answered 200 with a fresh priming event and closed, "
         "replaying nothing"
+    ),
+    Defect.SERVE_WITHOUT_SESSION: (
+        "a request without MCP-Session-Id after the handshake is served (on the token subject's "
+        "latest session) instead of refused with 400"
     ),
 }
 

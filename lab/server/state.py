@@ -124,6 +124,14 @@ class ServerState:
         )
         return s
 
+    def latest_session(self, subject: str | None) -> Session | None:
+        """The live session of `subject` used most recently (for the defect
+        serve-without-session only: a linear scan from the most recently used end)."""
+        for s in reversed(self.sessions.values()):
+            if s.alive and s.subject == subject:
+                return s
+        return None
+
     def touch(self, s: Session, now: float) -> None:
         """`s` was used now: it moves to the most recently used end."""
         s.last_seen = now

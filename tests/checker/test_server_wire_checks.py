@@ -3,6 +3,8 @@ the bad case and passing the good one, on runs built by hand (tests/checker/buil
 
 - gate 3 `terminated_session_not_404`: after a DELETE answered 2xx, a request carrying
   the session must get 404 (defects unknown-session-400, deleted-session-alive);
+- gate 3 `served_without_session`: a POST whose session ID the proxy removed must not be
+  served (serve-without-session);
 - gate 5 `no_priming`: a 2025-11-25 POST stream starts with its priming event (no-priming);
 - gate 5 `silent_resumption`: a cursor the server never sent is not answered with a
   silent stream (unknown-cursor-silent);
@@ -19,6 +21,8 @@ from lab.checker.judge.verdict import judge_dir
 from lab.checker.model import Attribution, GateResult, RunReport, Verdict
 from lab.wire.event_ids import message_digest
 from tests.checker.builders import Sim, Stream, clean_run
+
+STRIPPED = [{"fault": "strip_session_id", "rule": "strip_session_id#0", "decision": "d-strip"}]
 
 
 def check(sim: Sim, tmp_path: Path, **write: bool) -> RunReport:
@@ -109,12 +113,39 @@ def test_gate3_in_flight_requests_and_refusals_not_about_the_session_are_not_jud
         origin_out="http://evil.example",
         faults=[{"fault": "rewrite_origin", "rule": "r", "decision": "d-o2"}],
     )
+    # Its session ID removed by the proxy: the server never saw the terminated session.
+    sim.request("a", "call", "POST", 400, stream_key="post:35", faults=STRIPPED)
     # A DELETE the target refused (405) terminated nothing.
     kill(sim, "b", status=405)
     sim.request("b", "call", "POST", 200, stream_key="post:32")
     g = gate(check(sim, tmp_path, server=False), "missing_rehandshake")
     assert g.verdict is Verdict.PASS, g.summary
     assert g.measured["after_termination"] == 1 and g.attribution_counts["server"] == 0
+
+
+def test_gate3_a_request_without_its_session_id_served_is_the_servers_violation(tmp_path: Path) -> None:
+    sim = clean_run().sim
+    conn = sim.request("a", "call", "POST", 200, stream_key="post:33", faults=STRIPPED)
+    report = check(sim, tmp_path, server=False)
+    assert failing(report) == ["missing_rehandshake"]
+    g = gate(report, "missing_rehandshake")
+    assert g.measured["without_session_id"] == 1 and g.measured["served_without_session"] == 1
+    assert g.attribution_counts == {"client": 0, "server": 1}
+    (w,) = g.witnesses
+    assert w.check == "served_without_session" and w.attribution is Attribution.SERVER
+    assert w.row["conn"] == conn and w.row["status"] == 200
+    assert "fault:d-strip" in w.refs and "the rule is 400" in w.explanation
+
+
+def test_gate3_a_request_without_its_session_id_refused_passes(tmp_path: Path) -> None:
+    sim = clean_run().sim
+    sim.request("a", "call", "POST", 400, stream_key="post:33", faults=STRIPPED)
+    # Refused before the session is looked at (an illegal Origin as well): not judged.
+    sim.request("a", "call", "POST", 403, stream_key="post:34", faults=STRIPPED)
+    g = gate(check(sim, tmp_path, server=False), "missing_rehandshake")
+    assert g.verdict is Verdict.PASS, g.summary
+    assert g.measured["without_session_id"] == 1 and g.measured["served_without_session"] == 0
+    assert "0 of 1 requests without their session ID served" in g.summary
 
 
 # --------------------------------------------------------------------- gate 5: no priming

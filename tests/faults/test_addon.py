@@ -303,6 +303,28 @@ async def test_9_strip_protocol_version(tmp_path: Path) -> None:
     assert rec["protocol_version_in"] == "2025-11-25" and rec["protocol_version_out"] is None
 
 
+async def test_15_strip_session_id(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [{"kind": "strip_session_id", "rate": 1.0}])
+    f = h.request(h.flow(body=call("echo")))
+    assert "mcp-session-id" not in f.request.headers
+    h.respond(f, 400, sse=False)
+    await h.finish(f)
+    # Not on an initialize (it carries no session), nor on a GET or a DELETE.
+    init = h.request(
+        h.flow(body={"jsonrpc": "2.0", "id": 9, "method": "initialize"}, conn="c1:2", session=None)
+    )
+    get = h.request(h.flow("GET", conn="c1:3"))
+    delete = h.request(h.flow("DELETE", conn="c1:4"))
+    assert "mcp-session-id" in get.request.headers and "mcp-session-id" in delete.request.headers
+    for other in (init, get, delete):
+        h.respond(other, 200, sse=False)
+        await h.finish(other)
+    recs = {r["conn"]: r for r in h.tap(type="flow")}
+    assert [x["fault"] for x in recs["c1:1"]["faults"]] == ["strip_session_id"]
+    assert recs["c1:1"]["session"] is not None  # the tap names the session the client sent
+    assert all(not recs[c]["faults"] for c in ("c1:2", "c1:3", "c1:4"))
+
+
 @pytest.mark.parametrize("to", ["garbage", "tampered", "other_stream", "other_session"])
 async def test_10_rewrite_last_event_id(tmp_path: Path, to: str) -> None:
     h = Harness(tmp_path, [{"kind": "rewrite_last_event_id", "rate": 1.0, "params": {"to": to}}])

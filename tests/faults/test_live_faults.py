@@ -212,6 +212,16 @@ def test_strip_protocol_version(lab: Lab) -> None:
     assert rows == [(None,)]
 
 
+def test_strip_session_id_gets_400_from_the_reference_server(lab: Lab) -> None:
+    lab.set_plan([{"kind": "strip_session_id", "rate": 1.0, "match": {"tools": ["echo"]}}])
+    with lab.client("nosess") as c:
+        conn = c.conn()
+        c.call("echo", {"text": "x"}, conn=conn)
+    rec = last_flow(lab, conn)
+    assert [f["fault"] for f in rec["faults"]] == ["strip_session_id"]
+    assert rec["status"] == 400 and rec["answered_by"] == "server" and rec["session"] is not None
+
+
 def test_rewrite_last_event_id_to_garbage(lab: Lab) -> None:
     lab.set_plan([{"kind": "rewrite_last_event_id", "rate": 1.0, "params": {"to": "garbage"}}])
     with lab.client("cursor") as c:

@@ -34,6 +34,7 @@ SUBSET = (
     "broadcast",
     "resume-forget",
     "resume-empty",
+    "serve-without-session",
 )
 
 

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from lab.server.defects import DEFECT_NAMES
@@ -281,6 +282,27 @@ def test_no_retry_field_closes_without_advising_retry(tmp_path: Path, pristine: 
 
 
 # -- the list itself -----------------------------------------------------------------------
+
+
+def _without_session_status(srv: LiveProcess) -> int:
+    m = _session(srv)
+    body = {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "tools/call",
+        "params": {"name": "echo", "arguments": {"text": "x"}},
+    }
+    headers = m.headers({"accept": "application/json, text/event-stream"}, session=False)
+    with httpx.stream("POST", srv.url, json=body, headers=headers, timeout=5) as r:
+        return r.status_code
+
+
+def test_serve_without_session_serves_a_request_that_names_no_session(
+    tmp_path: Path, pristine: LiveProcess
+) -> None:
+    with defective(tmp_path, "serve-without-session") as srv:
+        assert _without_session_status(srv) == 200
+    assert _without_session_status(pristine) == 400
 
 
 def test_every_defect_is_listed_in_help_and_in_docs_targets() -> None:

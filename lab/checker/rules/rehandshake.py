@@ -27,7 +27,9 @@ gate is inconclusive for that reason, said plainly. Attribution: client.
 The server's side of the same rule, from the wire (`lab.checker.truth.wire_sessions`): a
 request carrying a session whose DELETE the server answered 2xx, started after that
 answer, must get 404; any other answer about the session (400, 2xx, 5xx) is a server
-violation (`terminated_session_not_404`), counted even when no 404 ever happened.
+violation (`terminated_session_not_404`), counted even when no 404 ever happened. And a
+POST whose session ID the proxy removed (`strip_session_id`) that the server answered 2xx
+is a server violation (`served_without_session`): the rule is 400.
 """
 
 from __future__ import annotations
@@ -76,7 +78,9 @@ def check(ctx: Context) -> GateResult:
     bad = joined[joined["outcome"].astype(str).str.startswith("violation")]
     judged_after_delete = wire_sessions.after_termination(ctx)
     server_bad = wire_sessions.violations(ctx)
-    count = len(bad) + len(server_bad)
+    stripped = wire_sessions.without_session(ctx)
+    served = wire_sessions.served_without_session(ctx)
+    count = len(bad) + len(server_bad) + len(served)
     no_next = int((joined["outcome"] == "no_next_request").sum()) if len(joined) else 0
     budget = ctx.budgets.missing_rehandshake_max
     need = max(1, ctx.budgets.min_404)  # zero 404s is no evidence, whatever the scenario
@@ -102,8 +106,13 @@ def check(ctx: Context) -> GateResult:
         verdict=decide(count > budget, evidence),
         summary=(
             f"{len(bad)} of {len(lost)} session 404s not followed by a new initialize; {len(server_bad)} of "
-            f"{len(judged_after_delete)} requests carrying a terminated session answered otherwise than 404 "
-            f"(budget {budget})"
+            f"{len(judged_after_delete)} requests carrying a terminated session answered otherwise than 404"
+            + (
+                f"; {len(served)} of {len(stripped)} requests without their session ID served"
+                if len(stripped)
+                else ""
+            )
+            + f" (budget {budget})"
         ),
         budget={"missing_rehandshake_max": budget, "min_404": need},
         measured={
@@ -115,14 +124,20 @@ def check(ctx: Context) -> GateResult:
             "tap_cross_checked": tap_session is not None,
             "after_termination": len(judged_after_delete),
             "terminated_session_not_404": len(server_bad),
+            "without_session_id": len(stripped),
+            "served_without_session": len(served),
         },
         evidence=tuple(evidence),
         violations=count,
         witnesses=tuple(
             wire_sessions.witness(r, ctx) for _, r in server_bad.head(ctx.witness_limit).iterrows()
         )
+        + tuple(
+            wire_sessions.without_session_witness(r, ctx)
+            for _, r in served.head(ctx.witness_limit).iterrows()
+        )
         + tuple(_witness(r, ctx) for _, r in bad.head(ctx.witness_limit).iterrows()),
-        attribution_counts={"client": len(bad), "server": len(server_bad)},
+        attribution_counts={"client": len(bad), "server": len(server_bad) + len(served)},
         notes=tuple(notes),
     )
 

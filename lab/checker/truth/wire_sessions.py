@@ -1,4 +1,5 @@
-"""Gate 3's server check, from the wire: a terminated session must get 404.
+"""Gate 3's server checks, from the wire: a terminated session must get 404, and a
+request without a session ID must not be served.
 
 `terminated_session_not_404`: once the server has answered a `DELETE` of a session with
 2xx — the proxy's own `kill_session` DELETE (tap `fault` record, `detail.delete_status`,
@@ -15,7 +16,12 @@ connection (`x-lab-conn`); a request the client ledger does not place is not jud
 sent after the DELETE from one already in flight). Statuses that refuse a request before
 its session is looked at — Origin (403), authorization (401), Host (421), load (429,
 503), the request's own shape (406, 408, 413, 415, 431) — say nothing about the session
-and are not judged either.
+and are not judged either; nor is a request whose session ID the proxy removed.
+
+`served_without_session`: a POST (other than initialize) whose `MCP-Session-Id` the
+proxy removed (fault `strip_session_id`, listed in the flow's `faults`), answered 2xx by
+the server: a request that names no session must get 400 (every revision, § Session
+Management item 2). Other refusals are counted, not judged.
 """
 
 from __future__ import annotations
@@ -108,6 +114,9 @@ def _after(ctx: Context) -> pd.DataFrame:
         return pd.DataFrame(columns=[*COLUMNS, "ok", "decision"])
     flows = tap["flow"]
     flows = flows[(flows["answered_by"] == "server") & flows["session"].notna() & flows["conn"].notna()]
+    # A request whose session ID the proxy removed (strip_session_id) never named the
+    # session to the server: `served_without_session` judges it, not this check.
+    flows = flows[flows["faults"].map(_stripped_by).isna().to_numpy()]
     flows = flows.merge(
         ended.rename(columns={"_line": "_deleted_line"}), on="session", how="inner", validate="many_to_one"
     )
@@ -160,4 +169,74 @@ def witness(row: pd.Series, ctx: Context) -> Witness:
     return Witness(CHECK, text, Attribution.SERVER, fields, tuple(refs))
 
 
-__all__ = ["CHECK", "after_termination", "terminations", "violations", "witness"]
+# ------------------------------------------------------------- served_without_session
+
+WITHOUT_SESSION = "served_without_session"
+STRIP_SESSION_ID = "strip_session_id"
+
+
+def without_session(ctx: Context) -> pd.DataFrame:
+    """Every tap flow the server answered after the proxy removed its `MCP-Session-Id`
+    (the fault `strip_session_id`: a POST other than initialize, after the handshake),
+    with `served` (answered 2xx). A request without the session ID must get 400 (every
+    revision, § Session Management item 2); refusals not about the session (Origin,
+    token, load, shape) are not judged."""
+    return ctx.cached("wire_without_session", lambda: _without(ctx))
+
+
+def _without(ctx: Context) -> pd.DataFrame:
+    tap = ctx.data.tap
+    empty = pd.DataFrame(columns=["flow", "conn", "method", "session", "status", "t", "served", "decision"])
+    if tap is None:
+        return empty
+    flows = tap["flow"]
+    flows = flows[flows["answered_by"] == "server"]
+    decision = flows["faults"].map(_stripped_by)
+    flows = flows.assign(decision=decision)[decision.notna().to_numpy()]
+    status = pd.to_numeric(flows["status"], errors="coerce")
+    flows = flows[(status.notna() & ~status.isin(NOT_ABOUT_THE_SESSION)).to_numpy()]
+    if not len(flows):
+        return empty
+    codes = pd.to_numeric(flows["status"], errors="coerce").astype("int64")
+    flows = flows.assign(served=((codes >= 200) & (codes < 300)).to_numpy())
+    return flows.sort_values("t", kind="stable").reset_index(drop=True)
+
+
+def _stripped_by(faults: object) -> str | None:
+    """The decision of the flow's `strip_session_id` fault, if one acted on it."""
+    if isinstance(faults, list):
+        for f in faults:
+            if isinstance(f, dict) and f.get("fault") == STRIP_SESSION_ID:
+                return str(f.get("decision") or "")
+    return None
+
+
+def served_without_session(ctx: Context) -> pd.DataFrame:
+    judged = without_session(ctx)
+    return judged[judged["served"].astype(bool)] if len(judged) else judged
+
+
+def without_session_witness(row: pd.Series, ctx: Context) -> Witness:
+    text = (
+        f"the proxy removed MCP-Session-Id from a {row['method']} of session {row['session']} after its "
+        f"handshake (conn {row['conn']}, flow {row['flow']}); the server answered {int(row['status'])} "
+        f"{at(row['t'], ctx.origin)}: it served a request that named no session, where the rule is 400"
+    )
+    fields = row_of(row, ["flow", "conn", "method", "session", "status", "t"])
+    refs = tap_ref(row)
+    if present(row.get("decision")) and str(row["decision"]):
+        refs.append(f"fault:{row['decision']}")
+    return Witness(WITHOUT_SESSION, text, Attribution.SERVER, fields, tuple(refs))
+
+
+__all__ = [
+    "CHECK",
+    "WITHOUT_SESSION",
+    "after_termination",
+    "served_without_session",
+    "terminations",
+    "violations",
+    "without_session",
+    "without_session_witness",
+    "witness",
+]

@@ -23,7 +23,8 @@ from lab.faults.kinds.base import (
     Unit,
     param,
 )
-from lab.wire.revisions import LAST_EVENT_ID_HEADER, PROTOCOL_VERSION_HEADER
+from lab.wire.jsonrpc import INITIALIZE
+from lab.wire.revisions import LAST_EVENT_ID_HEADER, PROTOCOL_VERSION_HEADER, SESSION_HEADER
 
 FAMILY: Final = "request headers"
 ILLEGAL_ORIGIN: Final = "http://evil.invalid"
@@ -158,9 +159,32 @@ class OldToken(FaultKind[NoParams]):
         return Applied({"token": scope.token_name(old)})
 
 
+class StripSessionId(FaultKind[NoParams]):
+    name = "strip_session_id"
+    number = 15
+    family = FAMILY
+    unit = Unit.FLOW
+    summary = (
+        "removes `MCP-Session-Id` from a POST after the handshake; the server must answer 400 "
+        "(anything it serves is a violation)"
+    )
+    applies_to = "POST with `MCP-Session-Id`, other than `initialize`"
+    evidence = (Evidence.FLOW,)
+    feeds = frozenset({3})
+    params_type = NoParams
+
+    def applies(self, facts: RequestFacts, env: ProxyEnv) -> bool:
+        return facts.http_method == "POST" and facts.session_id is not None and facts.rpc.method != INITIALIZE
+
+    def on_request(self, scope: RequestScope, fired: Fired, params: NoParams) -> RequestEffect:
+        del scope.headers[SESSION_HEADER]
+        return Applied()
+
+
 KINDS: Final[tuple[FaultKind[Any], ...]] = (
     RewriteOrigin(),
     StripProtocolVersion(),
     RewriteLastEventId(),
     OldToken(),
+    StripSessionId(),
 )
