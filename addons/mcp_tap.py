@@ -24,11 +24,13 @@ from mcp_faults_io import TapFile, announce, options_error, parse_key, parse_ori
 from mitmproxy import ctx, http
 from mitmproxy.addonmanager import Loader
 
+from lab.faults.declarations import InitializeWatch, client_declaration
 from lab.faults.events import EventFaults
 from lab.faults.facts import RequestFacts, bearer_token, read_request
-from lab.faults.pipeline import Record, SsePipe
+from lab.faults.pipeline import MessageWatch, Record, SsePipe
 from lab.faults.records import METADATA_KEY, flow_record
 from lab.faults.results import ResultWatch, WriteCall, WriteCalls
+from lab.wire.jsonrpc import INITIALIZE
 from lab.wire.redact import Redactor
 from lab.wire.revisions import SESSION_HEADER
 
@@ -58,6 +60,8 @@ class TapFlow:
     pipe: SsePipe | None = None
     held: bool = False
     head_written: bool = False
+    declared: list[str] | None = None
+    """An initialize's: the capabilities its request declared (the client's)."""
     flow: http.HTTPFlow | None = None
     """The flow itself, while it is open: a flow still open when the proxy stops gets its
     `flow` record then (status null), so that its request is known, not only its end."""
@@ -144,6 +148,8 @@ class McpTap:
 
     def request(self, flow: http.HTTPFlow) -> None:
         f = self.facts(flow)
+        if f.rpc.method == INITIALIZE:
+            self.flows[flow.id].declared = client_declaration(flow.request.raw_content)
         if f.rpc.is_write and flow.response is None:  # (a storm answered it: the server never saw it)
             auth = self.redactor.token(bearer_token(flow.request.headers.get("authorization")))
             call = WriteCall(f.rpc.id or 0, f.rpc.idempotency_key or "", f.rpc.tool or "", auth)
@@ -171,9 +177,10 @@ class McpTap:
             resp.content = pipe.feed(resp.content or b"") + pipe.feed(b"")
             if pipe.cut is not None and self.layer is not None:
                 self.layer.cut(flow)
-        elif st.pipe is None and st.write is not None and self._meta(flow).get("answered_by") != "proxy":
-            watch = ResultWatch(flow.id, st.facts.session, st.write, self.writes)
-            self.records += watch.records((resp.content or b"").decode(errors="replace"), self.clock())
+        elif st.pipe is None and self._meta(flow).get("answered_by") != "proxy":
+            watch = self._watch(flow, st, body=True)
+            if watch is not None:
+                self.records += watch.records((resp.content or b"").decode(errors="replace"), self.clock())
         self._head(flow, st)
         self._end(flow.id, "cut_by_fault" if self._meta(flow).get("cut") else "complete")
         self.flush()
@@ -188,11 +195,25 @@ class McpTap:
 
     # ------------------------------------------------------------------ records
 
+    def _watch(self, flow: http.HTTPFlow, st: TapFlow, *, body: bool = False) -> MessageWatch | None:
+        """What looks at the server's messages on this flow: an initialize's declarations,
+        or the answers to write calls (None: nothing to look for). A JSON `body` answers
+        only its own request: a write's, or nothing to look for."""
+        f = st.facts
+        if st.declared is not None:
+            resp = flow.response
+            sid = resp.headers.get(SESSION_HEADER) if resp is not None else None
+            return InitializeWatch(flow.id, self.redactor.session(sid), st.declared)
+        if st.write or (f.session and not body):
+            return ResultWatch(flow.id, f.session, st.write, self.writes)
+        return None
+
     def _pipe(self, flow: http.HTTPFlow, st: TapFlow) -> SsePipe:
         f = st.facts
-        results = ResultWatch(flow.id, f.session, st.write, self.writes) if st.write or f.session else None
         faults = self.layer.event_faults(flow) if self.layer is not None else None
-        return SsePipe(flow.id, f.session, self.records, self.clock, faults=faults, results=results)
+        return SsePipe(
+            flow.id, f.session, self.records, self.clock, faults=faults, results=self._watch(flow, st)
+        )
 
     def _streamer(self, flow: http.HTTPFlow, pipe: SsePipe) -> Callable[[bytes], list[bytes]]:
         # Returns a list, never b"": mitmproxy 12 sends an empty bytes chunk as an empty

@@ -26,17 +26,26 @@ import json
 import re
 from collections.abc import Callable
 from hashlib import sha256
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from lab.faults.events import EventFaults, EventOutcome
 from lab.faults.kinds.base import Fired
 from lab.faults.memory import Remembered
-from lab.faults.results import ResultWatch
+from lab.wire.capabilities import gated_method
 from lab.wire.event_ids import parse_event_id
 from lab.wire.sse import SseDecoder, SseEvent, encode_event
 
 type Record = str | dict[str, Any]
 """A tap record: a dict, or (per-event records, the hot path) its JSON text."""
+
+
+class MessageWatch(Protocol):
+    """Looks at each message the server sent on a flow and gives the records it makes of
+    it (lab.faults.results.ResultWatch: write answers; lab.faults.declarations
+    .InitializeWatch: an initialize's declarations)."""
+
+    def records(self, data: str, t: float, index: int | None = None) -> list[dict[str, Any]]: ...
+
 
 KEEPALIVE: Final = b":\n\n"
 
@@ -100,7 +109,7 @@ class SsePipe:
         clock: Callable[[], float],
         *,
         faults: EventFaults | None = None,
-        results: ResultWatch | None = None,
+        results: MessageWatch | None = None,
     ) -> None:
         self.sink = sink
         self.clock = clock
@@ -165,11 +174,15 @@ class SsePipe:
             sid_js = f'"{sid}"'
         else:
             sid, eid_js, sid_js = None, js(eid), "null"
+        # The method, only of a message that needs a declared capability (the checker's
+        # `declared_capabilities`): one regex search per event, a parse only on a hit.
+        method = gated_method(ev.data) if ev.has_data else None
         self.sink.append(
             f'{self._head_sent}{ts},"index":{index},"event_id":{eid_js},"digest":"{digest}",'
             f'"has_data":{"true" if ev.has_data else "false"},"priming":{"true" if ev.is_priming else "false"},'
             f'"stream_id":{sid_js},"session":{self._session_js},'
-            f'"retry":{"null" if ev.retry is None else ev.retry}{fwd}}}'
+            f'"retry":{"null" if ev.retry is None else ev.retry}'
+            f"{'' if method is None else f',"method":"{method}"'}{fwd}}}"
         )
         return sid, eid_js, digest
 

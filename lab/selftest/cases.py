@@ -20,9 +20,14 @@ from lab.server.defects import DEFECT_NAMES, DESCRIPTIONS, Defect
 PRISTINE = "pristine"
 """The case without a defect: every gate must pass."""
 
-GATES: tuple[tuple[int, str], ...] = tuple((r.number, r.id) for r in REGISTRY.core())
-"""(number, ID) of the rules every run of the lab's clients has, in display order (the
-checker's registry, lab.checker.rules): the columns of the matrix."""
+SELFTEST_RULES: tuple[str, ...] = ("declared_capabilities",)
+"""Rules beyond the core that every selftest run has: its tap records what each session
+declared at initialize."""
+GATES: tuple[tuple[int, str], ...] = tuple((r.number, r.id) for r in REGISTRY.core()) + tuple(
+    (REGISTRY[r].number, r) for r in SELFTEST_RULES
+)
+"""(number, ID) of the rules every selftest run has, in display order (the checker's
+registry, lab.checker.rules): the columns of the matrix."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +166,13 @@ CASES: tuple[Case, ...] = (
         ("served_without_session",),
         "the proxy removes MCP-Session-Id from some POSTs after the handshake (strip_session_id); "
         "the server serves them instead of answering 400",
+    ),
+    _case(
+        Defect.UNDECLARED_CAPABILITY,
+        13,
+        ("undeclared_capability",),
+        "the server sends notifications/resources/updated; its InitializeResult (in the tap) "
+        "declares no `resources`",
     ),
 )
 BY_NAME: dict[str, Case] = {c.name: c for c in CASES}

@@ -31,6 +31,7 @@ class Defect(enum.StrEnum):
     RESUME_FORGET = "resume-forget"
     RESUME_EMPTY = "resume-empty"
     SERVE_WITHOUT_SESSION = "serve-without-session"
+    UNDECLARED_CAPABILITY = "undeclared-capability"
 
 
 SLOW_RESUME_S = 6.0
@@ -77,6 +78,10 @@ DESCRIPTIONS: dict[Defect, str] = {
     Defect.SERVE_WITHOUT_SESSION: (
         "a request without MCP-Session-Id after the handshake is served (on the token subject's "
         "latest session) instead of refused with 400"
+    ),
+    Defect.UNDECLARED_CAPABILITY: (
+        "each write also sends notifications/resources/updated on its stream, though the "
+        "server declares no `resources` capability"
     ),
 }
 

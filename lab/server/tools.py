@@ -163,6 +163,9 @@ async def ledger_append(call: ToolCall) -> dict[str, Any]:
             {"receipt": receipt, "uri": f"lab://ledger/{receipt}"},
             time.time(),
         )
+        if Defect.UNDECLARED_CAPABILITY in state.defects:  # defect: a capability never declared
+            note = jsonrpc.notification("notifications/resources/updated", {"uri": f"lab://ledger/{receipt}"})
+            state.emit(call.stream, jsonrpc.dumps(note), "notification", None, time.time())
     # A retry is answered with the original receipt, byte for byte: whether this call
     # performed or replayed the write is the ledger's business (`dispatches.effect`), not
     # the answer's, so the wire shows one result per key unless a write really ran twice.

@@ -761,3 +761,53 @@ async def test_a_flow_still_waiting_for_its_answer_when_the_proxy_stops_gets_its
     assert len(heads) == 1 and heads[0]["status"] is None and heads[0]["conn"] == "c9:1"
     ends = [r for r in h.tap(type="flow_end") if r["flow"] == waiting.id]
     assert [e["reason"] for e in ends] == ["proxy_stopped"]
+
+
+INIT_REQUEST = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {"sampling": {}},
+        "clientInfo": {"name": "t"},
+    },
+}
+INIT_RESULT = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "result": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {"tools": {"listChanged": True}, "logging": {}},
+    },
+}
+
+
+@pytest.mark.parametrize("sse", [True, False])
+async def test_the_tap_records_what_an_initialize_declared(tmp_path: Path, sse: bool) -> None:
+    h = Harness(tmp_path, [])
+    f = h.request(h.flow(body=INIT_REQUEST, session=None))
+    h.respond(f, sse=sse, headers={"mcp-session-id": "raw-sid-1"})
+    if sse:
+        await h.stream(f, [f"id: p0\ndata: {json.dumps(INIT_RESULT)}\n\n".encode()])
+    else:
+        await h.finish(f, json.dumps(INIT_RESULT).encode())
+    [rec] = h.tap(type="capabilities")
+    assert rec["flow"] == f.id and rec["session"] is not None and rec["session"] != "raw-sid-1"
+    assert rec["server"] == ["logging", "tools", "tools.listChanged"] and rec["client"] == ["sampling"]
+    # The session is the pseudonym every later record of that session carries.
+    [flow_rec] = h.tap(type="flow")
+    assert flow_rec["session_out"] == rec["session"]
+
+
+async def test_sent_records_name_only_the_methods_that_need_a_capability(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [])
+    f = h.request(h.flow("GET", conn="c1:5"))
+    h.respond(f)
+    notes = [
+        {"jsonrpc": "2.0", "method": "notifications/resources/updated", "params": {"uri": "x://1"}},
+        {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 1, "progressToken": 1}},
+    ]
+    await h.stream(f, [f"id: e{i}\ndata: {json.dumps(n)}\n\n".encode() for i, n in enumerate(notes)])
+    sent = h.tap(type="sent")
+    assert [s.get("method") for s in sent] == ["notifications/resources/updated", None]

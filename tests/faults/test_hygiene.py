@@ -31,6 +31,7 @@ def loaded_after(imports: str) -> list[str]:
 PURE = {
     # The fault layer's pure modules, and the wire vocabulary they use: what the addons may
     # import. A module added here must pass the test above (nothing heavy, no I/O).
+    "lab.faults.declarations",
     "lab.faults.events",
     "lab.faults.facts",
     "lab.faults.flows",
@@ -41,6 +42,8 @@ PURE = {
     "lab.faults.plan",
     "lab.faults.records",
     "lab.faults.results",
+    "lab.wire.capabilities",
+    "lab.wire.jsonrpc",
     "lab.wire.redact",
     "lab.wire.revisions",
 }

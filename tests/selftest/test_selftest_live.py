@@ -22,6 +22,7 @@ import pytest
 
 from lab.cli import main
 from lab.exitcodes import ExitCode
+from lab.selftest.cases import GATES
 from lab.server.defects import DEFECT_NAMES
 from tests.livesrv import LAB, ROOT
 
@@ -35,6 +36,7 @@ SUBSET = (
     "resume-forget",
     "resume-empty",
     "serve-without-session",
+    "undeclared-capability",
 )
 
 
@@ -83,10 +85,10 @@ def test_the_ci_subset_catches_every_defect_and_the_pristine_server_passes(tmp_p
     assert list(cases) == list(SUBSET)
     pristine = cases["pristine"]
     assert pristine["outcome"] == "passed" and pristine["run_verdict"] == "pass"
-    assert [g["verdict"] for g in pristine["gates"]] == ["pass"] * 6
+    assert [g["verdict"] for g in pristine["gates"]] == ["pass"] * len(GATES)
     for name in SUBSET[1:]:
         case = cases[name]
-        gate = case["gates"][case["expected"]["gate"] - 1]
+        (gate,) = [g for g in case["gates"] if g["number"] == case["expected"]["gate"]]
         assert case["outcome"] == "caught", case["why"]
         assert gate["verdict"] == "fail" and gate["server_violations"] >= 1
         assert set(gate["server_checks"]) & set(case["expected"]["checks"])

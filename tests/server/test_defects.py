@@ -209,6 +209,24 @@ def test_no_idempotency_performs_a_repeated_key_twice(tmp_path: Path, pristine: 
     assert first == second  # the original receipt, the whole answer identical
 
 
+def _write_methods(srv: LiveProcess) -> tuple[list[str], dict[str, Any]]:
+    """The methods a write's stream carried, and what the server declared at initialize."""
+    m = _session(srv)
+    declared = m.initialize().json()["result"]["capabilities"]
+    _, events = m.call("ledger.append", {"entry": "x"}, key="k-caps")
+    return [str(x.get("method")) for x in messages(events) if "method" in x], declared
+
+
+def test_undeclared_capability_sends_resources_updated_without_declaring_resources(
+    tmp_path: Path, pristine: LiveProcess
+) -> None:
+    with defective(tmp_path, "undeclared-capability") as srv:
+        methods, declared = _write_methods(srv)
+        assert "notifications/resources/updated" in methods and "resources" not in declared
+    methods, declared = _write_methods(pristine)
+    assert "notifications/resources/updated" not in methods
+
+
 def test_any_origin_serves_an_illegal_origin(tmp_path: Path, pristine: LiveProcess) -> None:
     with defective(tmp_path, "any-origin") as srv:
         assert Mcp(srv.url, origin="http://evil.example").initialize().status_code == 200

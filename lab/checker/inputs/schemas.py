@@ -169,6 +169,9 @@ TAP_RECORDS: dict[str, tuple[str, ...]] = {
         "is_error",
         "result_digest",
     ),
+    # What a session declared at initialize (the server's result, the client's request):
+    # capability paths, for `declared_capabilities`.
+    "capabilities": ("flow", "t", "session", "server", "client"),
 }
 
 NEMESIS_RECORDS: dict[str, tuple[str, ...]] = {

@@ -17,9 +17,11 @@ budget key, which clients it judges), and one line below. The judge, the report,
     10 client_reconnect_after_gone  a client under test only
     11 client_disconnect_cancel     a client under test only
     12 client_resend                a client under test only
+    13 declared_capabilities        runs whose tap saw the initialize declarations
 """
 
 from lab.checker.rules import (
+    capabilities,
     client_after_gone,
     client_cancel,
     client_cursor,
@@ -49,6 +51,7 @@ for _module in (
     client_after_gone,
     client_cancel,
     client_resend,
+    capabilities,
 ):
     REGISTRY.register(_module.RULE)
 

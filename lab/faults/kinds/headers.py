@@ -170,7 +170,6 @@ class StripSessionId(FaultKind[NoParams]):
     )
     applies_to = "POST with `MCP-Session-Id`, other than `initialize`"
     evidence = (Evidence.FLOW,)
-    feeds = frozenset({3})
     params_type = NoParams
 
     def applies(self, facts: RequestFacts, env: ProxyEnv) -> bool:
