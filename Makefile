@@ -45,7 +45,7 @@ types: $(STAMP)
 # Four test processes on two cores: the live tests mostly wait on the processes they start.
 PYTEST_PROCS ?= 4
 pytest: $(STAMP)
-	$(VENV)/bin/pytest -q -n $(PYTEST_PROCS)
+	$(VENV)/bin/pytest -q -n $(PYTEST_PROCS) --durations=15
 
 test: lint types pytest
 

@@ -174,6 +174,13 @@ CASES: tuple[Case, ...] = (
         "the server sends notifications/resources/updated; its InitializeResult (in the tap) "
         "declares no `resources`",
     ),
+    _case(
+        Defect.PER_STREAM_IDS,
+        1,
+        ("event_id_reused", "sent_off_home"),
+        "every stream counts its IDs from 0: the second stream of a session reuses the first's "
+        "IDs live, and a resumption from such an ID is sent the first stream's events",
+    ),
 )
 BY_NAME: dict[str, Case] = {c.name: c for c in CASES}
 

@@ -106,6 +106,27 @@ class SequentialNaming(_OpaqueNaming):
         return str(order)
 
 
+class PerStreamNaming(_OpaqueNaming):
+    """The defect `per-stream-ids`: each stream counts its own events ("0", "1", ... on
+    every stream, as a server that keeps one counter per stream does), so one ID names
+    several streams of a session, and a cursor is looked up as "the first stream that
+    sent that ID" (the mistake that comes with it)."""
+
+    scheme = "per-stream"
+
+    def mint(self, st: Stream, seq: int, order: int, digest: str) -> str:
+        return str(seq)
+
+    def remember(self, st: Stream, ev: StoredEvent) -> None:
+        if ev.event_id is not None:
+            st.session.cursors.setdefault(ev.event_id, (st, ev.seq))
+
+    def forget(self, s: Session, ev: StoredEvent) -> None:
+        place = s.cursors.get(ev.event_id) if ev.event_id is not None else None
+        if place is not None and place[1] == ev.seq and ev.event_id is not None:
+            s.cursors.pop(ev.event_id, None)
+
+
 class UuidNaming(_OpaqueNaming):
     scheme = "uuid"
 

@@ -32,6 +32,7 @@ class Defect(enum.StrEnum):
     RESUME_EMPTY = "resume-empty"
     SERVE_WITHOUT_SESSION = "serve-without-session"
     UNDECLARED_CAPABILITY = "undeclared-capability"
+    PER_STREAM_IDS = "per-stream-ids"
 
 
 SLOW_RESUME_S = 6.0
@@ -82,6 +83,11 @@ DESCRIPTIONS: dict[Defect, str] = {
     Defect.UNDECLARED_CAPABILITY: (
         "each write also sends notifications/resources/updated on its stream, though the "
         "server declares no `resources` capability"
+    ),
+    Defect.PER_STREAM_IDS: (
+        "event IDs are counted per stream (0, 1, ... on every stream of a session), and a "
+        "cursor is looked up as the first stream that sent that ID: a resumption of one "
+        "stream can replay another's events"
     ),
 }
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from lab.server import ledger as L
 from lab.server.config import ServerConfig
-from lab.server.cursors import UNKNOWN_CURSOR, naming
+from lab.server.cursors import UNKNOWN_CURSOR, EventNaming, PerStreamNaming, naming
 from lab.server.defects import Defect, SharedEventStore
 from lab.server.model import EVENT_OVERHEAD, LiveConn, Session, StoredEvent, Stream
 from lab.wire import jsonrpc
@@ -60,7 +60,12 @@ class ServerState:
     def __init__(self, config: ServerConfig, ledger: L.Ledger) -> None:
         self.config = config
         self.ledger = ledger
-        self.names = naming(config.event_ids, config.event_id_key)
+        self.defects = frozenset(Defect(d) for d in config.defects)
+        self.names: EventNaming = (
+            PerStreamNaming()  # defect per-stream-ids: one counter per stream
+            if Defect.PER_STREAM_IDS in self.defects
+            else naming(config.event_ids, config.event_id_key)
+        )
         self.redactor = Redactor(config.ledger_key, cache_size=0)  # a pseudonym is made once per session
         self.sessions: dict[str, Session] = {}
         """Least recently used first (`touch` moves a session to the end)."""
@@ -77,7 +82,6 @@ class ServerState:
         self._indexed = self.names.scheme != "e1"  # opaque IDs need the cursor index
         self._retention = config.event_retention
         self._byte_cap = config.max_session_event_bytes
-        self.defects = frozenset(Defect(d) for d in config.defects)
         self.shared: SharedEventStore[StoredEvent] | None = (
             SharedEventStore(config.event_retention) if Defect.SHARED_EVENT_STORE in self.defects else None
         )

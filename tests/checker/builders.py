@@ -118,6 +118,9 @@ class Sim:
     per_session_ids: bool = False
     """With `opaque_ids`: numbered per session (`1`, `2`, … in every session), as IDs need
     only be unique within a session."""
+    per_stream_ids: bool = False
+    """With `opaque_ids`: numbered per stream (`0`, `1`, … on every stream): a server bug,
+    as IDs must be unique across a session's streams."""
     tap_kinds: bool = False
     """The tap's `sent` records also say each message's `kind` and `jsonrpc_id`."""
     events: int = 0
@@ -423,7 +426,9 @@ class Sim:
         seq = home.sequence
         home.sequence += 1
         self.events += 1
-        if self.opaque_ids and self.per_session_ids:
+        if self.opaque_ids and self.per_stream_ids:
+            event_id = str(seq)
+        elif self.opaque_ids and self.per_session_ids:
             n = self.session_events[st.session] = self.session_events.get(st.session, 0) + 1
             event_id = str(n)
         elif self.opaque_ids:

@@ -337,3 +337,32 @@ def test_without_a_server_ledger_or_results_on_the_wire_gate_2_is_inconclusive(t
     g = _gate2(sim, tmp_path)
     assert g.verdict is Verdict.INCONCLUSIVE
     assert "server side effects visible" in [e.name for e in g.evidence if not e.ok]
+
+
+def test_an_id_reused_on_another_stream_of_the_session_fails_on_the_server(tmp_path: Path) -> None:
+    # A server that counts IDs per stream: two calls of one session both send "0", "1", ...
+    sim = Sim(opaque_ids=True, per_stream_ids=True)
+    sim.budgets["min_events"] = 5
+    sim.initialize("a")
+    first, second = sim.call("a", 1), sim.call("a", 2)
+    for _ in range(3):
+        sim.send(first, _msg("one"))
+    for _ in range(3):
+        sim.send(second, _msg("two"))
+    crossed = sim.send(first, _msg("x"), accept=False)
+    sim.forward_foreign(second, crossed, accept=False)
+    g = _gate1(sim, tmp_path)
+    assert g.verdict is Verdict.FAIL
+    reused = [w for w in g.witnesses if w.check == "event_id_reused"]
+    # The second call's priming event and its three messages reuse the first call's IDs.
+    assert len(reused) >= 1 and int(str(g.measured["server_violations"])) >= 4, g.measured
+    assert all(w.attribution is Attribution.SERVER for w in reused)
+    assert "unique across a session's streams" in reused[0].explanation
+    assert "also sent on" in reused[0].explanation
+
+
+def test_ids_unique_per_session_but_shared_across_sessions_pass(tmp_path: Path) -> None:
+    # Per-session counters: every session has "1", "2", ...; no session reuses one.
+    sim, _, _ = _two_sessions(per_session_ids=True)
+    g = _gate1(sim, tmp_path)
+    assert not [w for w in g.witnesses if w.check == "event_id_reused"], g.summary

@@ -227,6 +227,27 @@ def test_undeclared_capability_sends_resources_updated_without_declaring_resourc
     assert "notifications/resources/updated" not in methods
 
 
+def _two_calls_ids(srv: LiveProcess) -> tuple[list[str], list[str], Any]:
+    """Two calls of one session, then a resumption of the second from its first event:
+    (IDs of call 1, IDs of call 2, the id of the response the resumption replayed)."""
+    m = _session(srv)
+    one, two = _ticker(m, rid=1), _ticker(m, rid=2)
+    status, replayed = _resume(m, two[0].id or "", limit=2.0)
+    assert status == 200
+    return _ids(one), _ids(two), messages(replayed)[-1].get("id")
+
+
+def test_per_stream_ids_reuses_ids_and_resumes_the_wrong_stream(
+    tmp_path: Path, pristine: LiveProcess
+) -> None:
+    with defective(tmp_path, "per-stream-ids") as srv:
+        one, two, answered = _two_calls_ids(srv)
+        assert one == two  # both streams count 0, 1, 2, ...
+        assert answered == 1  # the cursor resolved to the first stream with that ID: call 1's answer
+    one, two, answered = _two_calls_ids(pristine)
+    assert not set(one) & set(two) and answered == 2
+
+
 def test_any_origin_serves_an_illegal_origin(tmp_path: Path, pristine: LiveProcess) -> None:
     with defective(tmp_path, "any-origin") as srv:
         assert Mcp(srv.url, origin="http://evil.example").initialize().status_code == 200

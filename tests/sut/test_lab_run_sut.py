@@ -62,7 +62,8 @@ def test_sdk_clients_are_judged_from_the_wire(tmp_path: Path, client: str) -> No
 
     # Gate 3 from the wire: both SDKs keep the dead session ID after a 404 (docs/clients.md).
     gates = {g["gate"]: g for g in rules_of(report)}
-    assert len(gates) == 10 and all(g["truth_from"] for n, g in gates.items() if n != "illegal_origin")
+    assert len(gates) == 11 and all(g["truth_from"] for n, g in gates.items() if n != "illegal_origin")
+    assert gates["declared_capabilities"]["verdict"] == "pass"  # the reference server declares what it sends
     g3 = gates["missing_rehandshake"]
     assert g3["verdict"] == "fail", g3["summary"]
     assert g3["measured"]["session_404s"] >= 1

@@ -114,6 +114,7 @@ def check(ctx: Context) -> GateResult:
         violations=len(bad),
         witnesses=tuple(_witness(r, ctx) for _, r in bad.head(ctx.witness_limit).iterrows()),
         attribution_counts={"server": len(bad)},
+        truth_from="the wire (proxy tap): the sessions' declarations at initialize and the server's messages",
     )
 
 

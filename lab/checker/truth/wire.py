@@ -27,6 +27,11 @@ client side is judged separately, on what it accepted):
   content is the only sign on the wire: two messages that merely look alike (the same log
   line from two calls in the same second) read as one; progress notifications carry their
   request's token, so two calls never make equal ones.
+- `event_id_reused`: an opaque event ID the server sent live on one stream of a session
+  and later sent live (not as a replay) on another stream of that session, for another
+  event (a server that counts IDs per stream): IDs MUST be unique across all streams of a
+  session, or a cursor cannot say which stream it resumes. Each reuse after the first
+  counts (`e1` IDs name their stream, so they cannot collide).
 
 Message kinds (response, notification, …) come from, in order: the tap's `sent` records
 when they carry `kind`/`jsonrpc_id`, the server ledger's `events_sent`, and the clients'
@@ -53,6 +58,7 @@ CHECKS = (
     "event_after_response",
     "replayed_out_of_order",
     "broadcast",
+    "event_id_reused",
 )
 BROADCAST_WINDOW_S = 1.0
 """A message's second live send on another stream of the session counts as the same
@@ -150,6 +156,9 @@ def _server_sends(ctx: Context) -> pd.DataFrame:
         copies, previous = _broadcasts(truth, message & on_wire)
         flag(copies, "broadcast")
         copy_of[copies] = previous[copies]
+        reused, earlier = _reused_ids(truth, with_id & on_wire)
+        flag(reused, "event_id_reused")
+        copy_of[reused & np.isnan(copy_of.to_numpy())] = earlier[reused & np.isnan(copy_of.to_numpy())]
     bad = sent[check.notna()].assign(
         check=check[check.notna()], cursor_order=cursor_order[check.notna()], copy_of=copy_of[check.notna()]
     )
@@ -255,6 +264,33 @@ def _broadcasts(truth: StreamTruth, candidates: np.ndarray) -> tuple[np.ndarray,
     return copies, previous
 
 
+def _reused_ids(truth: StreamTruth, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(reused, earlier): live sends of an opaque ID that the server had sent live before on
+    another logical stream of the session (priming events included: a per-stream counter
+    starts every stream at the same ID); and, per send, the `order` of the first live send
+    of that ID in the session (NaN elsewhere)."""
+    sent = truth.sent
+    reused = np.zeros(len(sent), dtype=bool)
+    earlier = np.full(len(sent), np.nan)
+    resumption = pd.Series(
+        truth.flows["resumption"].to_numpy(dtype=bool), index=truth.flows["flow"].to_numpy()
+    )
+    live = candidates & ~sent["flow"].map(resumption).eq(True).to_numpy(dtype=bool)
+    live &= sent["session"].notna().to_numpy()
+    rows = sent[live][["session", "event_id", "on_logical", "order"]]
+    if not len(rows):
+        return reused, earlier
+    rows = rows.sort_values("order", kind="stable")
+    group = [rows["session"], rows["event_id"]]
+    first_logical = rows.groupby(group, sort=False)["on_logical"].transform("first")
+    first_order = rows.groupby(group, sort=False)["order"].transform("first")
+    again = (rows["on_logical"] != first_logical).to_numpy(dtype=bool)
+    at = rows.index[again].to_numpy()
+    reused[at] = True
+    earlier[at] = first_order.to_numpy(dtype="float64")[again]
+    return reused, earlier
+
+
 # ---------------------------------------------------------------------------- witnesses
 
 _WHY = {
@@ -267,6 +303,8 @@ _WHY = {
     "replayed_out_of_order": "the server had first sent it before an event already sent on this connection",
     "broadcast": "the same message went out live on another stream of the session: a message may travel on one "
     "stream only",
+    "event_id_reused": "the server had already sent that ID live on another stream of the session: event IDs must "
+    "be unique across a session's streams, or a cursor cannot name the stream it resumes",
 }
 
 
@@ -292,7 +330,7 @@ def server_witness(row: pd.Series, ctx: Context) -> Witness:
     )
     first_at = ""
     refs = tap_ref(row, prefix="")
-    if check == "broadcast" and present(row.get("copy_of")):
+    if check in ("broadcast", "event_id_reused") and present(row.get("copy_of")):
         other = truth.sent[truth.sent["order"] == int(row["copy_of"])]
         if len(other):
             o = other.iloc[0]
