@@ -1,10 +1,13 @@
 """What `lab selftest` runs and what it expects of each run.
 
 One case per deliberate defect of the reference server (`lab.server.defects`), plus the
-pristine server. Each defect names the gate that must FAIL on it, with a **server**
-witness of one of the named checks: a gate that fails for another reason (a slow client,
-a proxy fault the client accepted) has not shown that it catches the defect. The pristine
-server, run the same way, must PASS every gate.
+pristine server, plus the **legal shapes**: the reference server in legal but unusual
+modes (polling closes after every event with `retry: 0`; answers as `application/json`;
+only 2025-03-26, with no priming event and no `retry`). Each defect names the gate that
+must FAIL on it, with a **server** witness of one of the named checks: a gate that fails
+for another reason (a slow client, a proxy fault the client accepted) has not shown that
+it catches the defect. The pristine server and every legal shape, run the same way, must
+PASS every gate: a false alarm on a server that did nothing wrong fails the selftest.
 
 The expectation is held here, next to why that check is the one that sees the defect;
 docs/selftest.md shows the same table.
@@ -41,10 +44,16 @@ class Case:
     """The checks of that gate, one of which must have a server witness."""
     why: str = ""
     """Why this check sees this defect on the wire."""
+    server_args: tuple[str, ...] = ()
+    """A legal shape's `lab serve` options."""
+    scenario: str | None = None
+    """A legal shape's own scenario (a name), instead of the selftest's."""
+    shape: bool = False
+    """A legal shape: no defect, every gate must pass."""
 
     @property
     def defect(self) -> str | None:
-        return None if self.name == PRISTINE else self.name
+        return None if self.name == PRISTINE or self.shape else self.name
 
     @property
     def gate_name(self) -> str | None:
@@ -182,17 +191,48 @@ CASES: tuple[Case, ...] = (
         "IDs live, and a resumption from such an ID is sent the first stream's events",
     ),
 )
-BY_NAME: dict[str, Case] = {c.name: c for c in CASES}
+SHAPES: tuple[Case, ...] = (
+    Case(
+        "shape-poll",
+        "legal shape: the server ends every ticker stream's connection after each event, advising "
+        "`retry: 0`; each call is a chain of resumptions",
+        None,
+        scenario="selftest-poll",
+        shape=True,
+    ),
+    Case(
+        "shape-json",
+        "legal shape: every tools/call but the ticker's is answered as application/json (no SSE, no "
+        "event ID); a lost answer is re-sent, with its key",
+        None,
+        server_args=("--json-answers",),
+        shape=True,
+    ),
+    Case(
+        "shape-2025-03-26",
+        "legal shape: the server negotiates only 2025-03-26: no priming event, no version header, no "
+        "`retry` field",
+        None,
+        server_args=("--protocol-versions", "2025-03-26"),
+        scenario="selftest-2025-03-26",
+        shape=True,
+    ),
+)
+"""Legal but unusual servers: each must pass every gate (a false alarm fails the selftest)."""
+
+ALL_CASES: tuple[Case, ...] = CASES + SHAPES
+BY_NAME: dict[str, Case] = {c.name: c for c in ALL_CASES}
 
 assert {c.name for c in CASES} == {PRISTINE, *DEFECT_NAMES}, "a defect without a selftest case"
 
 
 def select(names: list[str] | None) -> list[Case]:
-    """The cases to run, in table order: every case, or exactly the named ones (`pristine`
-    names the pristine run). Unknown names raise ValueError naming them and the known ones."""
+    """The cases to run, in table order: every case (defects, pristine, legal shapes), or
+    exactly the named ones (`pristine` names the pristine run, `shape-…` a legal shape).
+    Unknown names raise ValueError naming them and the known ones."""
     if not names:
-        return list(CASES)
+        return list(ALL_CASES)
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
         raise ValueError(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(BY_NAME)}")
-    return [c for c in CASES if c.name in set(names)]
+    return [c for c in ALL_CASES if c.name in set(names)]

@@ -25,10 +25,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         description=(
             "Runs a short scenario against the reference server in black-box mode (a URL target, opaque "
             "event IDs, no server ledger for the checker, no admin control): once per defect, where the "
-            "expected gate must FAIL with a server witness, and once pristine, where every gate must PASS. "
-            "Prints a defect x gate matrix and writes it (selftest.json, selftest.md) into a folder of "
-            "its own. Exit 0 every defect caught and the pristine run passed; 1 a defect missed or a "
-            "false alarm; 2 a run could not be judged (inconclusive, incomplete, interrupted); 3 a run "
+            "expected gate must FAIL with a server witness, once pristine and once per legal shape "
+            "(legal but unusual modes: shape-poll, shape-json, shape-2025-03-26), where every gate must "
+            "PASS. Prints a case x gate matrix and writes it (selftest.json, selftest.md) into a folder "
+            "of its own. Exit 0 every defect caught, the pristine run and every legal shape passed; 1 a "
+            "defect missed or a false alarm; 2 a run could not be judged (inconclusive, incomplete, interrupted); 3 a run "
             "could not be made; 4 the lab failed."
         ),
     )
@@ -37,7 +38,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="append",
         choices=list(BY_NAME),
         metavar="NAME",
-        help="run only this case (repeatable; `pristine` is the run without a defect); default: all",
+        help="run only this case (repeatable; `pristine` is the run without a defect, `shape-…` a legal "
+        "shape); default: all",
     )
     p.add_argument("--list", action="store_true", help="list the cases with their expected gate and check")
     p.add_argument("--jobs", type=_jobs, default=2, help="runs at a time (default 2)")
@@ -62,15 +64,18 @@ def _jobs(text: str) -> int:
 
 
 def _list() -> int:
-    from lab.selftest.cases import CASES
+    from lab.selftest.cases import ALL_CASES
 
-    width = max(len(c.name) for c in CASES)
-    for c in CASES:
+    width = max(len(c.name) for c in ALL_CASES)
+    for c in ALL_CASES:
         gate = "every gate passes" if c.gate is None else f"gate {c.gate} {c.gate_name}: {'/'.join(c.checks)}"
         print(f"{c.name:<{width}}  {gate}")
         print(f"{'':<{width}}    {c.description}")
         if c.why:
             print(f"{'':<{width}}    caught because {c.why}")
+        if c.shape:
+            how = " ".join([*c.server_args, *([f"(scenario {c.scenario})"] if c.scenario else [])])
+            print(f"{'':<{width}}    lab serve {how}".rstrip())
     return ExitCode.PASS
 
 

@@ -158,7 +158,7 @@ def server_argv(case: Case, ledger: Path, event_ids: str) -> list[str]:
     argv += ["--event-ids", event_ids, "--ledger", str(ledger), "--heartbeat-ms", str(HEARTBEAT_MS)]
     if case.defect is not None:
         argv += ["--defect", case.defect]
-    return argv
+    return argv + list(case.server_args)
 
 
 def run_argv(scenario: Path, url: str, out: Path) -> list[str]:

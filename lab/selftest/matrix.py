@@ -126,7 +126,11 @@ def judge_case(run: CaseRun) -> Row:
         failed = [GATES[i][1] for i, c in enumerate(cells) if c.verdict == "fail"]
         if failed:
             return Row(
-                run, cells, Outcome.FALSE_ALARM, f"gate(s) failed on the pristine server: {', '.join(failed)}"
+                run,
+                cells,
+                Outcome.FALSE_ALARM,
+                f"gate(s) failed on {'a legal shape' if case.shape else 'the pristine server'}: "
+                f"{', '.join(failed)}",
             )
         if run.exit_code == ExitCode.PASS and verdict == "pass":
             return Row(run, cells, Outcome.PASSED, "every gate passed")

@@ -22,7 +22,7 @@ from types import FrameType
 
 from lab.exitcodes import ExitCode
 from lab.runfolder import create_run_folder, replace_file
-from lab.scenario import Scenario
+from lab.scenario import Scenario, load_scenario
 from lab.selftest.cases import Case
 from lab.selftest.execute import CaseRun, Children, run_case
 from lab.selftest.matrix import LEGEND, Outcome, Row, as_json, exit_code, judge_case, markdown, text_matrix
@@ -61,12 +61,13 @@ class Selftest:
         if self.children.stopping.is_set():
             return CaseRun(case, None, 0.0, None, None)
         try:
+            scenario = self.scenario if case.scenario is None else load_scenario(case.scenario)
             return run_case(
                 case,
                 folder,
-                self.scenario.path,
+                scenario.path,
                 event_ids=self.event_ids,
-                hard_timeout_s=self.scenario.load.hard_timeout,
+                hard_timeout_s=scenario.load.hard_timeout,
                 children=self.children,
             )
         except Exception as e:  # a bug of ours, or the disk: this case's lab failed, the others go on
@@ -76,9 +77,11 @@ class Selftest:
         folder = create_run_folder(self.out, "selftest")
         n = len(self.cases)
         defects = sum(1 for c in self.cases if c.defect is not None)
+        shapes = sum(1 for c in self.cases if c.shape)
         self.say(
             f"lab selftest: {n} run(s) ({defects} defect(s)"
-            f"{', pristine' if defects < n else ''}), {self.jobs} at a time, "
+            f"{', pristine' if defects + shapes < n else ''}"
+            f"{f', {shapes} legal shape(s)' if shapes else ''}), {self.jobs} at a time, "
             f"scenario {self.scenario.name}, event IDs {self.event_ids}, black-box (URL target)"
         )
         self.say(f"results: {folder}")
@@ -100,8 +103,12 @@ class Selftest:
         self.say(LEGEND)
         self._write(folder, ordered, started=started, wall=wall, code=code)
         caught = sum(1 for r in ordered if r.outcome is Outcome.CAUGHT)
-        pristine = [r for r in ordered if r.case.defect is None]
+        pristine = [r for r in ordered if r.case.defect is None and not r.case.shape]
         tail = f", pristine {pristine[0].outcome}" if pristine else ""
+        legal = [r for r in ordered if r.case.shape]
+        if legal:
+            passed = sum(1 for r in legal if r.outcome is Outcome.PASSED)
+            tail += f", {passed} of {len(legal)} legal shape(s) passed"
         self.say(
             f"lab selftest: exit {int(code)} — {caught} of {defects} defect(s) caught{tail}; "
             f"wall time {wall:.0f} s; matrix in {folder / 'selftest.md'}"

@@ -318,6 +318,17 @@ class McpApp:
         digest = hashlib.sha256(raw).hexdigest()
         st = self._open(lambda: self.state.open_post_stream(s, mid, digest, req.conn, now))
         s.request_ids.add(mid)
+        if self.config.json_answers and msg.method == "tools/call" and msg.params.get("name") != "ticker":
+            # JSON answers (legal): the call runs to its end, its answer is the body; the
+            # stream is kept for the server's own bookkeeping and ends with the answer.
+            answer = await self._run_request(st, msg)
+            if answer is None:  # cancelled meanwhile (notifications/cancelled): no answer is due
+                self._log(req, 202, None)
+                await send_empty(send, 202)
+                return
+            self._log(req, 200, None)
+            await send_json_text(send, 200, answer)
+            return
         st.task = self._spawn(self._run_request(st, msg))
         self._log(req, 200, None)
         await self._stream(req, receive, send, st, None)
@@ -392,7 +403,9 @@ class McpApp:
                     st.task.cancel()
                 self.state.close_stream(st, "cancelled", now)
 
-    async def _run_request(self, st: Stream, msg: jsonrpc.Message) -> None:
+    async def _run_request(self, st: Stream, msg: jsonrpc.Message) -> str | None:
+        """Run the request, then send its answer on its stream; the answer (None if the
+        call was cancelled, or its stream closed meanwhile)."""
         assert msg.id is not None
         rid = str(msg.id)
         try:
@@ -401,7 +414,7 @@ class McpApp:
         except ToolError as e:
             data, kind = jsonrpc.dumps(jsonrpc.error(msg.id, e.code, e.message)), "error"
         except asyncio.CancelledError:
-            return
+            return None
         except Exception:
             log.exception("tool failed")
             data, kind = (
@@ -416,6 +429,8 @@ class McpApp:
                 # ledger, so that it neither ends that stream nor passes for the real answer)
                 self.state.emit(g, data, "stray_response", rid, now)
             self.state.emit(st, data, kind, rid, now)
+            return data
+        return None
 
     async def _get(self, req: Request, receive: Receive, send: Send, subject: str | None, now: float) -> None:
         if "text/event-stream" not in (req.header("accept") or "").lower():

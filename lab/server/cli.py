@@ -63,6 +63,8 @@ def _conversions() -> dict[str, tuple[str, _Conv]]:
         "max_header_bytes": ("max_header_bytes", int),
         "header_timeout": ("header_timeout", float),
         "body_timeout": ("body_timeout", float),
+        "protocol_versions": ("protocol_versions", lambda v: tuple(parse_list(v))),
+        "json_answers": ("json_answers", bool),
     }
 
 
@@ -114,6 +116,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     a("--max-header-bytes", type=int, help="bytes of a request head before 431 (65536)")
     a("--header-timeout", type=float, help="seconds to receive a request head before 408 (10)")
     a("--body-timeout", type=float, help="seconds to receive a request body before 408 (30)")
+    a("--protocol-versions", help="comma-separated revisions to negotiate (default: every one it knows)")
+    a(
+        "--json-answers",
+        action="store_const",
+        const=True,
+        help="answer tools/call of every tool but ticker as application/json, not an SSE stream",
+    )
     a("--log-level", default="warning")
     p.set_defaults(func=run)
 

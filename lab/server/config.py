@@ -64,6 +64,9 @@ class ServerConfig:
     """Rollback: new streams are not resumable; cursors of streams opened before stay valid."""
     admin_token: str | None = None
     """Token for /lab-admin/*; None disables the admin control."""
+    json_answers: bool = False
+    """Answer `tools/call` of every tool but `ticker` with an `application/json` body instead
+    of an SSE stream (legal; some servers answer that way, e.g. the SDKs' JSON mode)."""
     heartbeat_ms: int = 0
     """If > 0, a `notifications/message` on each live standalone stream at this period."""
     keepalive_s: float = 10.0

@@ -6,7 +6,8 @@ gate 1), the write's results on the wire (`no-idempotency`, gate 2), one message
 streams (`broadcast`, gate 1), resumptions that owe what they never replay
 (`resume-forget`, `resume-empty`, gate 5), a request without its session served
 (`serve-without-session`, gate 3) and a capability never declared
-(`undeclared-capability`, check 13). Each of the others is caught by its check in unit
+(`undeclared-capability`, check 13); and two legal shapes, which must pass like the
+pristine run (`shape-poll`, `shape-2025-03-26`). Each of the others is caught by its check in unit
 tests and shown on the wire in tests/server/test_defects.py; the whole matrix is run by
 hand (`lab selftest`, docs/selftest.md).
 """
@@ -38,6 +39,8 @@ SUBSET = (
     "resume-empty",
     "serve-without-session",
     "undeclared-capability",
+    "shape-poll",
+    "shape-2025-03-26",
 )
 
 
@@ -76,18 +79,23 @@ def test_the_ci_subset_catches_every_defect_and_the_pristine_server_passes(tmp_p
     lines = done.stdout.splitlines()
     # One progress line per run as it finishes, then the matrix and the final line.
     assert sum(1 for x in lines if x.startswith("[")) == len(SUBSET)
-    defects = len(SUBSET) - 1
+    shapes = [n for n in SUBSET if n.startswith("shape-")]
+    defects = len(SUBSET) - 1 - len(shapes)
     assert lines[-1].startswith(
-        f"lab selftest: exit 0 — {defects} of {defects} defect(s) caught, pristine passed"
+        f"lab selftest: exit 0 — {defects} of {defects} defect(s) caught, pristine passed, "
+        f"{len(shapes)} of {len(shapes)} legal shape(s) passed"
     )
     folder, doc = the_matrix(tmp_path)
     assert doc["schema"] == "mcpLabSelftest.v1" and doc["exit_code"] == 0 and doc["event_ids"] == "seq"
     cases = {c["case"]: c for c in doc["cases"]}
     assert list(cases) == list(SUBSET)
-    pristine = cases["pristine"]
-    assert pristine["outcome"] == "passed" and pristine["run_verdict"] == "pass"
-    assert [g["verdict"] for g in pristine["gates"]] == ["pass"] * len(GATES)
+    for name in ("pristine", *shapes):
+        legal = cases[name]
+        assert legal["outcome"] == "passed" and legal["run_verdict"] == "pass", legal["why"]
+        assert [g["verdict"] for g in legal["gates"]] == ["pass"] * len(GATES)
     for name in SUBSET[1:]:
+        if name in shapes:
+            continue
         case = cases[name]
         (gate,) = [g for g in case["gates"] if g["number"] == case["expected"]["gate"]]
         assert case["outcome"] == "caught", case["why"]
