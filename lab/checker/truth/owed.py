@@ -59,14 +59,15 @@ def _unreplayed(ctx: Context) -> tuple[pd.DataFrame, int]:
     order = sent["order"].to_numpy(dtype="int64")
     times = np.full(int(order.max()) + 1 if len(order) else 0, np.nan)
     times[order] = sent["t"].to_numpy(dtype="float64")  # each send's time, by its `order`
-    resumed = resumed.assign(owed=_debts(resumed, first, None))
+    times = np.fmax.accumulate(np.nan_to_num(times, nan=-np.inf))  # no gap breaks its order
+    resumed = resumed.assign(owed=_debts(resumed, first, times, None))
     resumed = resumed[resumed["owed"] > 0].reset_index(drop=True)
     if not len(resumed):
         return pd.DataFrame(), 0
     paid = _payments(resumed, sent[messages], times)
     out = resumed.merge(paid, on="flow", how="left")
     out["paid"] = out["paid"].fillna(0).astype("int64")
-    out["owed_upto_last"] = _debts(out, first, out["last"].to_numpy(dtype="float64"))
+    out["owed_upto_last"] = _debts(out, first, times, out["last"].to_numpy(dtype="float64"))
     ends = ctx.data.tap["flow_end"].drop_duplicates("flow", keep="first").set_index("flow")
     out["ended_at"] = out["flow"].map(ends["t"]).astype("float64")
     out["end_reason"] = out["flow"].map(ends["reason"]).astype("object")
@@ -113,26 +114,30 @@ def _known_cursor_resumptions(ctx: Context, tflows: pd.DataFrame, sent: pd.DataF
     return flows.assign(cursor_order=flows["cursor_order"].astype("int64")).reset_index(drop=True)
 
 
-def _debts(resumed: pd.DataFrame, first: pd.DataFrame, upto: np.ndarray | None) -> np.ndarray:
+def _debts(
+    resumed: pd.DataFrame, first: pd.DataFrame, times: np.ndarray, upto: np.ndarray | None
+) -> np.ndarray:
     """Per resumption: the messages first sent on its stream after its cursor and before it
-    was asked for (its debt); with `upto`, only those at or before that `order` (NaN: none)."""
-    out = np.zeros(len(resumed), dtype="int64")
-    groups = first.groupby("home", sort=False)
-    orders = {h: g["order"].to_numpy(dtype="int64") for h, g in groups}
-    times = {h: g["t"].to_numpy(dtype="float64") for h, g in groups}
-    rows = zip(resumed["logical"], resumed["cursor_order"], resumed["asked_at"], strict=True)
-    for i, (logical, after, asked) in enumerate(rows):
-        mine = orders.get(logical)
-        if mine is None:
-            continue
-        lo = np.searchsorted(mine, after, side="right")
-        hi = np.searchsorted(times[logical], asked, side="left")
-        if upto is not None:
-            if np.isnan(upto[i]):
-                continue
-            hi = min(hi, int(np.searchsorted(mine, upto[i], side="right")))
-        out[i] = max(0, hi - lo)
-    return out
+    was asked for (its debt); with `upto`, only those at or before that `order` (NaN: none).
+
+    Vectorized: the first sends as one sorted key (stream code, order), each resumption's
+    debt two binary searches in it; "before it was asked for" is an `order` bound, since
+    `order` follows the proxy's clock (`times`: each send's `t`, by order)."""
+    codes, uniques = pd.factorize(first["home"], sort=False)
+    span = len(times) + 1
+    keys = np.sort(codes.astype("int64") * span + first["order"].to_numpy(dtype="int64"))
+    mine = pd.Index(uniques).get_indexer(resumed["logical"])
+    known = mine >= 0
+    base = np.where(known, mine, 0).astype("int64") * span
+    after = resumed["cursor_order"].to_numpy(dtype="int64")
+    cut = np.searchsorted(times, resumed["asked_at"].to_numpy(dtype="float64"), side="left")
+    lo = np.searchsorted(keys, base + after, side="right")
+    hi = np.searchsorted(keys, base + cut, side="left")
+    if upto is not None:
+        has = ~np.isnan(upto)
+        bound = np.searchsorted(keys, base + np.where(has, upto, -1).astype("int64"), side="right")
+        hi = np.minimum(hi, np.where(has, bound, lo))
+    return np.where(known, np.maximum(0, hi - lo), 0).astype("int64")
 
 
 def _payments(resumed: pd.DataFrame, messages: pd.DataFrame, times: np.ndarray) -> pd.DataFrame:
