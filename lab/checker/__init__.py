@@ -21,6 +21,7 @@ The rooms, ground floor first (an import only ever goes down this list; tests/te
 
 The API, the only door the report and run code use (everything else is internal):
     judge_dir(run_dir) -> (RunData, RunReport)   load a run folder and judge it
+    load_run(run_dir) -> RunData                  load a run folder (then judge it)
     judge(data) -> RunReport                      judge loaded (or in-memory) inputs
     run_data_from_records(...) -> RunData         inputs from in-memory ledger rows
     judge_records(...) -> RunReport               both at once
@@ -33,7 +34,7 @@ rules (`__all__` lists them), so that a figure and a gate never compute one thin
 from lab.checker.context import Budgets, parse_budgets
 from lab.checker.explain import short_reason
 from lab.checker.health.processes import SATURATED_CPU, load_samples, saturation_phrases
-from lab.checker.inputs.load import RunData
+from lab.checker.inputs.load import RunData, load_run
 from lab.checker.inputs.phase_specs import PhaseSpec, phase_specs
 from lab.checker.inputs.records import run_data_from_records
 from lab.checker.judge.baseline import unknown_ids
@@ -76,6 +77,7 @@ __all__ = [
     "judge_dir",
     "judge_records",
     "latencies",
+    "load_run",
     "load_samples",
     "measure_frames",
     "nearest_rank",

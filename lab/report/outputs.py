@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -75,14 +76,20 @@ def _write_text(path: Path, text: str) -> None:
 def _report_run(
     run_dir: Path, *, witness_limit: int, figures: bool, quiet: bool, out: TextIO, err: TextIO
 ) -> int:
-    from lab.checker import judge_dir
+    from lab.checker import judge, load_run
     from lab.report import document
     from lab.report.evidence import raw_rows
 
     if not run_dir.is_dir():
         print(f"lab report: {run_dir} is not a folder (expected a run folder, e.g. results/<run>)", file=err)
         return ExitCode.CANNOT_RUN
-    data, report = judge_dir(run_dir, witness_limit)
+    started = time.perf_counter()
+    data = load_run(run_dir)
+    if figures:
+        from lab.report.aside import draw_beside
+
+        figures_drawn = draw_beside(data, run_dir)  # drawn while the rules judge (lab.report.aside)
+    report = judge(data, witness_limit=witness_limit, started=started)
     unwritten: list[str] = []
     """Outputs that could not be written: the lab failed (exit 4)."""
     warnings: list[str] = []
@@ -91,9 +98,12 @@ def _report_run(
     if figures:
         from lab.report.figures import draw_all
 
-        drawn, figure_errors, figures_unwritten = draw_all(data, run_dir, sections=report.sections)
-        warnings += figure_errors
-        unwritten += figures_unwritten
+        drawn, figure_errors, figures_unwritten = figures_drawn()
+        # The figures that depend on the verdict's sections (a capacity ramp's knee).
+        more, more_errors, more_unwritten = draw_all(data, run_dir, specs=(), sections=report.sections)
+        drawn += more
+        warnings += figure_errors + more_errors
+        unwritten += figures_unwritten + more_unwritten
     doc = document.document(report, drawn)
     refs = [r for g in report.gates for w in g.witnesses for r in w.refs]
     try:

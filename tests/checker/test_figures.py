@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from matplotlib.figure import Figure
 
 from lab.checker.context import Budgets
@@ -57,3 +59,30 @@ def test_a_figure_that_fails_does_not_stop_the_others(tmp_path: Path) -> None:
     assert [f["file"] for f in written] == [s.file for s in FIGURES]
     assert not (tmp_path / "fig-broken.png").exists()
     assert all((tmp_path / s.file).stat().st_size > 1000 for s in FIGURES)
+
+
+def test_figures_drawn_beside_the_judging_are_the_figures(tmp_path: Path) -> None:
+    """A forked child draws them (lab.report.aside); the parent gets what it wrote."""
+    from lab.report.aside import draw_beside
+
+    data = load_run(clean_run().sim.write(tmp_path / "run"))
+    here, aside = tmp_path / "here", tmp_path / "aside"
+    here.mkdir()
+    aside.mkdir()
+    expected = draw_all(data, here)
+    assert draw_beside(data, aside)() == expected
+    assert sorted(p.name for p in aside.iterdir()) == sorted(p.name for p in here.iterdir())
+
+
+def test_a_child_that_does_not_answer_in_time_is_stopped_and_the_parent_draws(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import lab.report.aside as aside
+
+    data = load_run(clean_run().sim.write(tmp_path / "run"))
+    monkeypatch.setattr(aside, "WAIT_S", 0.0)  # no child can answer that fast: it is killed
+    written, errors, unwritten = aside.draw_beside(data, tmp_path)()
+    assert [f["file"] for f in written] == [s.file for s in FIGURES] and errors == unwritten == []
+    # Without fork (another platform): drawn here, the same.
+    monkeypatch.delattr(os, "fork")
+    assert aside.draw_beside(data, tmp_path)() == (written, errors, unwritten)

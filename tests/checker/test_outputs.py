@@ -286,7 +286,7 @@ def test_a_crash_inside_lab_report_exits_4_with_one_line_naming_the_log(
     def crash(*args: object, **kwargs: object) -> None:
         raise RuntimeError("the checker tripped")
 
-    monkeypatch.setattr(lab.checker, "judge_dir", crash)
+    monkeypatch.setattr(lab.checker, "judge", crash)
     code, stdout, stderr = _report(run_dir)
     assert code == 4
     (line,) = stderr.splitlines()
