@@ -7,8 +7,8 @@ other core sat idle once the load was over: the release gate's wall time is the 
 The child is forked after the ledgers are loaded, so it reads them without loading them
 again (copy-on-write), and it only draws and writes PNG files; what it drew comes back as
 JSON on a pipe. Whatever goes wrong with it (no `fork` on this platform, the child dies,
-it says nothing within `WAIT_S`), the parent draws the figures itself, as before: the
-report never loses a figure to this shortcut.
+it says nothing within `WAIT_S`, or the process has other threads), the parent draws the
+figures itself, as before: the report never loses a figure to this shortcut.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import json
 import os
 import select
 import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,7 +41,10 @@ def draw_beside(data: RunData, out_dir: Path) -> Callable[[], Drawn]:
     def here() -> Drawn:
         return draw_all(data, out_dir)
 
-    if not hasattr(os, "fork"):
+    # Only a single-threaded process forks: a child forked while another thread holds a
+    # lock (logging's, the allocator's) can deadlock. `lab report` as `lab run` starts it
+    # has one thread; a caller with threads (a test runner) draws here.
+    if not hasattr(os, "fork") or threading.active_count() > 1:
         return here
     read_fd, write_fd = os.pipe()
     try:

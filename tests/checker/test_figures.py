@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pandas as pd
@@ -61,25 +62,44 @@ def test_a_figure_that_fails_does_not_stop_the_others(tmp_path: Path) -> None:
     assert all((tmp_path / s.file).stat().st_size > 1000 for s in FIGURES)
 
 
-def test_figures_drawn_beside_the_judging_are_the_figures(tmp_path: Path) -> None:
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")  # forks on purpose
+def test_figures_drawn_beside_the_judging_are_the_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A forked child draws them (lab.report.aside); the parent gets what it wrote."""
     from lab.report.aside import draw_beside
 
     data = load_run(clean_run().sim.write(tmp_path / "run"))
-    here, aside = tmp_path / "here", tmp_path / "aside"
+    forks: list[int] = []
+    real_fork = os.fork
+
+    def counted_fork() -> int:
+        pid = real_fork()
+        if pid:
+            forks.append(pid)
+        return pid
+
+    # The test runner has threads of its own, which keep `lab report` from forking: seen
+    # from the drawer, this process is single-threaded, as `lab report` is under `lab run`.
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    monkeypatch.setattr(os, "fork", counted_fork)
+    here, aside_dir = tmp_path / "here", tmp_path / "aside"
     here.mkdir()
-    aside.mkdir()
+    aside_dir.mkdir()
     expected = draw_all(data, here)
-    assert draw_beside(data, aside)() == expected
-    assert sorted(p.name for p in aside.iterdir()) == sorted(p.name for p in here.iterdir())
+    assert draw_beside(data, aside_dir)() == expected
+    assert len(forks) == 1, "drawn by a child"
+    assert sorted(p.name for p in aside_dir.iterdir()) == sorted(p.name for p in here.iterdir())
 
 
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")  # forks on purpose
 def test_a_child_that_does_not_answer_in_time_is_stopped_and_the_parent_draws(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import lab.report.aside as aside
 
     data = load_run(clean_run().sim.write(tmp_path / "run"))
+    monkeypatch.setattr(threading, "active_count", lambda: 1)  # as under `lab run`
     monkeypatch.setattr(aside, "WAIT_S", 0.0)  # no child can answer that fast: it is killed
     written, errors, unwritten = aside.draw_beside(data, tmp_path)()
     assert [f["file"] for f in written] == [s.file for s in FIGURES] and errors == unwritten == []
