@@ -158,7 +158,8 @@ def _server_sends(ctx: Context) -> pd.DataFrame:
         copy_of[copies] = previous[copies]
         reused, earlier = _reused_ids(truth, with_id & on_wire)
         flag(reused, "event_id_reused")
-        copy_of[reused & np.isnan(copy_of.to_numpy())] = earlier[reused & np.isnan(copy_of.to_numpy())]
+        mine = (check == "event_id_reused").to_numpy()
+        copy_of[mine] = earlier[mine]
     bad = sent[check.notna()].assign(
         check=check[check.notna()], cursor_order=cursor_order[check.notna()], copy_of=copy_of[check.notna()]
     )
@@ -235,6 +236,17 @@ def _out_of_order(sent: pd.DataFrame, candidates: np.ndarray) -> np.ndarray:
     return out
 
 
+def _live(truth: StreamTruth, candidates: np.ndarray) -> np.ndarray:
+    """The `candidates` sent live (not on a resumption flow), in a session."""
+    sent = truth.sent
+    resumption = pd.Series(
+        truth.flows["resumption"].to_numpy(dtype=bool), index=truth.flows["flow"].to_numpy()
+    )
+    # A flow the flows table lacks maps to NaN: not a resumption (`eq` is False for NaN).
+    live = candidates & ~sent["flow"].map(resumption).eq(True).to_numpy(dtype=bool)
+    return live & sent["session"].notna().to_numpy()
+
+
 def _broadcasts(truth: StreamTruth, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(copies, previous): live sends of a message that the server had sent live on
     another logical stream of the session within `BROADCAST_WINDOW_S` before; and, per
@@ -242,12 +254,7 @@ def _broadcasts(truth: StreamTruth, candidates: np.ndarray) -> tuple[np.ndarray,
     sent = truth.sent
     copies = np.zeros(len(sent), dtype=bool)
     previous = np.full(len(sent), np.nan)
-    resumption = pd.Series(
-        truth.flows["resumption"].to_numpy(dtype=bool), index=truth.flows["flow"].to_numpy()
-    )
-    # A flow the flows table lacks maps to NaN: not a resumption (`eq` is False for NaN).
-    live = candidates & ~sent["flow"].map(resumption).eq(True).to_numpy(dtype=bool)
-    live &= sent["session"].notna().to_numpy() & sent["digest"].notna().to_numpy()
+    live = _live(truth, candidates) & sent["digest"].notna().to_numpy()
     rows = sent[live][["session", "digest", "on_logical", "t", "order"]]
     if not len(rows):
         return copies, previous
@@ -272,11 +279,7 @@ def _reused_ids(truth: StreamTruth, candidates: np.ndarray) -> tuple[np.ndarray,
     sent = truth.sent
     reused = np.zeros(len(sent), dtype=bool)
     earlier = np.full(len(sent), np.nan)
-    resumption = pd.Series(
-        truth.flows["resumption"].to_numpy(dtype=bool), index=truth.flows["flow"].to_numpy()
-    )
-    live = candidates & ~sent["flow"].map(resumption).eq(True).to_numpy(dtype=bool)
-    live &= sent["session"].notna().to_numpy()
+    live = _live(truth, candidates)
     rows = sent[live][["session", "event_id", "on_logical", "order"]]
     if not len(rows):
         return reused, earlier

@@ -62,10 +62,16 @@ def column_or_null(frame: pd.DataFrame, name: str) -> pd.Series:
     return pd.Series(None, index=frame.index, dtype="object")
 
 
-def flows_served(ctx: Context) -> pd.DataFrame:
-    """The tap's flows (one row each, `status` numeric) that the server itself answered 2xx."""
+def served_resumptions(ctx: Context) -> pd.DataFrame:
+    """The tap's resumption flows (GET with `Last-Event-ID` as the server received it, in a
+    session) that the server itself answered 2xx; one row each, `status` numeric."""
     flows = _flows(ctx)
-    return flows[_served(flows)]
+    return flows[
+        _served(flows)
+        & (flows["method"] == "GET")
+        & flows["last_event_id_out"].notna()
+        & flows["session"].notna()
+    ]
 
 
 # ------------------------------------------------------------------------------ no_priming
@@ -128,13 +134,7 @@ def _silent(ctx: Context) -> tuple[pd.DataFrame, int]:
     if ctx.data.tap is None:
         return pd.DataFrame(), 0
     truth = stream_truth(ctx)
-    flows = _flows(ctx)
-    resumed = flows[
-        _served(flows)
-        & (flows["method"] == "GET")
-        & flows["last_event_id_out"].notna()
-        & flows["session"].notna()
-    ]
+    resumed = served_resumptions(ctx)
     sent = truth.sent
     issued = set(zip(sent["session"].tolist(), sent["event_id"].tolist(), strict=True))
     unknown = [
