@@ -43,9 +43,11 @@ types: $(STAMP)
 	$(VENV)/bin/mypy
 
 # Four test processes on two cores: the live tests mostly wait on the processes they start.
+# One test at a time to each worker (--maxschedchunk 1), in the order tests/conftest.py
+# gives: the long poles first, each on its own worker.
 PYTEST_PROCS ?= 4
 pytest: $(STAMP)
-	$(VENV)/bin/pytest -q -n $(PYTEST_PROCS) --durations=15
+	$(VENV)/bin/pytest -q -n $(PYTEST_PROCS) --maxschedchunk 1 --durations=15
 
 test: lint types pytest
 

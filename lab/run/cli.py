@@ -37,6 +37,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--out", type=Path, default=Path("results"), help="results root (default: ./results)")
     p.add_argument("--ui", action="store_true", help="serve Locust's web UI (127.0.0.1) while the run goes")
     p.add_argument("--no-report", action="store_true", help="skip `lab report` at the end")
+    p.add_argument(
+        "--no-figures",
+        action="store_true",
+        help="the report without its PNG figures (faster: CI that reads only the verdict)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument(
         "--client",
@@ -123,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         out=args.out,
         ui=args.ui,
         report=not args.no_report,
+        figures=not args.no_figures,
         quiet=args.quiet,
         client=args.client,
         baseline=args.baseline,

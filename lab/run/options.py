@@ -38,6 +38,8 @@ class RunOptions:
     out: Path = Path("results")
     ui: bool = False
     report: bool = True
+    figures: bool = True
+    """False: `lab report --no-figures` (the verdict and the documents, no PNGs)."""
     quiet: bool = False
     client: str | None = None
     """None: the scenario's `[load] client` (default `lab`); else a client under test (lab.run.sut)."""

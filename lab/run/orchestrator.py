@@ -479,8 +479,9 @@ class Run:
     def _report(self) -> int:
         assert self.group is not None
         self.say("checking the ledgers ...")
-        quiet = ["--quiet"] if self.opts.quiet else []
-        code = self.group.run([topology.LOCAL.program("lab"), "report", str(self.dir), *quiet])
+        flags = ["--quiet"] if self.opts.quiet else []
+        flags += [] if self.opts.figures else ["--no-figures"]
+        code = self.group.run([topology.LOCAL.program("lab"), "report", str(self.dir), *flags])
         html = self.dir / "report.html"
         if html.exists():
             self.say(f"report: {html}")

@@ -50,6 +50,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--scenario", default=DEFAULT_SCENARIO, help="a scenario name or .toml file (default: selftest)"
     )
     p.add_argument("--out", type=Path, default=Path("results"), help="results root (default: ./results)")
+    p.add_argument(
+        "--no-figures", action="store_true", help="the runs' reports without their PNG figures (faster)"
+    )
     p.set_defaults(func=selftest)
 
 
@@ -103,7 +106,14 @@ def selftest(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return ExitCode.CANNOT_RUN
-    st = Selftest(cases, scenario, out=args.out.absolute(), jobs=args.jobs, event_ids=args.event_ids)
+    st = Selftest(
+        cases,
+        scenario,
+        out=args.out.absolute(),
+        jobs=args.jobs,
+        event_ids=args.event_ids,
+        figures=not args.no_figures,
+    )
     signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     old = {s: signal.signal(s, st.on_signal) for s in signals}
     started = time.time()

@@ -161,7 +161,7 @@ def server_argv(case: Case, ledger: Path, event_ids: str) -> list[str]:
     return argv + list(case.server_args)
 
 
-def run_argv(scenario: Path, url: str, out: Path) -> list[str]:
+def run_argv(scenario: Path, url: str, out: Path, *, figures: bool = True) -> list[str]:
     return [
         topology.LOCAL.program("lab"),
         "run",
@@ -171,6 +171,7 @@ def run_argv(scenario: Path, url: str, out: Path) -> list[str]:
         "--out",
         str(out),
         "--quiet",
+        *([] if figures else ["--no-figures"]),
     ]
 
 
@@ -182,6 +183,7 @@ def run_case(
     event_ids: str,
     hard_timeout_s: float,
     children: Children,
+    figures: bool = True,
 ) -> CaseRun:
     """Run one case; never raises for what a child did (that is in the CaseRun)."""
     started = time.monotonic()
@@ -196,7 +198,7 @@ def run_case(
     try:
         url = _wait_ready(server, server_log, topology.SERVE_READY, SERVER_READY_S)
         if not children.stopping.is_set():
-            run = _start(run_argv(scenario, url, runs), run_log, children)
+            run = _start(run_argv(scenario, url, runs, figures=figures), run_log, children)
             try:
                 code = run.wait(hard_timeout_s + RUN_SLACK_S)
             except subprocess.TimeoutExpired:

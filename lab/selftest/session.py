@@ -30,13 +30,21 @@ from lab.selftest.matrix import LEGEND, Outcome, Row, as_json, exit_code, judge_
 
 class Selftest:
     def __init__(
-        self, cases: list[Case], scenario: Scenario, *, out: Path, jobs: int, event_ids: str
+        self,
+        cases: list[Case],
+        scenario: Scenario,
+        *,
+        out: Path,
+        jobs: int,
+        event_ids: str,
+        figures: bool = True,
     ) -> None:
         self.cases = cases
         self.scenario = scenario
         self.out = out
         self.jobs = jobs
         self.event_ids = event_ids
+        self.figures = figures
         self.children = Children()
         self._signals = 0
         self._print_lock = threading.Lock()
@@ -67,6 +75,7 @@ class Selftest:
                 folder,
                 scenario.path,
                 event_ids=self.event_ids,
+                figures=self.figures,
                 hard_timeout_s=scenario.load.hard_timeout,
                 children=self.children,
             )

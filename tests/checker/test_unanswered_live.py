@@ -33,7 +33,7 @@ def lab_run(
     shell lowers the soft and hard limit and execs `lab run`, whose parts inherit it (lab
     run raises the soft limit only up to the hard one; no preexec_fn: this process has
     threads)."""
-    argv = [LAB, "run", str(scenario), "--out", str(out), "--quiet"]
+    argv = [LAB, "run", str(scenario), "--out", str(out), "--quiet", "--no-figures"]
     if open_files is not None:
         argv = ["sh", "-c", f'ulimit -n {open_files} && exec "$0" "$@"', *argv]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
@@ -44,6 +44,7 @@ def lab_run(
 
 def test_a_pristine_run_leaves_no_request_unanswered(tmp_path: Path) -> None:
     _, run_dir, doc = lab_run(SCENARIO, tmp_path / "results", timeout=120)
+    assert not list(run_dir.glob("*.png")) and (run_dir / "report.html").is_file()  # --no-figures
     un = doc["unanswered"]
     assert un["status"] == "ok" and un["sources"] == ["client", "tap", "server"], un
     assert un["sent"] > 20 and un["sent"] == un["reached_proxy"] == un["answered_at_client"], un
@@ -62,6 +63,7 @@ def test_a_pristine_run_leaves_no_request_unanswered(tmp_path: Path) -> None:
         assert isinstance(limits.get(part), int) and limits[part] > 0, limits
 
 
+@pytest.mark.long
 def test_proxies_out_of_descriptors_are_named_and_the_target_is_not_blamed(tmp_path: Path) -> None:
     code, run_dir, doc = lab_run(STARVED, tmp_path / "results", timeout=150, open_files=STARVED_FDS)
     assert code == 2 and doc["verdict"] in ("inconclusive", "incomplete"), doc["verdict"]

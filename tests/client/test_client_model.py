@@ -53,6 +53,7 @@ TestClientAgainstModel.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+TestClientAgainstModel.pytestmark = [pytest.mark.long(1.5)]  # type: ignore[attr-defined]  # about a minute and a half of one worker
 
 
 class ClientWithoutChecks(ClientAgainstModel):

@@ -61,6 +61,7 @@ def selftest(out: Path) -> dict[str, Any]:
     return doc
 
 
+@pytest.mark.long
 def test_under_a_cpu_hog_the_pristine_server_never_fails_and_a_slow_one_does(tmp_path: Path) -> None:
     with cpu_hog() as pids:
         assert len(pids) >= 2

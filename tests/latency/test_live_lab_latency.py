@@ -28,7 +28,7 @@ def lab_run(out: Path, stall: str | None) -> tuple[dict[str, Any], str]:
     if stall is not None:
         env[TEST_LOOP_STALL] = stall
     proc = subprocess.run(
-        [LAB, "run", str(SCENARIO), "--out", str(out), "--quiet"],
+        [LAB, "run", str(SCENARIO), "--out", str(out), "--quiet", "--no-figures"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -64,6 +64,7 @@ def test_a_worker_that_blocks_its_loop_is_warned_about(tmp_path: Path) -> None:
     assert "Warning: the lab's own latency on hop 'delivery'" in md
 
 
+@pytest.mark.long
 def test_the_same_run_without_the_stall_is_not_warned_about(tmp_path: Path) -> None:
     report, md = lab_run(tmp_path / "results", None)
     hop = delivery(report)

@@ -37,6 +37,7 @@ def gate(report: dict[str, Any], name: str) -> dict[str, Any]:
     return found
 
 
+@pytest.mark.long
 def test_a_recovery_phase_that_keeps_the_storm_on_fails_gate_7(tmp_path: Path) -> None:
     code, report, folder = lab_run(HERE / "storm-kept.toml", tmp_path / "results")
     g7 = gate(report, "steady_state")
@@ -67,6 +68,7 @@ def test_a_recovery_phase_that_keeps_the_storm_on_fails_gate_7(tmp_path: Path) -
     assert bool(failed) is (g7["verdict"] == "fail")
 
 
+@pytest.mark.long
 def test_a_rollback_that_drops_the_old_cursor_index_fails_gate_8(tmp_path: Path) -> None:
     """The unacceptable rollback, end to end. (The checks pass on the documented rollback:
     tests/phases/test_rollout_gate.py on built ledgers, and `lab run rollout`.) Every

@@ -23,6 +23,7 @@ pytestmark = pytest.mark.live
 PARTS = ("server", "mitmproxy", "nemesis", "master", "worker-0")
 
 
+@pytest.mark.long
 def test_kill_9_of_each_part_ends_its_run_incomplete_with_a_report(tmp_path: Path) -> None:
     runs: dict[str, Background] = {}
     pids: list[int] = []

@@ -95,6 +95,7 @@ def found_in(folder: Path, secrets: dict[str, str]) -> list[str]:
     ]
 
 
+@pytest.mark.long
 def test_no_secret_and_no_raw_session_id_anywhere_in_the_run_folder(tmp_path: Path) -> None:
     run = start_run(tmp_path, HERE / "secret.toml")
     pids: list[int] = []

@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 
 def lab_run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [LAB, "run", *args, "--out", str(tmp_path / "results"), "--quiet"],
+        [LAB, "run", *args, "--out", str(tmp_path / "results"), "--quiet", "--no-figures"],
         capture_output=True,
         text=True,
         timeout=150,

@@ -211,6 +211,7 @@ def test_lab_watch_carries_out_the_toxics_and_completes_run_json(
     assert (run / "stop-requested").exists()
 
 
+@pytest.mark.long
 @pytest.mark.live
 def test_lab_watch_ends_the_run_incomplete_when_a_removal_fails(
     tmp_path: Path, nemesis: tuple[str, subprocess.Popen[str]]

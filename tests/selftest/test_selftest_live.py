@@ -67,6 +67,7 @@ def the_matrix(out: Path) -> tuple[Path, dict[str, Any]]:
     return folder, doc
 
 
+@pytest.mark.long(3)
 @pytest.mark.live
 @pytest.mark.parametrize("subset", SUBSETS, ids=["half-1", "half-2"])
 def test_the_ci_subset_catches_every_defect_and_the_pristine_server_passes(
@@ -75,7 +76,7 @@ def test_the_ci_subset_catches_every_defect_and_the_pristine_server_passes(
     # One run at a time per half: the two halves run side by side, so the box carries two
     # lab runs at once, as the single test of two jobs did (four at once starved the other
     # tests' servers of the CPU they need to start).
-    argv = [LAB, "selftest", "--jobs", "1", "--out", str(tmp_path)]
+    argv = [LAB, "selftest", "--jobs", "1", "--no-figures", "--out", str(tmp_path)]
     for name in subset:
         argv += ["--defect", name]
     started = time.monotonic()

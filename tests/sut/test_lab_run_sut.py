@@ -27,12 +27,13 @@ def alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("client", ["python-sdk", "typescript-sdk"])
 def test_sdk_clients_are_judged_from_the_wire(tmp_path: Path, client: str) -> None:
     adapter_or_skip(client)
     out = tmp_path / "results"
     proc = subprocess.run(
-        [LAB, "run", str(HERE / "sdk-mini.toml"), "--client", client, "--out", str(out), "--quiet"],
+        [LAB, "run", str(HERE / "sdk-mini.toml"), "--client", client, "--out", str(out), "--quiet", "--no-figures"],
         cwd=ROOT,
         capture_output=True,
         text=True,
