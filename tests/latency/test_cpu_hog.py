@@ -51,6 +51,7 @@ def selftest(out: Path) -> dict[str, Any]:
         "pristine",
         "--defect",
         "slow-resume",
+        "--no-figures",
         "--out",
         str(out),
     ]
