@@ -125,6 +125,9 @@ def start_run(tmp: Path, scenario: str | Path, *args: str, results: Path | None 
     path = scenario if isinstance(scenario, Path) else SCENARIOS / scenario
     with out.open("wb") as f:
         proc = subprocess.Popen(
-            [LAB, "run", str(path), "--out", str(results), "--no-figures", *args], stdout=f, stderr=subprocess.STDOUT, cwd=tmp
+            [LAB, "run", str(path), "--out", str(results), "--no-figures", *args],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            cwd=tmp,
         )
     return Background(proc, out, results)

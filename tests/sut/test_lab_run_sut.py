@@ -33,7 +33,17 @@ def test_sdk_clients_are_judged_from_the_wire(tmp_path: Path, client: str) -> No
     adapter_or_skip(client)
     out = tmp_path / "results"
     proc = subprocess.run(
-        [LAB, "run", str(HERE / "sdk-mini.toml"), "--client", client, "--out", str(out), "--quiet", "--no-figures"],
+        [
+            LAB,
+            "run",
+            str(HERE / "sdk-mini.toml"),
+            "--client",
+            client,
+            "--out",
+            str(out),
+            "--quiet",
+            "--no-figures",
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
