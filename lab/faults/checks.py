@@ -57,6 +57,12 @@ def describe(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """ " (did you mean 'x'?)" for the known name closest to a mistyped one, else ""."""
+    close = difflib.get_close_matches(word, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def is_number(value: object) -> bool:
     """int or float, but not bool (TOML `true` is not a number here)."""
     return isinstance(value, int | float) and not isinstance(value, bool)

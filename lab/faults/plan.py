@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any, Final
 
-from lab.faults.checks import Fields, Issue, describe
+from lab.faults.checks import Fields, Issue, describe, did_you_mean
 from lab.faults.decisions import Decider, Decision, Window
 from lab.faults.facts import Target
 from lab.faults.kinds import NAMES, REGISTRY, FaultKind, Need, Unit, kind_of
@@ -162,7 +162,8 @@ def read_rule(
     if raw_kind is None:
         f.problem("kind", f"required: one of {', '.join(NAMES)}")
     elif not isinstance(raw_kind, str) or raw_kind not in REGISTRY:
-        f.problem("kind", f"unknown fault {describe(raw_kind)}; expected one of {', '.join(NAMES)}")
+        guess = did_you_mean(raw_kind, NAMES) if isinstance(raw_kind, str) else ""
+        f.problem("kind", f"unknown fault {describe(raw_kind)}{guess}; expected one of {', '.join(NAMES)}")
     else:
         kind = REGISTRY[raw_kind]
     rule_id = f.string(

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from lab.exitcodes import ExitCode
+from lab.runfolder import RUN_FILE
 
 CRASH_LOG = "report-crash.log"
 
@@ -82,6 +83,15 @@ def _report_run(
 
     if not run_dir.is_dir():
         print(f"lab report: {run_dir} is not a folder (expected a run folder, e.g. results/<run>)", file=err)
+        return ExitCode.CANNOT_RUN
+    if not (run_dir / RUN_FILE).is_file():
+        # Every `lab run` writes run.json first: a folder without one is not a run (a
+        # mistyped path), and nothing is written into it.
+        print(
+            f"lab report: {run_dir} is not a run folder: it has no {RUN_FILE} (expected a folder "
+            "`lab run` made, e.g. results/<run>); nothing was written",
+            file=err,
+        )
         return ExitCode.CANNOT_RUN
     started = time.perf_counter()
     data = load_run(run_dir)

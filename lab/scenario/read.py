@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from lab.faults.checks import Fields, Issue, describe
+from lab.faults.checks import Fields, Issue, describe, did_you_mean
 from lab.scenario.parts import (
     PHASE_KINDS,
     ROLLBACK_MODES,
@@ -52,19 +52,60 @@ def load_scenario(path_or_name: str | Path, directory: Path = SCENARIO_DIR) -> S
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        names = ", ".join(scenario_names(directory)) or "none"
-        raise ScenarioError(path, [Issue("", f"no such scenario file (known scenarios: {names})")]) from None
+        known = scenario_names(directory)
+        names = ", ".join(known) or "none"
+        guess = did_you_mean(path.stem, known) if path.parent == directory else ""
+        raise ScenarioError(
+            path, [Issue("", f"no such scenario file{guess} (known scenarios: {names})")]
+        ) from None
     except OSError as e:
         raise ScenarioError(path, [Issue("", f"cannot read: {e.strerror or e}")]) from None
     try:
-        doc = tomllib.loads(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        doc = tomllib.loads(text)
+        issues: list[Issue] = []
+        sc = _read(doc, path, issues)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ScenarioError(path, [Issue("", f"not valid TOML: {e}")]) from None
-    issues: list[Issue] = []
-    sc = _read(doc, path, issues)
+    except RecursionError:
+        # The user's file, not a fault of the lab: said like any other problem in it.
+        key, line, depth = _deepest(text)
+        raise ScenarioError(
+            path, [Issue(key, f"nested too deeply ({depth} levels at line {line}); a scenario needs a few")]
+        ) from None
     if issues or sc is None:
         raise ScenarioError(path, issues)
     return sc
+
+
+_TABLE = re.compile(r"^\s*\[\[?\s*([^\[\]]+?)\s*\]\]?\s*(#.*)?$")
+_KEY = re.compile(r"^\s*([A-Za-z0-9_.\-\"' ]+?)\s*=")
+
+
+def _deepest(text: str) -> tuple[str, int, int]:
+    """Where a TOML text nests deepest: (dotted key, line number, depth), counting the
+    brackets and braces outside strings (a rough count: it only has to point at the line)."""
+    table, key, best = "", "", ("", 1, 0)
+    depth, quote = 0, ""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if depth == 0:
+            if (m := _TABLE.match(line)) is not None:
+                table = m.group(1).strip()
+                continue
+            if (m := _KEY.match(line)) is not None:
+                key = f"{table}.{m.group(1).strip()}" if table else m.group(1).strip()
+        for ch in line:
+            if quote:
+                quote = "" if ch == quote else quote
+            elif ch in "\"'":
+                quote = ch
+            elif ch in "[{":
+                depth += 1
+                if depth > best[2]:
+                    best = (key, number, depth)
+            elif ch in "]}":
+                depth = max(0, depth - 1)
+    return best
 
 
 def _read(doc: Mapping[str, Any], path: Path, issues: list[Issue]) -> Scenario | None:

@@ -149,6 +149,17 @@ def test_exit_codes_through_the_real_command(tmp_path: Path) -> None:
     assert done.returncode == 3 and "is not a folder" in done.stderr
 
 
+def test_a_folder_without_run_json_is_not_a_run_and_nothing_is_written_into_it(tmp_path: Path) -> None:
+    # A mistyped path in CI (a parent folder, a ledger folder of a run) is refused with 3,
+    # and the folder is left as it was: no report, no junit.xml, no figures.
+    for folder in (tmp_path / "results", clean_run().sim.write(tmp_path / "results" / "run") / "clients"):
+        before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+        done = _lab_report(folder)
+        assert done.returncode == 3, done.stdout + done.stderr
+        assert f"lab report: {folder} is not a run folder: it has no run.json" in done.stderr
+        assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
 def _edit_run_json(run_dir: Path, **fields: Any) -> None:
     path = run_dir / "run.json"
     run = json.loads(path.read_text(encoding="utf-8"))
@@ -198,6 +209,10 @@ def test_lab_report_on_an_interrupted_run_says_incomplete_and_exits_2(tmp_path: 
         ),
         ({"fault_windows": [{"fault": 3}]}, "field 'fault_windows[0]' is {'fault': 3}"),
         ({"complete": None}, "field 'complete' is None (expected true or false)"),
+        # Fields an abuse test once slipped past `lab report`, which then said PASS:
+        ({"seed": "x"}, "field 'seed' is 'x' (expected an integer >= 0, the scenario's)"),
+        ({"workers": "many"}, "field 'workers' is 'many' (expected an integer >= 0)"),
+        ({"processes": 5}, "field 'processes' is 5 (expected a list of objects)"),
     ],
 )
 def test_a_mistyped_run_json_field_is_refused_by_name(

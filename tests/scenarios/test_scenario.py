@@ -287,6 +287,20 @@ def test_each_mistake_is_named(tmp_path: Path, extra: str, expected: str) -> Non
         ("seed = 1\n[load\nusers = 5", "not valid TOML"),
         ("seed = 1\nload = 5", "load: expected a table, got 5"),
         ("seed = 1\n[[faults]]\n[load]\nusers = 5\nduration = '1m'", "faults[0].kind: required"),
+        (
+            "seed = 1\n[[faults]]\nkind = 'cut_steam'\n[load]\nusers = 5\nduration = '1m'",
+            "faults[0].kind: unknown fault 'cut_steam' (did you mean 'cut_stream'?); expected one of",
+        ),
+        # The user's file, not the lab, when it nests too deeply for the parser (it was a
+        # RecursionError, exit 4 "the lab failed"): the key and the line are named.
+        (
+            "seed = 1\n[load]\nusers = " + "[" * 5000 + "]" * 5000 + "\nduration = '1m'",
+            "load.users: nested too deeply (5000 levels at line 3)",
+        ),
+        (
+            "seed = 1\n[[faults]]\nkind = 'cut_stream'\nparams = " + "{a=" * 5000 + "1" + "}" * 5000,
+            "faults.params: nested too deeply (5000 levels at line 4)",
+        ),
     ],
 )
 def test_whole_file_mistakes(tmp_path: Path, text: str, expected: str) -> None:
@@ -410,6 +424,9 @@ def test_a_name_resolves_to_the_scenarios_folder_and_unknown_names_list_the_know
         load_scenario("no-such-scenario")
     assert "no such scenario file (known scenarios: " in str(e.value) and "smoke" in str(e.value)
     assert str(e.value).count("scenarios/no-such-scenario.toml") >= 1
+    with pytest.raises(ScenarioError) as e:
+        load_scenario("smok")
+    assert "no such scenario file (did you mean 'smoke'?) (known scenarios: " in str(e.value)
 
 
 @pytest.mark.parametrize("name", [n for n in scenario_names() if load_scenario(n).toxics])

@@ -243,7 +243,16 @@ def run_json_errors(run: dict[str, object]) -> list[str]:
     )
     want("end_reason", run.get("end_reason") is None or isinstance(run.get("end_reason"), str), "a string")
     want("status", isinstance(run.get("status"), str), "a string")
-    want("seed", run.get("seed") is None or isinstance(run.get("seed"), int | str), "an integer or a string")
+    want("seed", _is_count(run.get("seed")), "an integer >= 0, the scenario's")
+    want("workers", _is_count(run.get("workers")), "an integer >= 0")
+    want(
+        "part_died", run.get("part_died") is None or isinstance(run.get("part_died"), str), "a string or null"
+    )
+    want("processes", _is_list_of_objects(run.get("processes")), "a list of objects")
+    want("budget_split", _is_list_of_objects(run.get("budget_split")), "a list of objects")
+    want("toxic_outcomes", _is_list_of_objects(run.get("toxic_outcomes")), "a list of objects")
+    want("versions", isinstance(run.get("versions"), dict), "an object")
+    want("client", isinstance(run.get("client"), dict), "an object")
     want("budgets", isinstance(run.get("budgets"), dict), "an object of numbers")
     want("scenario", isinstance(run.get("scenario"), dict), "an object")
     want("target", isinstance(run.get("target"), dict), "an object")
@@ -265,6 +274,14 @@ def run_json_errors(run: dict[str, object]) -> list[str]:
                 out.append(f"field 'fault_windows[{i}]' is {_shown(w)} (expected {{fault, start, end}})")
                 break
     return out
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_list_of_objects(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(x, dict) for x in value)
 
 
 def _shown(value: object) -> str:
