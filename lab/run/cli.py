@@ -147,13 +147,20 @@ def scenarios(args: argparse.Namespace) -> int:
     if not names:
         print(f"lab scenarios: no scenario in {SCENARIO_DIR}", file=sys.stderr)
         return ExitCode.LAB_FAILED
+    from lab.scenario.size import size_of
+
     width = max(len(n) for n in names)
     for name in names:
+        size = ""
         try:
-            text = load_scenario(name).description or "(no description)"
+            sc = load_scenario(name)
+            text = sc.description or "(no description)"
+            size = size_of(sc).line()
         except ScenarioError as e:
             text = f"(refused: {e.problems[0].message if e.problems else e})"
         print(f"{name:<{width}}  {text}")
+        if size:
+            print(f"{'':<{width}}    {size}")
     return ExitCode.PASS
 
 

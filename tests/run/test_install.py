@@ -92,7 +92,7 @@ def test_lab_scenarios_lists_the_packaged_scenarios_from_an_empty_folder(
     assert all(str(installed) in w for w in where), f"not the installed package: {where}"
     out = subprocess.run([lab, "scenarios"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    names = dict(line.split(None, 1) for line in out.stdout.splitlines())
+    names = dict(line.split(None, 1) for line in out.stdout.splitlines() if not line.startswith(" "))
     assert names["smoke"].startswith("Small end-to-end check") and "gate-100k" in names
 
 

@@ -463,3 +463,29 @@ def test_load_settings_for_the_locust_processes() -> None:
 def test_fault_windows_name_toxics_as_the_checker_counts_them() -> None:
     windows = load_scenario("gate-100k").fault_windows(0.0)
     assert {"toxic:latency", "toxic:limit_data", "toxic:reset_peer"} <= {w["fault"] for w in windows}
+
+
+def test_the_size_of_each_scenario_warns_of_heavy_and_long_runs() -> None:
+    from lab.scenario.size import size_of
+
+    smoke, gate, crowd, ramp = (
+        size_of(load_scenario(n)) for n in ("smoke", "gate-100k", "clients-10k", "capacity")
+    )
+    assert (smoke.heavy, smoke.long, smoke.length, smoke.peak_clients) == (False, False, "30 s", 20)
+    assert smoke.line() == "30 s, 20 clients at most, 1 worker, 7 fault rules"
+    assert gate.heavy and not gate.long and gate.events == 100_000
+    assert gate.line().startswith("until 100,000 events (at most 5 min), 38 clients at most")
+    assert gate.line().endswith("+ 3 TCP toxics; HEAVY: more than one core")
+    assert crowd.heavy and crowd.long and crowd.peak_clients == 6000 and crowd.length == "9 min"
+    assert ramp.peak_clients == 1600 and ramp.length.startswith("until one step past the knee")
+
+
+def test_lab_scenarios_prints_each_size_under_its_description(capsys: pytest.CaptureFixture[str]) -> None:
+    from lab.cli import main
+
+    assert main(["scenarios"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("clients-10k "))
+    assert "6,000 concurrent" in lines[at] and lines[at + 1].lstrip().startswith("9 min, 6,000 clients")
+    assert lines[at + 1].endswith("HEAVY: more than one core, LONG")
+    assert len(lines) == 2 * len(scenario_names())
