@@ -9,9 +9,14 @@ subpackage of `lab` ships without a line here.
 from setuptools import find_packages, setup
 
 DATA_PACKAGES = {"lab_scenarios": "scenarios", "lab_addons": "addons"}
+DATA_SUBPACKAGES = ["lab.sut.typescript"]  # the Node adapter: files, no Python
 
 # Which files of them ship: pyproject.toml's [tool.setuptools.package-data].
 setup(
-    packages=[*find_packages(include=["lab", "lab.*", "dashboards", "dashboards.*"]), *DATA_PACKAGES],
+    packages=[
+        *find_packages(include=["lab", "lab.*", "dashboards", "dashboards.*"]),
+        *DATA_SUBPACKAGES,
+        *DATA_PACKAGES,
+    ],
     package_dir=DATA_PACKAGES,
 )

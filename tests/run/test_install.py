@@ -62,16 +62,28 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "-m",
         "pip",
         "install",
-        "--quiet",
+        "--verbose",  # the build backend's warnings too (install.log)
         "--no-deps",
         "--no-build-isolation",
     ]
     done = subprocess.run([*pip, str(src)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
+    (venv / "install.log").write_text(done.stdout + done.stderr, encoding="utf-8")
     for name in ("locust", "mitmdump"):
         _script(venv, name)
     shutil.rmtree(src)  # nothing of the sources may be needed any more
     return venv
+
+
+def test_the_build_says_nothing_about_the_project_and_ships_the_node_adapter(installed: Path) -> None:
+    # The project's own packaging warnings (a deprecated license table, the adapter's folder
+    # "would be ignored") were most of what a first `make` printed.
+    log = (installed / "install.log").read_text(encoding="utf-8")
+    for said in ("project.license", "would be ignored", "is absent from the `packages`"):
+        assert said not in log, log
+    site = Path(sysconfig.get_paths(vars={"base": str(installed), "platbase": str(installed)})["purelib"])
+    shipped = {p.name for p in (site / "lab" / "sut" / "typescript").iterdir()}
+    assert {"adapter.mjs", "package.json", "package-lock.json"} <= shipped
 
 
 def test_lab_scenarios_lists_the_packaged_scenarios_from_an_empty_folder(
