@@ -225,6 +225,8 @@ class RunInfo:
     seed: Scalar
     target: str | None
     fault_windows: tuple[tuple[str, float, float], ...] = ()
+    overrides: Mapping[str, object] = field(default_factory=dict)
+    """What the command line changed in the scenario (run.json `overrides`)."""
 
 
 @dataclass(frozen=True, slots=True)

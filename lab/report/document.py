@@ -91,6 +91,7 @@ def document(report: RunReport, figures: Sequence[Mapping[str, str]] = ()) -> di
             "seed": run.seed,
             "target": run.target,
             "fault_windows": [{"fault": f, "start": s, "end": e} for f, s, e in run.fault_windows],
+            "overrides": dict(run.overrides),
         },
         "incomplete": report.incomplete,
         "verdict": str(report.verdict),
@@ -166,6 +167,15 @@ def client_text(doc: Mapping[str, Any]) -> str | None:
         return None
     impl = f" ({c['implementation']})" if c.get("implementation") else ""
     return f"client under test {c['kind']}{impl}"
+
+
+def overrides_text(doc: Mapping[str, Any]) -> str | None:
+    """`overridden: load.users = 50, load.duration = '20s'`, for the headline: the run is
+    not the scenario's as written; None when nothing was overridden."""
+    given = doc["run"].get("overrides") or {}
+    if not given:
+        return None
+    return "overridden: " + ", ".join(f"{k} = {v!r}" for k, v in given.items())
 
 
 def liveness_document(live: Liveness | None, origin: float | None) -> dict[str, Any] | None:

@@ -27,7 +27,7 @@ from markupsafe import Markup
 from dashboards import asset
 from lab.checker import short_reason
 from lab.report import sections
-from lab.report.document import EXPECTED_TEXT, client_text, rules_of
+from lab.report.document import EXPECTED_TEXT, client_text, overrides_text, rules_of
 
 
 @cache
@@ -116,6 +116,9 @@ def _facts(doc: Mapping[str, Any]) -> list[str]:
     who = client_text(doc)
     if who:
         facts.append(who)
+    changed = overrides_text(doc)
+    if changed:
+        facts.append(changed)
     return facts
 
 

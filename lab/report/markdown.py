@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lab.report import sections
-from lab.report.document import EXPECTED_TEXT, client_text, rules_of
+from lab.report.document import EXPECTED_TEXT, client_text, overrides_text, rules_of
 from lab.report.html import banner, liveness_lines
 from lab.report.table import markdown as blocks_markdown
 from lab.report.table import md_cell
@@ -47,6 +47,7 @@ def render(doc: Mapping[str, Any]) -> str:
             else "event count unknown"
         )
         + (f" · {who}" if (who := client_text(doc)) else "")
+        + (f" · **{changed}**" if (changed := overrides_text(doc)) else "")
     )
     out += ["", gate_table(doc), ""]
     live = liveness_lines(doc)

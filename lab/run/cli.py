@@ -33,6 +33,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("scenario", help="a name from `lab scenarios` (e.g. smoke) or a path to a .toml file")
     p.add_argument("--target", help="'reference' (start the reference server) or the URL of an MCP endpoint")
     p.add_argument("--workers", type=_workers, help="Locust worker processes, >= 1 (default: the scenario's)")
+    size = p.add_argument_group(
+        "the size of the run",
+        "Applied on top of the scenario before it is checked, recorded in run.json (`overrides`) and "
+        "shown in the report's header. A scenario with [[phases]] refuses --users, --spawn-rate and "
+        "--duration (its phases set them).",
+    )
+    size.add_argument("--users", type=int, metavar="N", help="concurrent clients (load.users)")
+    size.add_argument(
+        "--spawn-rate", type=float, metavar="R", help="clients started per second (load.spawn_rate)"
+    )
+    size.add_argument(
+        "--duration",
+        metavar="D",
+        help="how long the load lasts, like 30s, 2m, 1h30m (load.duration; the hard timeout becomes 2x + 60 s)",
+    )
+    size.add_argument(
+        "--events", type=int, metavar="N", help="stop after this many events (load.event_target)"
+    )
+    size.add_argument("--seed", type=int, metavar="N", help="the seed every random decision derives from")
     p.add_argument("--toxiproxy", help="URL of a real Toxiproxy API to use instead of the embedded nemesis")
     p.add_argument("--out", type=Path, default=Path("results"), help="results root (default: ./results)")
     p.add_argument("--ui", action="store_true", help="serve Locust's web UI (127.0.0.1) while the run goes")
@@ -102,14 +121,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     w.set_defaults(func=watch)
 
 
-def _load(name: str, command: str) -> object:
+def _load(name: str, command: str, overrides: dict[str, object] | None = None) -> object:
     from lab.scenario import ScenarioError, load_scenario
 
     try:
-        return load_scenario(name)
+        return load_scenario(name, overrides=overrides)
     except ScenarioError as e:
-        print(f"lab {command}: the scenario was refused, nothing was started:\n{e}", file=sys.stderr)
+        given = ", ".join(f"{k} = {v!r}" for k, v in (overrides or {}).items())
+        applied = f" (with the command line's {given})" if given else ""
+        print(f"lab {command}: the scenario was refused{applied}, nothing was started:\n{e}", file=sys.stderr)
         return None
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, object]:
+    """The size flags given (`--users 50`), as the scenario keys they set."""
+    from lab.scenario import OVERRIDABLE
+
+    return {key: value for flag, key in OVERRIDABLE.items() if (value := getattr(args, flag)) is not None}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -117,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
     from lab.run.orchestrator import Run
     from lab.scenario import Scenario
 
-    scenario = _load(args.scenario, "run")
+    scenario = _load(args.scenario, "run", _overrides(args))
     if not isinstance(scenario, Scenario):
         return ExitCode.CANNOT_RUN
     opts = RunOptions(

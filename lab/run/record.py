@@ -156,4 +156,5 @@ class RunRecord:
             "client_url": self.client_url,
             "client": self.client,
             "workers": self.workers,
+            "overrides": dict(self.sc.overrides),
         }

@@ -36,6 +36,7 @@ from lab.scenario.parts import (
 from lab.scenario.read import (
     BASELINE_CLIENTS,
     CLIENT_SPEC,
+    OVERRIDABLE,
     load_baseline,
     load_scenario,
     read_expected_failures,
@@ -46,6 +47,7 @@ from lab.scenario.read import (
 __all__ = [
     "BASELINE_CLIENTS",
     "CLIENT_SPEC",
+    "OVERRIDABLE",
     "PHASE_KINDS",
     "ROLLBACK_MODES",
     "SCENARIO_DIR",

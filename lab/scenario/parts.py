@@ -198,6 +198,9 @@ class Scenario:
     phases: tuple[Phase, ...]
     expected_failures: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """`[expected_failures]`: per client (`python-sdk`, ...), gate/check IDs known to fail."""
+    overrides: Mapping[str, object] = field(default_factory=dict)
+    """What the command line changed (`lab run --users 50`): dotted key -> the value given,
+    applied before the file was checked (run.json `overrides`)."""
 
     @property
     def duration(self) -> float | None:

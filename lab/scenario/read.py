@@ -7,6 +7,7 @@ import math
 import re
 import tomllib
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -46,8 +47,29 @@ def resolve(path_or_name: str | Path, directory: Path = SCENARIO_DIR) -> Path:
     return directory / f"{p}.toml"
 
 
-def load_scenario(path_or_name: str | Path, directory: Path = SCENARIO_DIR) -> Scenario:
-    """Load and validate a scenario; ScenarioError lists every problem found."""
+OVERRIDABLE: Final = {
+    "users": "load.users",
+    "spawn_rate": "load.spawn_rate",
+    "duration": "load.duration",
+    "events": "load.event_target",
+    "seed": "seed",
+}
+"""`lab run` flags (`--users`, ...) -> the scenario key each one sets."""
+_SET_BY_PHASES: Final = ("load.users", "load.spawn_rate", "load.duration")
+
+
+def load_scenario(
+    path_or_name: str | Path,
+    directory: Path = SCENARIO_DIR,
+    *,
+    overrides: Mapping[str, object] | None = None,
+) -> Scenario:
+    """Load and validate a scenario; ScenarioError lists every problem found.
+
+    `overrides` (dotted key -> value, the keys of OVERRIDABLE's values) replace the file's
+    values before it is checked, so an override is checked like the file: a bad one is named
+    by its key. A scenario with phases refuses users, spawn rate and duration (its phases
+    set them); a new duration brings the default hard timeout (2x + 60 s) with it."""
     path = resolve(path_or_name, directory)
     try:
         raw = path.read_bytes()
@@ -64,6 +86,8 @@ def load_scenario(path_or_name: str | Path, directory: Path = SCENARIO_DIR) -> S
         text = raw.decode("utf-8")
         doc = tomllib.loads(text)
         issues: list[Issue] = []
+        if overrides:
+            doc = _overridden(doc, overrides, issues)
         sc = _read(doc, path, issues)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ScenarioError(path, [Issue("", f"not valid TOML: {e}")]) from None
@@ -75,7 +99,29 @@ def load_scenario(path_or_name: str | Path, directory: Path = SCENARIO_DIR) -> S
         ) from None
     if issues or sc is None:
         raise ScenarioError(path, issues)
-    return sc
+    return replace(sc, overrides=dict(overrides)) if overrides else sc
+
+
+def _overridden(doc: dict[str, Any], overrides: Mapping[str, object], issues: list[Issue]) -> dict[str, Any]:
+    """The document with the command line's values in place (the file's own are left alone)."""
+    out = dict(doc)
+    for key, value in overrides.items():
+        table, _, name = key.rpartition(".")
+        if key in _SET_BY_PHASES and out.get("phases"):
+            issues.append(
+                Issue(key, "set by the scenario's [[phases]]: it cannot be overridden; edit the phases")
+            )
+            continue
+        if not table:
+            out[name] = value
+            continue
+        section = out.get(table)
+        section = dict(section) if isinstance(section, Mapping) else {}
+        section[name] = value
+        if key == "load.duration":
+            section.pop("hard_timeout", None)  # the file's bound was for its own duration
+        out[table] = section
+    return out
 
 
 _TABLE = re.compile(r"^\s*\[\[?\s*([^\[\]]+?)\s*\]\]?\s*(#.*)?$")

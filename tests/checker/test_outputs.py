@@ -312,3 +312,18 @@ def test_a_crash_inside_lab_report_exits_4_with_one_line_naming_the_log(
     log = (run_dir / "report-crash.log").read_text(encoding="utf-8")
     assert log.startswith("Traceback") and "the checker tripped" in log
     assert "Traceback" not in stdout + stderr
+
+
+def test_a_run_with_size_flags_says_so_in_the_headline(tmp_path: Path) -> None:
+    run_dir = clean_run().sim.write(tmp_path / "run")
+    code, _, _ = _report(run_dir)
+    assert "overridden" not in (run_dir / "report.md").read_text(encoding="utf-8")
+    _edit_run_json(run_dir, overrides={"load.users": 50, "load.duration": "20s"})
+    code, _, stderr = _report(run_dir)
+    assert code == 0, stderr
+    said = "overridden: load.users = 50, load.duration = '20s'"
+    headline = (run_dir / "report.md").read_text(encoding="utf-8").splitlines()[2:5]
+    assert any(said in line for line in headline), headline
+    assert said.replace("'", "&#39;") in (run_dir / "report.html").read_text(encoding="utf-8")
+    doc = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
+    assert doc["run"]["overrides"] == {"load.users": 50, "load.duration": "20s"}

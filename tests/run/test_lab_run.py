@@ -62,11 +62,25 @@ def test_budget_below_the_workers_is_refused(tmp_path: Path) -> None:
     assert run_folders(out) == []
 
 
+SIZE_FLAGS = ["--users", "3", "--duration", "10s", "--seed", "77"]
+
+
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     out = tmp_path_factory.mktemp("run") / "results"
     proc = subprocess.run(
-        [LAB, "run", str(HERE / "mini.toml"), "--workers", "2", "--out", str(out), "--no-report"],
+        # The size flags on top of mini.toml (4 users, 14 s, seed 7), as a k6 user would.
+        [
+            LAB,
+            "run",
+            str(HERE / "mini.toml"),
+            "--workers",
+            "2",
+            "--out",
+            str(out),
+            "--no-report",
+            *SIZE_FLAGS,
+        ],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -89,6 +103,16 @@ def test_short_run_completes_and_stops_everything(
         assert p["exit_code"] == 0, p
         assert not pid_alive(p["pid"]), f"{p['name']} ({p['pid']}) is still running"
     assert "[" in proc.stdout and "events" in proc.stdout  # progress lines were shown
+
+
+def test_the_size_flags_change_the_run_and_say_so(
+    short_run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    folder, _ = short_run
+    run = json.loads((folder / "run.json").read_text())
+    assert run["overrides"] == {"load.users": 3, "load.duration": "10s", "seed": 77}
+    assert run["seed"] == 77 and run["scenario"]["load"]["users"] == 3
+    assert run["scenario"]["load"]["duration"] == 10.0 and run["scenario"]["load"]["hard_timeout"] == 80.0
 
 
 def test_two_workers_split_the_budget(short_run: tuple[Path, subprocess.CompletedProcess[str]]) -> None:

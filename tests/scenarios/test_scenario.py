@@ -489,3 +489,27 @@ def test_lab_scenarios_prints_each_size_under_its_description(capsys: pytest.Cap
     assert "6,000 concurrent" in lines[at] and lines[at + 1].lstrip().startswith("9 min, 6,000 clients")
     assert lines[at + 1].endswith("HEAVY: more than one core, LONG")
     assert len(lines) == 2 * len(scenario_names())
+
+
+def test_overrides_are_checked_like_the_file_and_phases_refuse_them() -> None:
+    sc = load_scenario("smoke", overrides={"load.users": 7, "load.duration": "12s", "load.event_target": 500})
+    assert (sc.load.users, sc.load.duration, sc.load.event_target, sc.load.hard_timeout) == (
+        7,
+        12.0,
+        500,
+        84.0,
+    )
+    assert sc.overrides == {"load.users": 7, "load.duration": "12s", "load.event_target": 500}
+    assert load_scenario("smoke").overrides == {} and load_scenario("smoke").load.users == 20
+    with pytest.raises(ScenarioError) as e:
+        load_scenario("smoke", overrides={"load.users": 0, "seed": -1, "load.spawn_rate": 0})
+    said = {(p.key, p.message.split(",")[0]) for p in e.value.problems}
+    assert said == {
+        ("load.users", "expected an integer >= 1"),
+        ("seed", "expected an integer >= 0"),
+        ("load.spawn_rate", "expected a number > 0"),
+    }, said
+    with pytest.raises(ScenarioError) as e:
+        load_scenario("chaos-day", overrides={"load.users": 5, "seed": 3})
+    (problem,) = e.value.problems
+    assert problem.key == "load.users" and "set by the scenario's [[phases]]" in problem.message

@@ -253,6 +253,7 @@ def run_json_errors(run: dict[str, object]) -> list[str]:
     want("toxic_outcomes", _is_list_of_objects(run.get("toxic_outcomes")), "a list of objects")
     want("versions", isinstance(run.get("versions"), dict), "an object")
     want("client", isinstance(run.get("client"), dict), "an object")
+    want("overrides", isinstance(run.get("overrides"), dict), "an object (scenario key -> value)")
     want("budgets", isinstance(run.get("budgets"), dict), "an object of numbers")
     want("scenario", isinstance(run.get("scenario"), dict), "an object")
     want("target", isinstance(run.get("target"), dict), "an object")

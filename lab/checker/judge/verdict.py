@@ -298,6 +298,7 @@ def run_info(data: RunData) -> RunInfo:
         seed=seed if isinstance(seed, str | int | float | bool) or seed is None else str(seed),
         target=target_text,
         fault_windows=tuple(configured_faults(data.run)),
+        overrides=dict(overrides) if isinstance(overrides := run.get("overrides"), dict) else {},
     )
 
 
