@@ -20,7 +20,7 @@ from pathlib import Path
 from lab.checker.judge.verdict import judge_dir
 from lab.checker.model import Attribution, GateResult, RunReport, Verdict
 from lab.wire.event_ids import message_digest
-from tests.checker.builders import Sim, Stream, clean_run
+from tests.checker.builders import Event, Sim, Stream, clean_run
 
 STRIPPED = [{"fault": "strip_session_id", "rule": "strip_session_id#0", "decision": "d-strip"}]
 
@@ -350,7 +350,7 @@ def test_gate6_a_stream_a_proxy_storm_answered_in_the_servers_place_is_no_server
 
 
 def broadcasts(g: GateResult) -> object:
-    by_check = g.measured["server_by_check"]
+    by_check = measured(g, "server_by_check")
     assert isinstance(by_check, dict)
     return by_check["broadcast"]
 
@@ -401,3 +401,134 @@ def test_gate1_equal_messages_far_apart_or_in_two_sessions_are_not_a_broadcast(t
     g = gate(report, "cross_stream")
     assert g.verdict is Verdict.PASS, g.witnesses
     assert broadcasts(g) == 0
+
+
+# ------------------------------------------------------- gate 1: every rejection explained
+
+
+def reject(sim: Sim, st: Stream, ev: Event, reason: str, detail: str) -> None:
+    """The client refuses `ev` (sent with accept=False) on the stream's connection."""
+    sim.client_row(
+        "events_rejected",
+        client_id=st.client,
+        conn_id=st.conn_id,
+        session_generation=st.generation,
+        stream_key=st.key,
+        event_id=ev.event_id,
+        digest=ev.digest,
+        reason=reason,
+        detail=detail,
+        at=sim.tick(),
+    )
+
+
+def measured(g: GateResult, name: str) -> dict[str, int]:
+    """One of the gate's per-kind counts (an object in report.json)."""
+    got = g.measured[name]
+    assert isinstance(got, dict)
+    return {str(k): int(v) for k, v in got.items()}  # type: ignore[arg-type]
+
+
+def progress_of_another_call(sim: Sim) -> tuple[Stream, Event]:
+    """The server sends, on a's POST stream, a progress notification the client refuses."""
+    post = sim.call("a", 40)
+    data = json.dumps(
+        {
+            "jsonrpc": "2.0",
+            "method": "notifications/progress",
+            "params": {"progressToken": "other", "progress": 1},
+        }
+    )
+    ev = sim.send(post, data, accept=False)
+    reject(sim, post, ev, "progress_token_mismatch", "progress token 'other' is not this stream's")
+    sim.respond(post)
+    return post, ev
+
+
+def test_gate1_a_rejection_no_fault_explains_is_the_servers_finding(tmp_path: Path) -> None:
+    sim = clean_run().sim
+    post, ev = progress_of_another_call(sim)
+    report = check(sim, tmp_path, server=False)
+    assert failing(report) == ["cross_stream"]
+    g = gate(report, "cross_stream")
+    assert g.attribution_counts["server"] == 1 and server_checks(g) == {"rejected_unexplained"}
+    assert measured(g, "server_by_check")["rejected_unexplained"] == 1
+    assert measured(g, "rejections_explained")["unexplained"] == 1
+    (w,) = [w for w in g.witnesses if w.check == "rejected_unexplained"]
+    assert w.row["flow"] == post.flow and w.row["digest"] == ev.digest
+    assert "rejected it on that connection (progress_token_mismatch: progress token 'other'" in w.explanation
+    assert any("1 unexplained" in n for n in g.notes), g.notes
+
+
+def test_gate1_the_same_rejection_explained_by_a_fault_is_no_finding(tmp_path: Path) -> None:
+    sim = clean_run().sim
+    post, ev = progress_of_another_call(sim)
+    # The proxy, not the server, put it there: the tap's faulted forward of that message.
+    sim.tap.append(
+        {
+            "type": "forwarded",
+            "flow": post.flow,
+            "t": sim.tick(),
+            "index": 0,
+            "event_id": ev.event_id,
+            "digest": ev.digest,
+            "source": None,
+            "fault": "inject_foreign",
+            "rule": "inject_foreign#0",
+            "decision": "d-inject",
+        }
+    )
+    report = check(sim, tmp_path, server=False)
+    assert "cross_stream" not in failing(report)
+    g = gate(report, "cross_stream")
+    assert (
+        measured(g, "rejections_explained")["fault"] >= 1
+        and measured(g, "rejections_explained")["unexplained"] == 0
+    )
+    assert measured(g, "proxy_faults_rejected").get("inject_foreign") == 1
+
+
+def gap_then_abandon(sim: Sim, *, dropped: bool) -> Stream:
+    """On a's POST stream: one event accepted; the next one lost (`dropped`: sent by the
+    server and dropped by a fault of the proxy; else the server skipped it); the one after
+    it refused as a cursor gap, and one more read after the client gave the connection up."""
+    post = sim.call("a", 41)
+    sim.notify(post, 1)
+    message = '{{"jsonrpc":"2.0","method":"notifications/message","params":{{"n":{n}}}}}'
+    if dropped:
+        lost = sim.send(post, message.format(n=1), accept=False)
+        sim.tap.append(
+            {
+                "type": "dropped",
+                "flow": post.flow,
+                "t": sim.tick(),
+                "index": lost.index,
+                "fault": "cut_stream",
+                "rule": "cut_stream#0",
+                "decision": "d-cut",
+            }
+        )
+    after = sim.send(post, message.format(n=2), accept=False)
+    reject(sim, post, after, "cursor_gap", "sequence 3 skips from 1")
+    late = sim.send(post, message.format(n=3), accept=False)
+    reject(sim, post, late, "connection_abandoned", "read after the close")
+    return post
+
+
+def test_gate1_a_gap_a_fault_made_is_explained_and_one_the_server_made_is_not(tmp_path: Path) -> None:
+    sim = clean_run().sim
+    gap_then_abandon(sim, dropped=True)
+    g = gate(check(sim, tmp_path / "dropped", server=False), "cross_stream")
+    explained = measured(g, "rejections_explained")
+    assert (explained["after_fault"], explained["consequence"], explained["unexplained"]) == (1, 1, 0)
+    assert "rejected_unexplained" not in server_checks(g)
+
+    sim = clean_run().sim
+    post = gap_then_abandon(sim, dropped=False)
+    report = check(sim, tmp_path / "skipped", server=False)
+    g = gate(report, "cross_stream")
+    explained = measured(g, "rejections_explained")
+    assert (explained["after_fault"], explained["consequence"], explained["unexplained"]) == (0, 1, 1)
+    (w,) = [w for w in g.witnesses if w.check == "rejected_unexplained"]
+    assert w.row["flow"] == post.flow and "cursor_gap: sequence 3 skips from 1" in w.explanation
+    assert failing(report) == ["cross_stream"]

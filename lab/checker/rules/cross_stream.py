@@ -25,6 +25,10 @@ pre-fault `sent` record), or sent a response on the wrong POST stream. Proxy fau
 the client did reject (its `events_rejected` rows matching a faulted `forwarded`
 record) are counted as `proxy_fault_rejected`.
 
+Every event a lab client rejected gets an explanation (lab.checker.truth.rejections),
+counted in `rejections_explained` and said in a note; an unexplained one the server sent
+on that connection is a server violation (`rejected_unexplained`, with the server checks).
+
 Evidence: the run's event count >= min_events, at least one stream crossing injected
 (a faulted `forwarded` event whose source is another flow, is made up, or carries another
 ID than the server gave it; or a `Last-Event-ID` the proxy rewrote), no unverifiable
@@ -44,6 +48,7 @@ from lab.checker.inputs.load import ROWID, SOURCE
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 from lab.checker.rules.base import Rule
 from lab.checker.rules.cross_stream_sut import check as read_under_test
+from lab.checker.truth.rejections import counts, explained_rejections
 from lab.checker.truth.streams import StreamTruth, client_sessions, stream_truth
 from lab.checker.truth.wire import CHECKS, describe_flow, server_sends, server_witness
 
@@ -88,7 +93,7 @@ def check(ctx: Context) -> GateResult:
         server_witness(row, ctx) for _, row in spread_head(server_bad, ctx.witness_limit).iterrows()
     )
     witnesses += tuple(_witness(row, truth, ctx) for _, row in bad.head(ctx.witness_limit).iterrows())
-    notes = _notes(receipts[status == "unverifiable"], truth)
+    notes = _notes(receipts[status == "unverifiable"], truth) + _rejection_notes(rejected)
     summary = (
         f"{len(bad)} of {len(receipts)} non-priming receipts accepted on a stream they do not belong to, "
         f"{len(server_bad)} server send(s) where an event does not belong (budget {budget}); "
@@ -172,6 +177,23 @@ def _notes(unverified: pd.DataFrame, truth: StreamTruth) -> list[str]:
     return notes
 
 
+def _rejection_notes(rejected: dict[str, Any]) -> list[str]:
+    """One sentence on why the clients rejected what they rejected."""
+    got = rejected.get("explained") or {}
+    if not rejected.get("total"):
+        return []
+    said = {
+        "fault": "a fault of the lab forwarded the message",
+        "cursor_rewrite": "the lab rewrote the cursor",
+        "after_fault": "a fault took an earlier event of the connection",
+        "consequence": "about the client's own state (a duplicate, a connection it gave up, an old session)",
+        "unverifiable": "no tap flow for the connection",
+        "unexplained": "unexplained (each one the server sent is a server finding: rejected_unexplained)",
+    }
+    parts = [f"{got[k]:,} {text}" for k, text in said.items() if got.get(k)]
+    return [f"{rejected['total']:,} event(s) rejected by the lab's clients: " + "; ".join(parts)]
+
+
 def _measured(
     receipts: pd.DataFrame,
     status: pd.Series,
@@ -201,6 +223,7 @@ def _measured(
         "rejected_events": rejected["total"],
         "rejected_by_reason": rejected["by_reason"],
         "proxy_faults_rejected": rejected["by_fault"],
+        "rejections_explained": rejected["explained"],
         "truth_source": truth.source,
     }
 
@@ -442,22 +465,17 @@ def _crossings_injected(ctx: Context) -> int:
 
 
 def _rejections(ctx: Context, truth: StreamTruth) -> dict[str, Any]:
+    """The clients' rejections: by reason, by the fault that explains them, and by
+    explanation (lab.checker.truth.rejections; the unexplained ones the server sent are
+    findings of this gate, `rejected_unexplained`)."""
     data = ctx.data
     if data.client is None or "events_rejected" in data.client_tables_absent:
-        return {"total": None, "by_reason": {}, "by_fault": {}}
-    rej = data.client["events_rejected"]
+        return {"total": None, "by_reason": {}, "by_fault": {}, "explained": {}}
+    rej = explained_rejections(ctx, truth)
     by_reason = {str(k): int(v) for k, v in rej["reason"].value_counts().items()}
-    by_fault: dict[str, int] = {}
-    if truth.from_tap and len(rej):
-        f = _faulted_forwards(ctx)
-        conn = rej["client_id"].astype(str) + ":" + rej["conn_id"].astype("Int64").astype(str)
-        flow_of = truth.flows.dropna(subset=["conn"]).drop_duplicates("conn").set_index("conn")["flow"]
-        keyed = text_key(conn.map(flow_of), rej["digest"])
-        fault_of = pd.Series(f["fault"].values, index=text_key(f["flow"], f["digest"]).values)
-        fault_of = fault_of[~fault_of.index.duplicated(keep="first")]
-        matched = keyed.map(fault_of).dropna()
-        by_fault = {str(k): int(v) for k, v in matched.value_counts().items()}
-    return {"total": len(rej), "by_reason": by_reason, "by_fault": by_fault}
+    faulted = rej.loc[rej["explanation"] == "fault", "fault"]
+    by_fault = {str(k): int(v) for k, v in faulted.value_counts().items()}
+    return {"total": len(rej), "by_reason": by_reason, "by_fault": by_fault, "explained": counts(rej)}
 
 
 RULE = Rule(

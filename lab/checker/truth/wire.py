@@ -32,6 +32,12 @@ client side is judged separately, on what it accepted):
   event (a server that counts IDs per stream): IDs MUST be unique across all streams of a
   session, or a cursor cannot say which stream it resumes. Each reuse after the first
   counts (`e1` IDs name their stream, so they cannot collide).
+- `rejected_unexplained`: a message the server sent on a connection where a lab client
+  rejected it, when no fault of the lab explains the rejection (lab.checker.truth.
+  rejections: not a faulted forward of it, not a rewritten cursor, not a gap a fault made,
+  not the client's own state): a correct client had to refuse what the server sent, for
+  a reason none of the checks above names (a progress token of another call, a cursor
+  going backwards, content that changed under one ID, ...).
 
 Message kinds (response, notification, …) come from, in order: the tap's `sent` records
 when they carry `kind`/`jsonrpc_id`, the server ledger's `events_sent`, and the clients'
@@ -45,9 +51,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from lab.checker.context import Context, text_ids
+from lab.checker.context import Context, text_ids, text_key
 from lab.checker.explain import at, present, row_of, short, tap_ref
 from lab.checker.model import Attribution, Witness
+from lab.checker.truth.rejections import explained_rejections
 from lab.checker.truth.streams import StreamTruth, stream_truth
 
 CHECKS = (
@@ -59,6 +66,7 @@ CHECKS = (
     "replayed_out_of_order",
     "broadcast",
     "event_id_reused",
+    "rejected_unexplained",
 )
 BROADCAST_WINDOW_S = 1.0
 """A message's second live send on another stream of the session counts as the same
@@ -118,6 +126,7 @@ def _server_sends(ctx: Context) -> pd.DataFrame:
     check = pd.Series(None, index=sent.index, dtype="object")
     cursor_order = pd.Series(np.nan, index=sent.index, dtype="float64")
     copy_of = pd.Series(np.nan, index=sent.index, dtype="float64")
+    rejected = pd.Series(None, index=sent.index, dtype="object")  # reason: detail
 
     def flag(mask: np.ndarray, name: str) -> None:
         mask = mask & check.isna().to_numpy()
@@ -160,10 +169,34 @@ def _server_sends(ctx: Context) -> pd.DataFrame:
         flag(reused, "event_id_reused")
         mine = (check == "event_id_reused").to_numpy()
         copy_of[mine] = earlier[mine]
-    bad = sent[check.notna()].assign(
-        check=check[check.notna()], cursor_order=cursor_order[check.notna()], copy_of=copy_of[check.notna()]
+        hit, said = _rejected_unexplained(ctx, truth, message & on_wire)
+        flag(hit, "rejected_unexplained")
+        mine = (check == "rejected_unexplained").to_numpy()
+        rejected[mine] = said[mine]
+    found = check.notna()
+    bad = sent[found].assign(
+        check=check[found], cursor_order=cursor_order[found], copy_of=copy_of[found], rejected=rejected[found]
     )
     return bad.sort_values("order", kind="stable")
+
+
+def _rejected_unexplained(
+    ctx: Context, truth: StreamTruth, candidates: np.ndarray
+) -> tuple[np.ndarray, pd.Series]:
+    """Sends that a lab client rejected on that very connection when no fault of the lab
+    explains it (lab.checker.truth.rejections), with the client's "reason: detail"."""
+    rej = explained_rejections(ctx, truth)
+    unexplained = rej[rej["explanation"] == "unexplained"]
+    said = pd.Series(None, index=truth.sent.index, dtype="object")
+    if not len(unexplained):
+        return np.zeros(len(truth.sent), dtype=bool), said
+    first = unexplained.assign(key=text_key(unexplained["flow"], unexplained["digest"]).to_numpy())
+    first = first.drop_duplicates("key").set_index("key")
+    text = first["reason"].astype(str) + ": " + first["detail"].fillna("").astype(str)
+    keys = text_key(truth.sent["flow"], truth.sent["digest"])
+    hit = keys.isin(set(first.index)).to_numpy() & candidates
+    said[hit] = keys[hit].map(text)
+    return hit, said
 
 
 def _before_cursor(truth: StreamTruth, candidates: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -308,6 +341,8 @@ _WHY = {
     "stream only",
     "event_id_reused": "the server had already sent that ID live on another stream of the session: event IDs must "
     "be unique across a session's streams, or a cursor cannot name the stream it resumes",
+    "rejected_unexplained": "the lab's client rejected it on that connection ({rejected}), and no fault of the lab "
+    "touched that message or the cursor that opened the connection: the server sent what a correct client must refuse",
 }
 
 
@@ -330,6 +365,7 @@ def server_witness(row: pd.Series, ctx: Context) -> Witness:
         cursor=short(cursor, 40),
         rid=rid,
         own=own,
+        rejected=row.get("rejected") or "?",
     )
     first_at = ""
     refs = tap_ref(row, prefix="")
