@@ -74,7 +74,10 @@ def test_every_kind_has_a_unit_and_defaults() -> None:
         ({"kind": "storm", "rate": "high"}, "rules[0].rate: expected a number in 0..1, got 'high'"),
         ({"kind": "storm", "rate": True}, "rules[0].rate: expected a number in 0..1, got true"),
         ({"rate": 1}, "rules[0].kind: required: one of drop_priming"),
-        ({"kind": "stomr", "rate": 1}, "rules[0].kind: unknown fault 'stomr'; expected one of drop_priming"),
+        (
+            {"kind": "stomr", "rate": 1},
+            "rules[0].kind: unknown fault 'stomr' (did you mean 'storm'?); expected one of drop_priming",
+        ),
         ({"kind": "storm", "rat": 1, "rate": 1}, "rules[0].rat: unknown key (did you mean 'rate'?)"),
         (
             {"kind": "storm", "rate": 1, "window": {"start": "10 sec"}},
