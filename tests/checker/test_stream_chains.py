@@ -81,3 +81,43 @@ def test_a_legal_polling_server_passes_gate_1(tmp_path: Path) -> None:
     _, report = judge_dir(tmp_path / "run")
     gate = next(g for g in report.gates if g.gate == "cross_stream")
     assert gate.verdict is not Verdict.FAIL, gate
+
+
+def test_a_resumption_is_resolved_by_the_clients_own_evidence_not_by_the_first_stream_with_its_id(
+    tmp_path: Path,
+) -> None:
+    # A server that counts IDs per stream: two calls of one session both send "0", "1", ...
+    # The second call's stream is cut and resumed from its own last ID, which the first
+    # call sent first. The client's ledger says which stream it resumed, and its inbox
+    # that it accepted that ID on that stream: the resumption carries the second call's
+    # stream, and the events the server sends on it are at home there.
+    from tests.checker.builders import Sim
+
+    sim = Sim(opaque_ids=True, per_stream_ids=True)
+    sim.budgets["min_events"] = 5
+    sim.initialize("a")
+    first, second = sim.call("a", 1), sim.call("a", 2)
+    for st in (first, second):
+        for n in range(3):
+            sim.send(
+                st,
+                f'{{"jsonrpc":"2.0","method":"notifications/message","params":{{"s":"{st.key}","n":{n}}}}}',
+            )
+    opened = second.flow
+    sim.cut_and_resume(second)
+    resumed = second.flow
+    for n in range(3, 5):
+        sim.send(
+            second,
+            f'{{"jsonrpc":"2.0","method":"notifications/message","params":{{"s":"{second.key}","n":{n}}}}}',
+        )
+    run_dir = sim.write(tmp_path / "run")
+    data = load_run(run_dir)
+    truth = stream_truth(Context(data, parse_budgets(data.run)))
+    logical = truth.flows.set_index("flow")["logical"]
+    assert logical[resumed] == logical[opened] != logical[first.flow]
+    _, report = judge_dir(run_dir)
+    g = next(x for x in report.gates if x.gate == "cross_stream")
+    # The server's reused IDs are its own violation; the client filed every event right.
+    assert {w.check for w in g.witnesses} == {"event_id_reused"}, [w.explanation for w in g.witnesses]
+    assert g.measured["not_sent_on_stream"] == 0

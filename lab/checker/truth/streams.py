@@ -149,7 +149,8 @@ def _from_tap(ctx: Context) -> StreamTruth:
     foreign, shared_ids = _foreign_replays(sent, on_resumption, safe_fs, safe_fg, first_live)
     origin = np.where(first_live >= 0, first_live, safe_fg)
     definer = np.where(foreign, origin, np.where(ids, safe_fs, sent["order"].to_numpy()))
-    logical, home = _resolve_logicals(flows, sent, base, sent_flow_pos, definer)
+    claimed = _claimed_logicals(ctx, flows, base)
+    logical, home = _resolve_logicals(flows, sent, base, sent_flow_pos, definer, claimed)
 
     flows["logical"] = logical.astype("object")
     sent["on_logical"] = _take(flows["logical"], sent_flow_pos, sent.index)
@@ -178,6 +179,9 @@ def _tap_flows(tap: dict[str, pd.DataFrame]) -> pd.DataFrame:
             "session": flows["session"].astype("object"),
             "jsonrpc_id": text_ids(flows["jsonrpc_id"]),
             "last_event_id_out": flows["last_event_id_out"].astype("object"),
+            "last_event_id_in": (
+                flows["last_event_id_in"].astype("object") if "last_event_id_in" in flows.columns else None
+            ),
             LINE: flows[LINE] if LINE in flows.columns else None,
         }
     )
@@ -276,7 +280,12 @@ def _foreign_replays(
 
 
 def _resolve_logicals(
-    flows: pd.DataFrame, sent: pd.DataFrame, base: pd.Series, sent_flow_pos: np.ndarray, definer: np.ndarray
+    flows: pd.DataFrame,
+    sent: pd.DataFrame,
+    base: pd.Series,
+    sent_flow_pos: np.ndarray,
+    definer: np.ndarray,
+    claimed: np.ndarray | None = None,
 ) -> tuple[pd.Series, pd.Series]:
     """(logical of each flow, home of each send): a resumption flow carries the logical
     stream its cursor was sent on, and an opaque-ID event's home is the logical stream of
@@ -295,7 +304,7 @@ def _resolve_logicals(
     named_home = (
         _key(sent["session"], sent["stream_id"]).where(sent["stream_id"].notna()).to_numpy(dtype=object)
     )
-    logical = _resumption_logicals(flows, sent, base, sent_flow_pos, definer, has_sid, named_home)
+    logical = _resumption_logicals(flows, sent, base, sent_flow_pos, definer, has_sid, named_home, claimed)
     on_logical = _take(logical, sent_flow_pos, sent.index).to_numpy(dtype=object)
     home = np.where(has_sid, named_home, np.where(has_id, on_logical[definer], on_logical))
     return logical, pd.Series(home, index=sent.index, dtype="object")
@@ -309,10 +318,12 @@ def _resumption_logicals(
     definer: np.ndarray,
     has_sid: np.ndarray,
     named_home: np.ndarray,
+    claimed: np.ndarray | None = None,
 ) -> pd.Series:
-    """The logical stream of every flow: `base` for opening flows; for a resumption, that
-    of the first send of its cursor in its session (by the definer's flow, or the stream
-    an `e1` ID names), else what the cursor itself says (`_cursor_fallbacks`)."""
+    """The logical stream of every flow: `base` for opening flows; for a resumption, the
+    stream the lab's own client resumed (`claimed`, where its evidence holds), else that of
+    the first send of its cursor in its session (by the definer's flow, or the stream an
+    `e1` ID names), else what the cursor itself says (`_cursor_fallbacks`)."""
     n = len(flows)
     resumption = flows["resumption"].to_numpy(dtype=bool)
     logical = base.to_numpy(dtype=object, copy=True)
@@ -332,7 +343,9 @@ def _resumption_logicals(
     done = ~resumption
     for i in np.flatnonzero(resumption).tolist():
         c = int(cursor[i])
-        if c < 0:
+        if claimed is not None and claimed[i] is not None:
+            logical[i], done[i] = claimed[i], True
+        elif c < 0:
             logical[i], done[i] = fallback[i], True
         elif has_sid[c]:
             logical[i], done[i] = named_home[c], True
@@ -359,6 +372,83 @@ def _resumption_logicals(
             logical[k] = value if value is not None else fallback[k]
             done[k] = True
     return pd.Series(logical, index=flows.index, dtype="object")
+
+
+def _claimed_logicals(ctx: Context, flows: pd.DataFrame, base: pd.Series) -> np.ndarray:
+    """For each resumption flow, the logical stream the lab's own client resumed, where its
+    own evidence says so; None elsewhere.
+
+    The client's ledger names the stream it resumed on that connection (`http_exchanges`,
+    purpose `resume`, `stream_key`), and its inbox shows the cursor's lineage: the event
+    of that ID it accepted on that very stream. When the proxy forwarded the cursor as the
+    client sent it, that stream is the one the server was asked to resume, whatever the
+    IDs are: a server that counts IDs per stream sends one ID on two streams, and "the
+    stream where that ID was first sent" would repeat its mistake. (A rewritten cursor, a
+    client without a ledger or a cursor the client never accepted on that stream leave
+    the resolution to the cursor.)"""
+    out = np.full(len(flows), None, dtype=object)
+    data = ctx.data
+    resumption = flows["resumption"].to_numpy(dtype=bool)
+    if not resumption.any() or data.client is None:
+        return out
+    if {"http_exchanges", "inbox"} & set(data.client_tables_absent):
+        return out
+    x = data.client["http_exchanges"]
+    resumes = x.loc[(x["purpose"] == "resume") & x["stream_key"].notna()]
+    if not len(resumes):
+        return out
+    asked = pd.DataFrame(
+        {
+            "client_id": resumes["client_id"].astype("object"),
+            "conn_id": resumes["conn_id"].astype("Int64"),
+            "stream_key": resumes["stream_key"].astype("object"),
+            "generation": resumes["session_generation"].astype("Int64"),
+            "cursor": resumes["last_event_id"].astype("object"),
+        }
+    ).drop_duplicates(["client_id", "conn_id"])
+    inbox = data.client["inbox"]
+    accepted = set(
+        _key(
+            inbox["client_id"],
+            inbox["session_generation"].astype("Int64"),
+            inbox["stream_key"],
+            inbox["event_id"],
+        ).tolist()
+    )
+    asked = asked[
+        _key(asked["client_id"], asked["generation"], asked["stream_key"], asked["cursor"]).isin(accepted)
+    ]
+    # The stream each client key names in each session: its opening flow's logical.
+    openers = flows[~flows["resumption"] & flows["client_id"].notna()]
+    opened = base[openers.index]
+    by_post = pd.Series(
+        opened.to_numpy(dtype=object),
+        index=_key(openers["client_id"], openers["session"], "post:" + openers["jsonrpc_id"].astype(str)),
+    )
+    parts = [by_post[openers["method"].eq("POST").to_numpy() & openers["jsonrpc_id"].notna().to_numpy()]]
+    gets = _standalone_exchanges(ctx).merge(
+        openers.assign(logical=opened)[["client_id", "conn_id", "session", "logical"]],
+        on=["client_id", "conn_id"],
+        how="inner",
+    )
+    if len(gets):
+        parts.append(
+            pd.Series(
+                gets["logical"].to_numpy(dtype=object),
+                index=_key(gets["client_id"], gets["session"], gets["stream_key"]),
+            )
+        )
+    named = pd.concat(parts)
+    named = named[~named.index.duplicated(keep="first")]
+    mine = flows.loc[resumption, ["client_id", "conn_id", "session", "last_event_id_in", "last_event_id_out"]]
+    mine = mine.reset_index().merge(asked, on=["client_id", "conn_id"], how="inner")
+    as_sent = mine["last_event_id_out"].astype("object") == mine["cursor"]
+    as_sent &= mine["last_event_id_in"].isna() | (mine["last_event_id_in"].astype("object") == mine["cursor"])
+    mine = mine[as_sent.to_numpy()]
+    value = _key(mine["client_id"], mine["session"], mine["stream_key"]).map(named)
+    keep = value.notna().to_numpy()
+    out[mine["index"].to_numpy()[keep]] = value.to_numpy(dtype=object)[keep]
+    return out
 
 
 def _cursor_fallbacks(flows: pd.DataFrame) -> np.ndarray:
