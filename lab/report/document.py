@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from lab import __version__
-from lab.checker import GateResult, JsonValue, Liveness, RunReport
+from lab.checker import GateResult, JsonValue, Liveness, RunReport, short_reason
 
 REPORT_SCHEMA = "mcpLabReport.v2"
 
@@ -167,6 +167,37 @@ def client_text(doc: Mapping[str, Any]) -> str | None:
         return None
     impl = f" ({c['implementation']})" if c.get("implementation") else ""
     return f"client under test {c['kind']}{impl}"
+
+
+def reason(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """Why the verdict is what it is, for the top of the report: the failing gates' one-line
+    summaries and the first witness (`first`: gate, attribution, explanation); when no gate
+    failed, why the run proves nothing: it did not finish, the gates that could not decide
+    and the evidence they lacked, the inputs that could not be read. No lines for a pass."""
+    lines: list[str] = []
+    first = None
+    gates = rules_of(doc)
+    failing = [g for g in gates if g["verdict"] == "fail"]
+    for g in failing:
+        lines.append(f"{g['number']}. {g['title']}: {g['summary']}")
+        if first is None and g["witnesses"]:
+            w = g["witnesses"][0]
+            first = {"gate": g["number"], "attribution": w["attribution"], "explanation": w["explanation"]}
+    if not failing:
+        if doc.get("incomplete"):
+            end = short_reason(doc["run"].get("end_reason"))
+            lines.append(f"the run did not finish ({end}): its ledgers stop early, so no gate can pass")
+        for g in gates:
+            if g["verdict"] == "inconclusive":
+                unmet = [
+                    f"{e['name']}: need {e['required']}, have {e['observed']}"
+                    for e in g["evidence"]
+                    if not e["ok"]
+                ]
+                lacking = "; ".join(unmet) or g["error"] or g["summary"]
+                lines.append(f"{g['number']}. {g['title']} could not decide: {lacking}")
+        lines += [f"{p['path']}: {p['message']}" for p in doc["problems"]]
+    return {"lines": lines, "first": first}
 
 
 def overrides_text(doc: Mapping[str, Any]) -> str | None:

@@ -27,7 +27,7 @@ from markupsafe import Markup
 from dashboards import asset
 from lab.checker import short_reason
 from lab.report import sections
-from lab.report.document import EXPECTED_TEXT, client_text, overrides_text, rules_of
+from lab.report.document import EXPECTED_TEXT, client_text, overrides_text, reason, rules_of
 
 
 @cache
@@ -59,13 +59,18 @@ def render(
     evidence = evidence or {}
     run = doc["run"]
     faults = doc["faults"]
+    # A run that did not finish, or could not be judged, proves no gate: its gates that
+    # found nothing are shown as such, in a neutral colour, never as a green PASS.
+    unproven = bool(doc.get("incomplete")) or doc["verdict"] == "inconclusive"
+    gates = [_gate(g, evidence, unproven=unproven) for g in rules_of(doc)]
     context = {
         "title": f"lab report — {run['run_id']}",
         "banner": banner(doc),
         "verdict": doc["verdict"],
         "exit_code": doc["exit_code"],
         "facts": _facts(doc),
-        "gates": [_gate(g, evidence) for g in rules_of(doc)],
+        "gates": gates,
+        "why": reason(doc),
         "liveness": liveness_lines(doc),
         "sections": sections.blocks(doc),
         "figures": [_figure(f, images) for f in doc.get("figures", [])],
@@ -122,7 +127,7 @@ def _facts(doc: Mapping[str, Any]) -> list[str]:
     return facts
 
 
-def _gate(g: Mapping[str, Any], evidence: Mapping[str, str]) -> dict[str, Any]:
+def _gate(g: Mapping[str, Any], evidence: Mapping[str, str], *, unproven: bool = False) -> dict[str, Any]:
     """One gate as the template shows it; its witnesses link only the refs whose raw rows
     the appendix holds."""
     # A client under test: where the gate's truth came from, and its baseline status.
@@ -140,9 +145,16 @@ def _gate(g: Mapping[str, Any], evidence: Mapping[str, str]) -> dict[str, Any]:
         "number": g["number"],
         "title": g["title"],
         "verdict": g["verdict"],
+        "badge": ("no violation", "held")
+        if unproven and g["verdict"] == "pass"
+        else (g["verdict"].upper(), g["verdict"]),
         "summary": (f"{said[0]}. " if g.get("expected") else "") + g["summary"],
         "unmet": [
             f"{e['name']}: need {e['required']}, have {e['observed']}" for e in g["evidence"] if not e["ok"]
+        ],
+        "evidence": [
+            {"ok": bool(e["ok"]), "text": f"{e['name']}: need {e['required']}, got {e['observed']}"}
+            for e in g["evidence"]
         ],
         "witnesses": witnesses,
         "violations": g["violations"],

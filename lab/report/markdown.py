@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lab.report import sections
-from lab.report.document import EXPECTED_TEXT, client_text, overrides_text, rules_of
+from lab.report.document import EXPECTED_TEXT, client_text, overrides_text, reason, rules_of
 from lab.report.html import banner, liveness_lines
 from lab.report.table import markdown as blocks_markdown
 from lab.report.table import md_cell
@@ -49,6 +49,12 @@ def render(doc: Mapping[str, Any]) -> str:
         + (f" · {who}" if (who := client_text(doc)) else "")
         + (f" · **{changed}**" if (changed := overrides_text(doc)) else "")
     )
+    why = reason(doc)
+    if why["lines"]:
+        out += ["", f"**Why {doc['verdict'].upper()}:**", ""] + [f"- {line}" for line in why["lines"]]
+        if why["first"]:
+            w = why["first"]
+            out += ["", f"First witness (gate {w['gate']}, {w['attribution']}): {w['explanation']}"]
     out += ["", gate_table(doc), ""]
     live = liveness_lines(doc)
     if live:

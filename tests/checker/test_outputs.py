@@ -327,3 +327,41 @@ def test_a_run_with_size_flags_says_so_in_the_headline(tmp_path: Path) -> None:
     assert said.replace("'", "&#39;") in (run_dir / "report.html").read_text(encoding="utf-8")
     doc = json.loads((run_dir / "report.json").read_text(encoding="utf-8"))
     assert doc["run"]["overrides"] == {"load.users": 50, "load.duration": "20s"}
+
+
+def _dom(page: Path, tmp_path: Path, size: str = "1400,900") -> str:
+    """The page's DOM after its script ran, in headless Chromium at `size`."""
+    profile = Path(tempfile.mkdtemp(prefix="chromium-", dir=tmp_path))
+    argv = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
+    argv += ["--disable-background-networking", f"--user-data-dir={profile}", f"--window-size={size}"]
+    done = subprocess.run([*argv, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    assert "data-first-screen" in done.stdout, done.stderr[-2000:]
+    return done.stdout
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium is not installed")
+def test_a_failing_report_says_why_in_the_first_screen_and_an_unfinished_one_shows_no_pass_badge(
+    tmp_path: Path,
+) -> None:
+    sim = clean_run().sim
+    sim.dispatch("b", "op-b-9", 4, "performed")  # one write performed twice: gate 2 fails
+    sim.dispatch("b", "op-b-9", 5, "performed")
+    failing = sim.write(tmp_path / "fail")
+    assert _report(failing)[0] == 1
+    html = (failing / "report.html").read_text(encoding="utf-8")
+    assert html.index('id="why"') < html.index("<h2>Gates</h2>")
+    assert "Why FAIL:" in html and 'First witness (gate 2, <span class="attr">server</span>)' in html
+    dom = _dom(failing / "report.html", tmp_path)
+    assert 'data-first-screen="why first-witness"' in dom  # both within 1400x900, unscrolled
+    md = (failing / "report.md").read_text(encoding="utf-8")
+    assert md.index("**Why FAIL:**") < md.index("| # |") and "First witness (gate 2, server)" in md
+
+    sim = clean_run().sim
+    sim.complete = False
+    unfinished = sim.write(tmp_path / "unfinished")
+    assert _report(unfinished)[0] == 2
+    html = (unfinished / "report.html").read_text(encoding="utf-8")
+    assert "the run did not finish" in html and "no violation" in html
+    assert 'data-pass-badges="0"' in _dom(unfinished / "report.html", tmp_path)
+    # Every gate row says what evidence it needed and what it got, met or not.
+    assert '<div class="ok">✓ events: need 10, got 15</div>' in html
