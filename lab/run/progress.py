@@ -170,6 +170,9 @@ class ProgressLine:
     event_target: int | None
     run_dir: Path | None = None
     """The run folder; by default the folder of the tap the line is rendered with."""
+    phases: tuple[tuple[str, str, float, float], ...] = ()
+    """The scenario's phases as (name, kind, start, end), seconds from the run start: the
+    line names the one under way (`phase blow (faults, 2 of 6)`)."""
     _reconnects: ReconnectCounter | None = None
     _budget_from_run: float | None = None
 
@@ -182,6 +185,13 @@ class ProgressLine:
                 run = None
             self._budget_from_run = parse_budgets(run if isinstance(run, dict) else None).reconnect_qps
         return self.budget_qps if self._budget_from_run is None else self._budget_from_run
+
+    def phase_at(self, elapsed: float) -> str:
+        """` phase NAME (KIND, i of n) |` for the phase under way at `elapsed`, else ""."""
+        for i, (name, kind, start, end) in enumerate(self.phases, start=1):
+            if start <= elapsed < end:
+                return f" phase {name} ({kind}, {i} of {len(self.phases)}) |"
+        return ""
 
     def reconnect_rates(self, now: float) -> tuple[int, int, bool]:
         """(reconnects in the last whole second, in the busiest second so far, whether any
@@ -209,7 +219,7 @@ class ProgressLine:
         faults = sum(tap.faults.values()) + toxics
         warn = " OVER BUDGET" if over else ""
         return (
-            f"[{elapsed:5.0f}s/{self.horizon:.0f}s] clients {int(progress.get('users', 0)):>5} | {left} | "
+            f"[{elapsed:5.0f}s/{self.horizon:.0f}s]{self.phase_at(elapsed)} clients {int(progress.get('users', 0)):>5} | {left} | "
             f"accepted {int(progress.get('accepted', 0)):,} | reconnects {last}/s, peak {peak}/s "
             f"(budget {self.budget():g}/s){warn} | faults {faults:,} | calls ok "
             f"{int(progress.get('calls_ok', 0)):,} failed {int(progress.get('calls_failed', 0)):,} "

@@ -207,7 +207,12 @@ class Watcher:
         self.outcomes = outcomes
         self.tap = TapCounter(run_dir / "proxy" / "tap.jsonl")
         self.nemesis = NemesisCounter(run_dir / "nemesis.jsonl")
-        self.line = ProgressLine(scenario.reconnect.budget_qps, scenario.horizon, scenario.load.event_target)
+        self.line = ProgressLine(
+            scenario.reconnect.budget_qps,
+            scenario.horizon,
+            scenario.load.event_target,
+            phases=tuple((p.name, p.kind, p.start, p.end) for p in scenario.phases),
+        )
         self.stall = StallDetector(scenario.load.stall_timeout)
         self.windows = scenario.fault_windows(run_start)
         self.run_start = run_start

@@ -110,3 +110,17 @@ def test_the_tap_counter_counts_what_a_json_reading_counts(tmp_path: Path) -> No
     tap.update()
     assert tap.events == expected == 4
     assert dict(tap.faults) == {"storm": 1, "old_token": 1, "cut_stream": 2}
+
+
+def test_the_progress_line_names_the_phase_under_way() -> None:
+    from lab.scenario import load_scenario
+
+    sc = load_scenario("chaos-short")
+    line = ProgressLine(
+        50.0, sc.horizon, None, phases=tuple((p.name, p.kind, p.start, p.end) for p in sc.phases)
+    )
+    names = [(p.name, p.kind) for p in sc.phases]
+    assert len(names) == 3
+    for i, p in enumerate(sc.phases, start=1):
+        assert line.phase_at(p.start + 0.5) == f" phase {p.name} ({p.kind}, {i} of 3) |"
+    assert line.phase_at(sc.phases[-1].end + 1) == "" and ProgressLine(50.0, 60.0, None).phase_at(5.0) == ""
