@@ -47,7 +47,20 @@ from lab.report import series
 from lab.report.phase_figures import capacity_drawer, draw_processes, shade_phases
 
 WIDTH_IN, HEIGHT_IN = 10.0, 4.2
-WINDOW_COLORS = ("#f4a582", "#92c5de", "#b8e186", "#fdb863", "#c2a5cf", "#80cdc1")
+WINDOW_COLORS = (
+    "#e66101",
+    "#5e3c99",
+    "#1b7837",
+    "#b2182b",
+    "#2166ac",
+    "#8c510a",
+    "#c51b7d",
+    "#01665e",
+)
+LANES_SHARE = 0.25
+"""At most this share of a plot's height holds the fault lanes, one lane per fault kind
+along its bottom edge: seven translucent bands across the whole height blended into one
+wash and hid the data."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,18 +84,37 @@ def _empty(ax: Axes, text: str) -> None:
 
 
 def _shade_windows(ax: Axes, data: RunData, zero: float) -> None:
-    colors: dict[str, str] = {}
-    for fault, start, end in configured_faults(data.run):
-        labelled = fault in colors  # one legend entry per fault kind
-        color = colors.setdefault(fault, WINDOW_COLORS[len(colors) % len(WINDOW_COLORS)])
+    """Each fault kind's windows in a lane of its own along the bottom of the plot (a
+    solid bar where the kind was on), labelled in the legend; the data stays readable."""
+    stopped = (data.run or {}).get("stopped_at")
+    until = float(stopped) if isinstance(stopped, int | float) else math.inf
+    # A window planned past the run's end (a run stopped by its event target) ends with it.
+    windows = [(f, start, min(end, until)) for f, start, end in configured_faults(data.run) if start < until]
+    kinds = list(dict.fromkeys(fault for fault, _, _ in windows))
+    if not kinds:
+        return
+    lane = min(0.05, LANES_SHARE / len(kinds))
+    labelled: set[str] = set()  # one legend entry per fault kind
+    for fault, start, end in windows:
+        i = kinds.index(fault)
         ax.axvspan(
             start - zero,
             end - zero,
-            color=color,
-            alpha=0.18,
-            zorder=0,
-            label=None if labelled else f"fault: {fault}",
+            ymin=i * lane,
+            ymax=(i + 0.8) * lane,
+            color=WINDOW_COLORS[i % len(WINDOW_COLORS)],
+            alpha=0.9,
+            lw=0,
+            zorder=4,
+            label=None if fault in labelled else f"fault: {fault}",
         )
+        labelled.add(fault)
+
+
+def _legend_outside(ax: Axes) -> None:
+    """The legend beside the plot, never over its data (constrained layout makes room)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0.0)
 
 
 def _per_second_steps(ax: Axes, x: np.ndarray, y: np.ndarray, color: str) -> None:
@@ -162,7 +194,7 @@ def draw_reconnects(data: RunData, budgets: Budgets, fig: Figure) -> None:
     ax.set_xlabel("time since the run started (s)")
     ax.set_ylabel("reconnect attempts / s")
     ax.set_title(f"Reconnect attempts per second (all workers) — peak {int(counts.max())}/s")
-    ax.legend(loc="upper right")
+    _legend_outside(ax)
 
 
 def draw_events_clients(data: RunData, budgets: Budgets, fig: Figure) -> None:
@@ -176,8 +208,7 @@ def draw_events_clients(data: RunData, budgets: Budgets, fig: Figure) -> None:
         top.set_title(f"{what.capitalize()} per second, and active clients")
         _shade_windows(top, data, zero)
         shade_phases(top, data, zero)
-        if configured_faults(data.run):
-            top.legend(loc="upper right")
+        _legend_outside(top)
     else:
         _empty(top, "no events recorded")
     if len(clients):

@@ -106,3 +106,47 @@ def test_a_child_that_does_not_answer_in_time_is_stopped_and_the_parent_draws(
     # Without fork (another platform): drawn here, the same.
     monkeypatch.delattr(os, "fork")
     assert aside.draw_beside(data, tmp_path)() == (written, errors, unwritten)
+
+
+def test_seven_fault_kinds_get_a_lane_each_and_the_legend_stays_off_the_data(tmp_path: Path) -> None:
+    from itertools import pairwise
+
+    from matplotlib.colors import to_rgb
+    from matplotlib.patches import Rectangle
+
+    from lab.checker.context import parse_budgets
+    from lab.report.figures import WINDOW_COLORS, _new_figure, draw_reconnects
+
+    run = clean_run()
+    kinds = [f"kind{i}" for i in range(7)]
+    # Overlapping windows of seven kinds (two for the first): they used to blend into one wash.
+    run.sim.fault_windows = [
+        {"fault": k, "start": T0 + 0.01 * i, "end": T0 + 0.01 * i + 0.05} for i, k in enumerate(kinds)
+    ]
+    run.sim.fault_windows.append({"fault": "kind0", "start": T0 + 0.08, "end": T0 + 0.09})
+    # Planned far past the run's end (a run stopped by its event target): drawn to the end only.
+    run.sim.fault_windows.append({"fault": "kind6", "start": T0 + 0.1, "end": T0 + 10_000.0})
+    data = load_run(run.sim.write(tmp_path / "run"))
+    fig = _new_figure()
+    draw_reconnects(data, parse_budgets(data.run), fig)
+    fig.canvas.draw()
+    (ax,) = fig.axes
+    lane_colours = {to_rgb(c): n for n, c in enumerate(WINDOW_COLORS)}
+    lanes: dict[int, set[tuple[float, float]]] = {}
+    for patch in ax.patches:
+        n = lane_colours.get(to_rgb(patch.get_facecolor()))
+        if n is not None and isinstance(patch, Rectangle):  # a fault window: y in the plot's height (0..1)
+            lanes.setdefault(n, set()).add(
+                (round(patch.get_y(), 6), round(patch.get_y() + patch.get_height(), 6))
+            )
+    assert sorted(lanes) == list(range(7)) and all(len(ys) == 1 for ys in lanes.values()), lanes
+    bands = sorted(next(iter(ys)) for ys in lanes.values())
+    assert all(a[1] <= b[0] for a, b in pairwise(bands)), bands  # apart
+    assert bands[-1][1] <= 0.25  # the lanes keep to the bottom quarter
+    assert ax.get_xlim()[1] < 1000  # the 10,000 s window did not stretch the time axis
+    legend = ax.get_legend()
+    assert legend is not None
+    labels = [t.get_text() for t in legend.get_texts()]
+    assert sorted(x for x in labels if x.startswith("fault: ")) == [f"fault: {k}" for k in kinds]
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    assert legend.get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1  # beside
