@@ -657,18 +657,22 @@ class Sim:
         if accept:
             self.accept(onto, ev, kind="notification")
         else:
-            self.client_row(
-                "events_rejected",
-                client_id=onto.client,
-                conn_id=onto.conn_id,
-                session_generation=onto.generation,
-                stream_key=onto.key,
-                event_id=ev.event_id,
-                digest=ev.digest,
-                reason="crossed_stream",
-                detail="event ID is other_stream",
-                at=t,
-            )
+            self.reject(onto, ev, "crossed_stream", "event ID is other_stream", at=t)
+
+    def reject(self, st: Stream, ev: Event, reason: str, detail: str, *, at: float | None = None) -> None:
+        """The client refuses `ev` on `st`'s current connection (`events_rejected`)."""
+        self.client_row(
+            "events_rejected",
+            client_id=st.client,
+            conn_id=st.conn_id,
+            session_generation=st.generation,
+            stream_key=st.key,
+            event_id=ev.event_id,
+            digest=ev.digest,
+            reason=reason,
+            detail=detail,
+            at=self.tick() if at is None else at,
+        )
 
     def dispatch(
         self, client: str, key: str, request_id: int, effect: str, arguments: str | None = None

@@ -406,22 +406,6 @@ def test_gate1_equal_messages_far_apart_or_in_two_sessions_are_not_a_broadcast(t
 # ------------------------------------------------------- gate 1: every rejection explained
 
 
-def reject(sim: Sim, st: Stream, ev: Event, reason: str, detail: str) -> None:
-    """The client refuses `ev` (sent with accept=False) on the stream's connection."""
-    sim.client_row(
-        "events_rejected",
-        client_id=st.client,
-        conn_id=st.conn_id,
-        session_generation=st.generation,
-        stream_key=st.key,
-        event_id=ev.event_id,
-        digest=ev.digest,
-        reason=reason,
-        detail=detail,
-        at=sim.tick(),
-    )
-
-
 def measured(g: GateResult, name: str) -> dict[str, int]:
     """One of the gate's per-kind counts (an object in report.json)."""
     got = g.measured[name]
@@ -440,7 +424,7 @@ def progress_of_another_call(sim: Sim) -> tuple[Stream, Event]:
         }
     )
     ev = sim.send(post, data, accept=False)
-    reject(sim, post, ev, "progress_token_mismatch", "progress token 'other' is not this stream's")
+    sim.reject(post, ev, "progress_token_mismatch", "progress token 'other' is not this stream's")
     sim.respond(post)
     return post, ev
 
@@ -509,9 +493,9 @@ def gap_then_abandon(sim: Sim, *, dropped: bool) -> Stream:
             }
         )
     after = sim.send(post, message.format(n=2), accept=False)
-    reject(sim, post, after, "cursor_gap", "sequence 3 skips from 1")
+    sim.reject(post, after, "cursor_gap", "sequence 3 skips from 1")
     late = sim.send(post, message.format(n=3), accept=False)
-    reject(sim, post, late, "connection_abandoned", "read after the close")
+    sim.reject(post, late, "connection_abandoned", "read after the close")
     return post
 
 
