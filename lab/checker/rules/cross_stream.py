@@ -48,6 +48,7 @@ from lab.checker.inputs.load import ROWID, SOURCE
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 from lab.checker.rules.base import Rule
 from lab.checker.rules.cross_stream_sut import check as read_under_test
+from lab.checker.truth.faults import faulted_forwards, rewritten_cursor
 from lab.checker.truth.rejections import counts, explained_rejections
 from lab.checker.truth.streams import StreamTruth, client_sessions, stream_truth
 from lab.checker.truth.wire import CHECKS, describe_flow, server_sends, server_witness
@@ -340,23 +341,8 @@ def _wrong_responses(r: pd.DataFrame) -> pd.Series:
     return wrong
 
 
-def _faulted_forwards(ctx: Context) -> pd.DataFrame:
-    """The tap's forwarded records that a fault touched: flow, event_id, digest, fault,
-    rule, decision, src_flow, src_index."""
-
-    def make() -> pd.DataFrame:
-        fwd = ctx.data.tap_records("forwarded")
-        f = fwd[fwd["fault"].notna()].copy()
-        sources = f["source"].tolist()
-        f["src_flow"] = [s.get("flow") if isinstance(s, dict) else None for s in sources]
-        f["src_index"] = [s.get("index") if isinstance(s, dict) else None for s in sources]
-        return f.reset_index(drop=True)
-
-    return ctx.cached("faulted_forwards", make)
-
-
 def _faulted_delivery(r: pd.DataFrame, ctx: Context) -> pd.Series:
-    f = _faulted_forwards(ctx)
+    f = faulted_forwards(ctx)
     if not len(f):
         return pd.Series(False, index=r.index)
     keys = set(text_key(f["flow"], f["digest"]).tolist())
@@ -397,7 +383,7 @@ def _witness(row: pd.Series, truth: StreamTruth, ctx: Context) -> Witness:
         why = f"not of {row['stream_key']}'s stream ({expected})"
     blame = ""
     if truth.from_tap:
-        f = _faulted_forwards(ctx)
+        f = faulted_forwards(ctx)
         hit = f[(f["flow"] == row["d_flow"]) & (f["digest"] == digest)]
         if len(hit):
             h = hit.iloc[0]
@@ -436,7 +422,7 @@ _RECORDS = {
 def _crossings_injected(ctx: Context) -> int:
     """Faulted forwarded events that are not the server's event of that flow and index,
     plus resumptions whose Last-Event-ID the proxy rewrote."""
-    f = _faulted_forwards(ctx)
+    f = faulted_forwards(ctx)
     sent = ctx.data.tap_records("sent")
     sources = sent[sent["flow"].isin(f["src_flow"].dropna())]
     original: dict[tuple[str, int], Any] = {
@@ -457,11 +443,7 @@ def _crossings_injected(ctx: Context) -> int:
             moved += 1  # moved from another flow, or made up by the proxy
         elif present(src_index) and original.get((str(src_flow), int(src_index))) != event_id:
             moved += 1  # the server's event under another ID
-    flows = ctx.data.tap_records("flow")
-    rewritten = flows["last_event_id_out"].notna() & (
-        flows["last_event_id_in"].astype("object").fillna("") != flows["last_event_id_out"].astype("object")
-    )
-    return moved + int(rewritten.sum())
+    return moved + int(rewritten_cursor(ctx.data.tap_records("flow")).sum())
 
 
 def _rejections(ctx: Context, truth: StreamTruth) -> dict[str, Any]:

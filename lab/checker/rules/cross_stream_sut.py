@@ -32,6 +32,7 @@ from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 from lab.checker.truth import client_wire
 from lab.checker.truth.applog import app_logs, app_ref
 from lab.checker.truth.client_delivery import deliveries
+from lab.checker.truth.faults import faulted_forwards, rewritten_cursor
 from lab.checker.truth.wire import server_sends, server_witness
 
 TRUTH_FROM = (
@@ -47,16 +48,12 @@ CLIENT_CHECKS = {
 def crossings_injected(ctx: Context, client_flows: set[object]) -> int:
     """Proxy-faulted events forwarded to a client that came from another flow (or none),
     plus requests whose Last-Event-ID the proxy rewrote."""
-    fwd = ctx.data.tap_records("forwarded")
-    fwd = fwd[fwd["fault"].notna() & fwd["flow"].isin(client_flows)]
-    src = fwd["source"].map(lambda s: s.get("flow") if isinstance(s, dict) else None)
+    fwd = faulted_forwards(ctx)
+    fwd = fwd[fwd["flow"].isin(client_flows)]
+    src = fwd["src_flow"]
     moved = int((src.isna() | (src != fwd["flow"])).sum())
     moved += int(fwd["fault"].isin(("cross_ids",)).sum())  # the server's event under another stream's ID
-    flows = ctx.data.tap_records("flow")
-    rewritten = flows["last_event_id_out"].notna() & (
-        flows["last_event_id_in"].astype("object").fillna("") != flows["last_event_id_out"].astype("object")
-    )
-    return moved + int(rewritten.sum())
+    return moved + int(rewritten_cursor(ctx.data.tap_records("flow")).sum())
 
 
 def check(ctx: Context) -> GateResult:

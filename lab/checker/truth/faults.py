@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from lab.checker.context import Context
 from lab.checker.inputs.load import RunData
 from lab.checker.model import FaultCount
 from lab.faults.kinds import REGISTRY, Evidence
@@ -44,6 +45,29 @@ class NotApplicable:
     reason: str
     """Why, in the kind's words (the first firing's)."""
     firings: int
+
+
+def faulted_forwards(ctx: Context) -> pd.DataFrame:
+    """The tap's forwarded records that a fault touched: flow, event_id, digest, fault,
+    rule, decision, src_flow, src_index (once per judging)."""
+
+    def make() -> pd.DataFrame:
+        fwd = ctx.data.tap_records("forwarded")
+        f = fwd[fwd["fault"].notna()].copy()
+        sources = f["source"].tolist()
+        f["src_flow"] = [s.get("flow") if isinstance(s, dict) else None for s in sources]
+        f["src_index"] = [s.get("index") if isinstance(s, dict) else None for s in sources]
+        return f.reset_index(drop=True)
+
+    return ctx.cached("faulted_forwards", make)
+
+
+def rewritten_cursor(flows: pd.DataFrame) -> pd.Series:
+    """Per tap `flow` record: the proxy forwarded another `Last-Event-ID` than it received
+    (the rewrite_last_event_id fault)."""
+    return flows["last_event_id_out"].notna() & (
+        flows["last_event_id_in"].astype("object").fillna("") != flows["last_event_id_out"].astype("object")
+    )
 
 
 def configured_faults(run: dict[str, object] | None) -> list[tuple[str, float, float]]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import pandas as pd
 
 from lab.checker.context import Context, text_key
+from lab.checker.truth.faults import faulted_forwards, rewritten_cursor
 from lab.checker.truth.streams import StreamTruth
 
 EXPLANATIONS = ("fault", "cursor_rewrite", "after_fault", "consequence", "unverifiable", "unexplained")
@@ -65,18 +66,14 @@ def _explain(ctx: Context, truth: StreamTruth) -> pd.DataFrame:
     if not truth.from_tap:
         rej["explanation"] = "unverifiable"
         return rej
-    fwd = data.tap_records("forwarded")
-    faulted = fwd[fwd["fault"].notna()]
+    faulted = faulted_forwards(ctx)
     fault_of = pd.Series(
         faulted["fault"].to_numpy(), index=text_key(faulted["flow"], faulted["digest"]).to_numpy()
     )
     fault_of = fault_of[~fault_of.index.duplicated(keep="first")]
     by_message = text_key(rej["flow"], rej["digest"]).map(fault_of)
     flows = data.tap_records("flow")
-    rewritten = flows["last_event_id_out"].notna() & (
-        flows["last_event_id_in"].astype("object").fillna("") != flows["last_event_id_out"].astype("object")
-    )
-    rewritten_flows = set(flows.loc[rewritten, "flow"])
+    rewritten_flows = set(flows.loc[rewritten_cursor(flows), "flow"])
     dropped = data.tap_records("dropped")
     took = pd.concat([faulted[["flow", "fault"]], dropped[["flow", "fault"]]], ignore_index=True)
     took_on = took.drop_duplicates("flow").set_index("flow")["fault"]
