@@ -99,8 +99,7 @@ def unknown_keys(raw: Mapping[str, object], known: Collection[str], prefix: str)
     for key in raw:
         if key in known:
             continue
-        close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(known))})"
+        hint = did_you_mean(str(key), known) or f" (known: {', '.join(sorted(known))})"
         out.append(Issue(join_key(prefix, str(key)), "unknown key" + hint))
     return out
 
