@@ -418,27 +418,13 @@ def _claimed_logicals(ctx: Context, flows: pd.DataFrame, base: pd.Series) -> np.
     asked = asked[
         _key(asked["client_id"], asked["generation"], asked["stream_key"], asked["cursor"]).isin(accepted)
     ]
-    # The stream each client key names in each session: its opening flow's logical.
-    openers = flows[~flows["resumption"] & flows["client_id"].notna()]
-    opened = base[openers.index]
-    by_post = pd.Series(
-        opened.to_numpy(dtype=object),
-        index=_key(openers["client_id"], openers["session"], "post:" + openers["jsonrpc_id"].astype(str)),
+    # The stream each client key names in each session: its opening flow's logical (the
+    # stream map of the opening flows; `base` is null on resumption flows).
+    opened = _stream_map_tap(ctx, flows.assign(logical=base)).dropna(subset=["logical"])
+    named = pd.Series(
+        opened["logical"].to_numpy(dtype=object),
+        index=_key(opened["client_id"], opened["session"], opened["stream_key"]),
     )
-    parts = [by_post[openers["method"].eq("POST").to_numpy() & openers["jsonrpc_id"].notna().to_numpy()]]
-    gets = _standalone_exchanges(ctx).merge(
-        openers.assign(logical=opened)[["client_id", "conn_id", "session", "logical"]],
-        on=["client_id", "conn_id"],
-        how="inner",
-    )
-    if len(gets):
-        parts.append(
-            pd.Series(
-                gets["logical"].to_numpy(dtype=object),
-                index=_key(gets["client_id"], gets["session"], gets["stream_key"]),
-            )
-        )
-    named = pd.concat(parts)
     named = named[~named.index.duplicated(keep="first")]
     mine = flows.loc[resumption, ["client_id", "conn_id", "session", "last_event_id_in", "last_event_id_out"]]
     mine = mine.reset_index().merge(asked, on=["client_id", "conn_id"], how="inner")
