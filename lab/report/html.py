@@ -149,9 +149,6 @@ def _gate(g: Mapping[str, Any], evidence: Mapping[str, str], *, unproven: bool =
         if unproven and g["verdict"] == "pass"
         else (g["verdict"].upper(), g["verdict"]),
         "summary": (f"{said[0]}. " if g.get("expected") else "") + g["summary"],
-        "unmet": [
-            f"{e['name']}: need {e['required']}, have {e['observed']}" for e in g["evidence"] if not e["ok"]
-        ],
         "evidence": [
             {"ok": bool(e["ok"]), "text": f"{e['name']}: need {e['required']}, got {e['observed']}"}
             for e in g["evidence"]

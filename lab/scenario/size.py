@@ -15,7 +15,8 @@ HEAVY_EVENTS = 50_000
 """An event target from which the run is CPU-bound on every part of the chain (the release
 gate's 100,000 events take both cores of a 2-core machine for about a minute)."""
 LONG_S = 180.0
-"""From this planned length (or, with an event target, this bound), a run is long."""
+"""From this planned length a run is long (a run with an event target is not called long:
+it ends at its target, its bound is only a bound)."""
 
 
 @dataclass(frozen=True)
