@@ -236,18 +236,7 @@ def test_report_html_renders_in_headless_chromium_with_its_figures(tmp_path: Pat
     _report(run_dir, figures=True)
     page = (run_dir / "report.html").as_uri()
     profile = Path(tempfile.mkdtemp(prefix="chromium-", dir=tmp_path))
-    base = [
-        str(CHROMIUM),
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-quic",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={profile}",
-    ]
+    base = _chromium(profile)
     # The page's own script counts the figures the browser decoded (naturalWidth > 0).
     dom = subprocess.run([*base, "--dump-dom", page], capture_output=True, text=True, timeout=120)
     assert 'data-figures-loaded="5"' in dom.stdout, dom.stderr[-2000:]
@@ -329,12 +318,28 @@ def test_a_run_with_size_flags_says_so_in_the_headline(tmp_path: Path) -> None:
     assert doc["run"]["overrides"] == {"load.users": 50, "load.duration": "20s"}
 
 
+def _chromium(profile: Path) -> list[str]:
+    """Headless Chromium, quiet and offline, with its profile in `profile`."""
+    return [
+        str(CHROMIUM),
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+    ]
+
+
 def _dom(page: Path, tmp_path: Path, size: str = "1400,900") -> str:
     """The page's DOM after its script ran, in headless Chromium at `size`."""
     profile = Path(tempfile.mkdtemp(prefix="chromium-", dir=tmp_path))
-    argv = [str(CHROMIUM), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"]
-    argv += ["--disable-background-networking", f"--user-data-dir={profile}", f"--window-size={size}"]
-    done = subprocess.run([*argv, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120)
+    argv = [*_chromium(profile), f"--window-size={size}", "--dump-dom", page.as_uri()]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    shutil.rmtree(profile, ignore_errors=True)
     assert "data-first-screen" in done.stdout, done.stderr[-2000:]
     return done.stdout
 
