@@ -62,7 +62,9 @@ def selftest(out: Path) -> dict[str, Any]:
     return doc
 
 
-@pytest.mark.long
+# Not marked `long`: the long poles start together at the suite's start, and a hog among
+# them starved the rollout test's probe past its 5 s session TTL (a 404 where a 400 was
+# due) on a fresh clone.
 def test_under_a_cpu_hog_the_pristine_server_never_fails_and_a_slow_one_does(tmp_path: Path) -> None:
     with cpu_hog() as pids:
         assert len(pids) >= 2
