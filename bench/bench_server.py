@@ -1,6 +1,7 @@
 """Events/s of the reference server vs a minimal raw SSE server, side by side, same load.
 
     python bench/bench_server.py [--clients 200] [--events 500] [--hold 2000]
+    python bench/bench_server.py --before REV [--clients 50] [--events 1000] [--rounds 5]
 
 Both servers run as processes of their own under uvicorn (uvloop, httptools) on
 127.0.0.1; one load client (raw asyncio sockets, bench/sse_load.py) drives each in turn:
@@ -8,12 +9,19 @@ N concurrent sessions, each calling `ticker` with `--events` progress events as 
 possible (saturation); then `--hold` sessions at once, each ticking every 20 ms (all
 streams open together: peak open shows how many were held). The reference server writes its full ledger during the run, as in a real run.
 Prints figures; asserts nothing (machines are noisy).
+
+With `--before REV`: the server's CPU per event instead, this tree's `lab serve` against
+REV's (its `lab/` taken out with `git archive`, first on the server's PYTHONPATH), both
+writing their ledgers, each round driving each with the same throughput load, alternated;
+CPU is the server process's own (utime + stime from /proc, threads included) over the
+load, divided by the events the load client received. Medians of the rounds.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -21,20 +29,19 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _labrun import export_tree
 from sse_load import LoadResult, run_load
 
 ROOT = Path(__file__).resolve().parents[1]
 LAB = str(Path(sys.executable).with_name("lab"))
 
 
-def start(argv: list[str], prefix: str) -> tuple[subprocess.Popen[str], str]:
+def start(argv: list[str], prefix: str, tree: Path | None = None) -> tuple[subprocess.Popen[str], str]:
+    env = {**os.environ, "LAB_LEDGER_KEY": "cd" * 32}
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")])
     proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "LAB_LEDGER_KEY": "cd" * 32},
+        argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env
     )
     assert proc.stdout is not None
     deadline = time.monotonic() + 20
@@ -71,12 +78,53 @@ def line(name: str, r: LoadResult) -> str:
     )
 
 
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of process `pid`, all its threads, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_per_event(rev: str, clients: int, events: int, rounds: int) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="bench-server-"))
+    before = export_tree(rev, tmp / "before", "lab")
+    servers = {}
+    for name, tree in (("before", before), ("after", None)):
+        # The `lab` script, not `python -c`: a -c program has the work tree (its cwd) first
+        # on sys.path, ahead of REV's tree on PYTHONPATH.
+        argv = [LAB, "serve", "--port", "0", "--ledger", str(tmp / f"{name}.sqlite")]
+        servers[name] = start(argv, "lab-serve listening on ", tree)
+    load_args: dict[str, object] = {"count": events, "interval_ms": 0}
+    per: dict[str, list[float]] = {"before": [], "after": []}
+    try:
+        for _ in range(rounds):
+            for name, (proc, url) in servers.items():
+                spent = cpu_seconds(proc.pid)
+                r = load(url, clients, load_args)
+                time.sleep(0.2)  # the ledger's last batch
+                per[name].append((cpu_seconds(proc.pid) - spent) / max(1, r.events) * 1e6)
+    finally:
+        for proc, _ in servers.values():
+            stop(proc)
+    print(f"reference server CPU per event: {clients} streams x {events} events, {rounds} rounds, ledger on")
+    b = statistics.median(per["before"])
+    for name in ("before", "after"):
+        m = statistics.median(per[name])
+        label = f"{name} ({rev})" if name == "before" else f"{name} (this tree)"
+        rounds_txt = ", ".join(f"{v:.1f}" for v in per[name])
+        print(f"  {label:<24} {m:7.1f} µs ({m / b:.2f})   rounds: {rounds_txt}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, default=200)
     ap.add_argument("--events", type=int, default=500)
     ap.add_argument("--hold", type=int, default=2000)
+    ap.add_argument("--before", metavar="REV", help="CPU per event, this tree against REV's server")
+    ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
+    if a.before:
+        cpu_per_event(a.before, a.clients, a.events, a.rounds)
+        return
     fast: dict[str, object] = {"count": a.events, "interval_ms": 0}
     tmp = Path(tempfile.mkdtemp(prefix="bench-server-"))
     ref, ref_url = start(

@@ -24,6 +24,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from json.encoder import encode_basestring
 from typing import Any
 
 from lab.server import ledger as L
@@ -53,18 +54,35 @@ class ToolCall:
         token = self.meta.get("progressToken")
         if token is None:
             return
-        params: dict[str, Any] = {"progressToken": token, "progress": n}
-        if total is not None:
-            params["total"] = total
-        if message is not None:
-            params["message"] = message
-        data = jsonrpc.dumps(jsonrpc.notification(jsonrpc.PROGRESS, params))
+        if message is None and type(n) is int and (total is None or type(total) is int):
+            data = progress_json(token, n, total)  # a ticker's every event: no encoder
+        else:
+            params: dict[str, Any] = {"progressToken": token, "progress": n}
+            if total is not None:
+                params["total"] = total
+            if message is not None:
+                params["message"] = message
+            data = jsonrpc.dumps(jsonrpc.notification(jsonrpc.PROGRESS, params))
         now = time.time()
         self.state.emit(self.stream, data, "notification", None, now)
         g = self.stream.session.standalone
         if Defect.BROADCAST in self.state.defects and g is not None and g.closed_at is None:
             # defect: the same message on the standalone GET too (the ledger's kind says so)
             self.state.emit(g, data, "stray_notification", None, now)
+
+
+def progress_json(token: jsonrpc.JsonRpcId, n: int, total: int | None) -> str:
+    """`jsonrpc.dumps` of a progress notification with whole numbers and no message, the
+    same text, written from a template: json's encoder was a seventh of the server's CPU
+    on a ticker's stream. Only the token goes through the encoder."""
+    if isinstance(token, str):
+        tok = encode_basestring(token)
+    elif type(token) is int:  # not bool, whose JSON is true/false
+        tok = str(token)
+    else:
+        tok = jsonrpc.dumps(token)
+    tail = "}}" if total is None else f',"total":{total}}}}}'
+    return f'{{"jsonrpc":"2.0","method":"{jsonrpc.PROGRESS}","params":{{"progress":{n},"progressToken":{tok}{tail}'
 
 
 def _text(text: str, **extra: Any) -> dict[str, Any]:

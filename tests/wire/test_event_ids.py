@@ -122,3 +122,14 @@ def test_ids_unique_per_stream_and_sequence(events: list[tuple[str, int, str]]) 
 def test_parse_never_crashes_on_garbage(raw: str) -> None:
     verdict, _ = codec.classify(raw, session_tag=TAG_A, generations=(0,))
     assert verdict in (CursorVerdict.MALFORMED, CursorVerdict.TAMPERED)
+
+
+@given(key=st.binary(min_size=16, max_size=130), signed=st.text(alphabet="abcXYZ019._-", max_size=80))
+def test_the_mac_is_hmac_sha256_for_every_key_length(key: bytes, signed: str) -> None:
+    # The codec builds HMAC from the padded key states (for speed); keys past the 64-byte
+    # block are hashed first, as RFC 2104 says: the same 12 bytes as the library's HMAC.
+    import base64
+    import hmac
+
+    want = base64.urlsafe_b64encode(hmac.digest(key, signed.encode("ascii"), "sha256")[:12]).decode()
+    assert EventIdCodec(key)._mac(signed) == want
