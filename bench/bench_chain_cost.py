@@ -17,8 +17,9 @@ lab's clients (the Locust workers and master), mitmdump (the addon and the tap),
 nemesis, `lab run` itself, and the target (the reference server).
 
 With `--before REV`, every run is made twice, alternated: by this tree and by REV's
-`lab/` and `addons/` (taken out with `git archive` into a temporary folder, the addons as
-the `lab_addons` data package, and put first on the run's PYTHONPATH: every part it
+`lab/`, `dashboards/` and `addons/` (taken out with `git archive` into a temporary
+folder, the addons as the `lab_addons` data package, and put first on the run's
+PYTHONPATH: every part it
 starts, mitmdump's addon and the Locust processes included, runs REV's code), on the
 same scenario file: the code's cost on one traffic, side by side in one sitting.
 
@@ -143,8 +144,9 @@ def print_table(named: list[tuple[str, dict[str, float]]]) -> None:
 
 
 def export_lab(rev: str, into: Path) -> Path:
-    """REV's lab/ and addons/ (as the data package `lab_addons`) under `into`."""
-    export_tree(rev, into, "lab", "addons")
+    """REV's lab/, dashboards/ (its report's template: REV's report code with this tree's
+    template failed) and addons/ (as the data package `lab_addons`) under `into`."""
+    export_tree(rev, into, "lab", "dashboards", "addons")
     (into / "addons").rename(into / "lab_addons")
     return into
 
@@ -170,7 +172,7 @@ def main() -> None:
     ap.add_argument("--scenario", type=Path, default=ROOT / "scenarios" / "gate-100k.toml")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--only", choices=("faults", "clean"))
-    ap.add_argument("--before", metavar="REV", help="also run REV's lab/ and addons/, alternated")
+    ap.add_argument("--before", metavar="REV", help="also run REV's lab/, dashboards/ and addons/, alternated")
     ap.add_argument("--keep", action="store_true", help="keep the run folders (their paths are printed)")
     args = ap.parse_args()
     if args.runs:
