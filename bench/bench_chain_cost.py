@@ -172,7 +172,9 @@ def main() -> None:
     ap.add_argument("--scenario", type=Path, default=ROOT / "scenarios" / "gate-100k.toml")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--only", choices=("faults", "clean"))
-    ap.add_argument("--before", metavar="REV", help="also run REV's lab/, dashboards/ and addons/, alternated")
+    ap.add_argument(
+        "--before", metavar="REV", help="also run REV's lab/, dashboards/ and addons/, alternated"
+    )
     ap.add_argument("--keep", action="store_true", help="keep the run folders (their paths are printed)")
     args = ap.parse_args()
     if args.runs:
