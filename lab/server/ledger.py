@@ -24,6 +24,7 @@ import logging
 import re
 import sqlite3
 import threading
+from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -79,8 +80,9 @@ class Ledger:
 
     def __init__(self, path: str | Path | None, meta: dict[str, str] | None = None) -> None:
         self.path = None if path is None else Path(path)
-        self._pending: list[tuple[str, Sequence[Any]]] = []
-        """Rows (sql, params) in order; taken whole by the writer."""
+        self._pending: deque[tuple[str, Sequence[Any]]] = deque()
+        """Rows (sql, params) in order. A deque: the event loop appends and the writer pops
+        without a lock (each is one atomic call), and the writer takes what is there."""
         self._barriers: list[Future[None]] = []
         """Futures to resolve once every row written before them is committed: a batch
         is one transaction, so those of a batch resolve after its commit."""
@@ -119,11 +121,10 @@ class Ledger:
     def write(self, sql: str, params: Sequence[Any]) -> None:
         if self.path is None:
             return
-        with self._lock:
-            if self.failure is None:
-                self._pending.append((sql, params))
-                return
-        self.rows_lost += 1
+        if self.failure is None:
+            self._pending.append((sql, params))
+        else:
+            self.rows_lost += 1
 
     def barrier(self) -> Future[None]:
         """A future that completes when everything written before it is committed, or
@@ -154,6 +155,9 @@ class Ledger:
                     self._wake.set()
             self._thread.join(timeout=30)
             self._thread = None
+        if self.failure is not None and self._pending:
+            self.rows_lost += len(self._pending)  # written as the writer failed
+            self._pending.clear()
 
     def _run(self) -> None:
         waiters: list[Future[None]] = []
@@ -162,11 +166,12 @@ class Ledger:
             stop = False
             while not stop:
                 self._wake.wait(0.05)
-                with self._lock:
-                    writes, self._pending = self._pending, []
+                with self._lock:  # the barriers first: every row written before them is in
                     waiters, self._barriers = self._barriers, []
                     stop = self._stopping
                     self._wake.clear()
+                pending = self._pending
+                writes = [pending.popleft() for _ in range(len(pending))]
                 if not writes:
                     for w in waiters:
                         w.set_result(None)
@@ -206,9 +211,10 @@ class Ledger:
         log.error("ledger writer failed, no further rows are recorded: %r", error)
         lost, self._inflight = self._inflight, 0  # the batch that failed was not committed
         with self._lock:
-            lost += len(self._pending)
             waiters += self._barriers
-            self._pending, self._barriers = [], []
+            self._barriers = []
+        lost += len(self._pending)  # a row racing the failure lands here too: counted at close
+        self._pending.clear()
         self.rows_lost += lost
         for w in waiters:
             if not w.done():
