@@ -21,7 +21,9 @@ With `--before REV`, every run is made twice, alternated: by this tree and by RE
 folder, the addons as the `lab_addons` data package, and put first on the run's
 PYTHONPATH: every part it
 starts, mitmdump's addon and the Locust processes included, runs REV's code), on the
-same scenario file: the code's cost on one traffic, side by side in one sitting.
+same scenario file: the code's cost on one traffic, side by side in one sitting. With
+`--rev-scenario` as well, REV's runs use REV's own copy of the scenario file (`git show`):
+the release gate as it was (its code and its traffic) against the gate as it is.
 
 Given run folders instead, it prints the same table for each, side by side. Prints
 figures only.
@@ -33,6 +35,7 @@ import argparse
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -143,6 +146,14 @@ def print_table(named: list[tuple[str, dict[str, float]]]) -> None:
         print(f"  {label}".ljust(28) + "".join(cells))
 
 
+def write_variants(text: str, tmp: Path, prefix: str) -> dict[str, Path]:
+    """The scenario as it is ("faults") and without its faults and toxics ("clean")."""
+    variants = {"faults": tmp / f"{prefix}faults.toml", "clean": tmp / f"{prefix}clean.toml"}
+    variants["faults"].write_text(text, encoding="utf-8")
+    variants["clean"].write_text(without_faults(text), encoding="utf-8")
+    return variants
+
+
 def export_lab(rev: str, into: Path) -> Path:
     """REV's lab/, dashboards/ (its report's template: REV's report code with this tree's
     template failed) and addons/ (as the data package `lab_addons`) under `into`."""
@@ -175,26 +186,39 @@ def main() -> None:
     ap.add_argument(
         "--before", metavar="REV", help="also run REV's lab/, dashboards/ and addons/, alternated"
     )
+    ap.add_argument(
+        "--rev-scenario",
+        action="store_true",
+        help="with --before: REV's runs use REV's own copy of the scenario (the release gate as it"
+        " was, code and traffic), this tree's its own",
+    )
     ap.add_argument("--keep", action="store_true", help="keep the run folders (their paths are printed)")
     args = ap.parse_args()
     if args.runs:
         print_table([(p.name[:24], figures(p)) for p in args.runs])
         return
-    text = args.scenario.read_text(encoding="utf-8")
+    if args.rev_scenario and not args.before:
+        raise SystemExit("--rev-scenario needs --before REV")
     tmp = Path(tempfile.mkdtemp(prefix="bench-chain-cost-"))
-    variants = {"faults": tmp / "faults.toml", "clean": tmp / "clean.toml"}
-    variants["faults"].write_text(text, encoding="utf-8")
-    variants["clean"].write_text(without_faults(text), encoding="utf-8")
+    variants = write_variants(args.scenario.read_text(encoding="utf-8"), tmp, "")
     trees: list[tuple[str, Path | None]] = [("", None)]
     if args.before:
         trees = [(f"{args.before[:7]}:", export_lab(args.before, tmp / "before")), ("now:", None)]
+    before_variants = variants
+    if args.rev_scenario:
+        rel = args.scenario.resolve().relative_to(ROOT).as_posix()
+        old = subprocess.run(
+            ["git", "show", f"{args.before}:{rel}"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout
+        before_variants = write_variants(old, tmp, "before-")
     named: list[tuple[str, dict[str, float]]] = []
     for rnd in range(args.rounds):
         for kind in ("clean", "faults"):
             if args.only and kind != args.only:
                 continue
             for label, tree in trees:
-                folder, wall = run_one(variants[kind], tmp, f"{label.rstrip(':')}{kind}-{rnd}", tree)
+                scenario = (before_variants if tree is not None else variants)[kind]
+                folder, wall = run_one(scenario, tmp, f"{label.rstrip(':')}{kind}-{rnd}", tree)
                 f = figures(folder)
                 f["wall_s"] = wall
                 print(f"{label}{kind} round {rnd + 1}: {folder} (wall {wall:.1f} s)", flush=True)
