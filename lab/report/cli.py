@@ -32,6 +32,60 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("-q", "--quiet", action="store_true", help="print only the verdict line")
     p.set_defaults(func=_cmd_report)
 
+    c = subparsers.add_parser(
+        "compare",
+        help="compare two runs: what regressed from BASE to NEW (gates, resume latency, throughput)",
+        description=(
+            "Reads the report.json of two run folders (run `lab report` first if one has none) and "
+            "says what got worse from BASE to NEW: a rule that no longer passes, more violations, the "
+            "target's share of the resume p99, events per second or the call error rate beyond the "
+            "tolerance. Exit code 0 no regression, 1 a regression, 2 no regression found but the "
+            "evidence is weaker (a run unfinished, a rule PASS -> INCONCLUSIVE), 3 a folder without a "
+            "readable report.json."
+        ),
+    )
+    c.add_argument("base", type=Path, metavar="BASE", help="the run to compare against (a run folder)")
+    c.add_argument("new", type=Path, metavar="NEW", help="the run to judge (a run folder)")
+    c.add_argument(
+        "--tolerance",
+        default="25%",
+        metavar="PCT",
+        help="how far a measured figure may move before it counts, like 25%% or 0.25 (default 25%%)",
+    )
+    c.add_argument("--json", action="store_true", help="print the comparison as JSON instead of a table")
+    c.set_defaults(func=_cmd_compare)
+
+
+def parse_tolerance(text: str) -> float:
+    """'25%' or '0.25' -> 0.25; ValueError naming what was expected."""
+    t = text.strip()
+    try:
+        value = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise ValueError(f"--tolerance: expected a share like 25% or 0.25, got {text!r}") from None
+    if not 0 <= value <= 10:
+        raise ValueError(f"--tolerance: expected between 0% and 1000%, got {text!r}")
+    return value
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    import json
+
+    from lab.report.compare import CompareInputError, compare, load_report, render_text
+
+    try:
+        tolerance = parse_tolerance(args.tolerance)
+        base, new = load_report(args.base), load_report(args.new)
+    except (ValueError, CompareInputError) as e:
+        print(f"lab compare: {e}", file=sys.stderr)
+        return ExitCode.CANNOT_RUN
+    result = compare(base, new, tolerance)
+    if args.json:
+        print(json.dumps(result.as_json(), indent=2))
+    else:
+        print(render_text(result, str(args.base), str(args.new)), end="")
+    return result.exit_code
+
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from lab.report.outputs import report_run

@@ -114,8 +114,32 @@ def test_the_ci_subset_catches_every_defect_and_the_pristine_server_passes(
         assert (folder / case["run_dir"] / "report.json").is_file()
         assert not (folder / case["run_dir"] / "server" / "ledger.sqlite").exists()
         assert (folder / "servers" / name / "ledger.sqlite").is_file()
+    if "pristine" in subset:
+        compare_runs(folder, cases)
     print(f"CI subset of lab selftest: {len(subset)} runs in {wall:.0f} s")
     assert processes_mentioning(str(tmp_path)) == []
+
+
+def compare_runs(folder: Path, cases: dict[str, Any]) -> None:
+    """`lab compare` on the matrix's real runs: the pristine server against a legal shape
+    is no regression; against a defect, the defect's gate is named as regressed."""
+
+    def lab_compare(base: str, new: str) -> subprocess.CompletedProcess[str]:
+        argv = [LAB, "compare", str(folder / cases[base]["run_dir"]), str(folder / cases[new]["run_dir"])]
+        return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+    legal = lab_compare("pristine", "shape-poll")
+    assert legal.returncode == ExitCode.PASS, legal.stdout + legal.stderr
+    assert legal.stdout.splitlines()[-1] == "no regression"
+    for defect in ("broadcast", "resume-forget"):
+        if defect not in cases:
+            continue
+        gate = cases[defect]["expected"]["gate"]
+        caught = lab_compare("pristine", defect)
+        assert caught.returncode == ExitCode.GATE_FAILED, caught.stdout + caught.stderr
+        headline = caught.stdout.splitlines()[-1]
+        assert headline.startswith("REGRESSED") and f"rule {gate} " in headline, headline
+        assert "PASS -> FAIL" in headline
 
 
 @pytest.mark.live
