@@ -20,6 +20,16 @@ def _workers(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a TCP port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is 0..65535 (0: a free one), got {value}")
+    return value
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "run",
@@ -62,6 +72,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="the report without its PNG figures (faster: CI that reads only the verdict)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="PORT",
+        help="serve the run's counters (events, reconnects, faults, calls) as Prometheus text at "
+        "http://127.0.0.1:PORT/metrics while it runs (0: a free port, printed)",
+    )
     p.add_argument(
         "--client",
         help="who the load is: lab (the lab's own clients, the default), python-sdk, typescript-sdk "
@@ -160,6 +177,7 @@ def run(args: argparse.Namespace) -> int:
         quiet=args.quiet,
         client=args.client,
         baseline=args.baseline,
+        metrics_port=args.metrics_port,
     )
     try:
         return Run(opts).execute()

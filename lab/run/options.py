@@ -45,6 +45,8 @@ class RunOptions:
     """None: the scenario's `[load] client` (default `lab`); else a client under test (lab.run.sut)."""
     baseline: Path | None = None
     """Known failures of the client (`--baseline FILE`); None: the scenario's `[expected_failures]`."""
+    metrics_port: int | None = None
+    """`--metrics-port`: serve the run's counters as Prometheus text there (0: a free port)."""
 
 
 LOAD_ENDED_FILE = "load-ended.json"

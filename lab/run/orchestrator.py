@@ -29,7 +29,7 @@ import signal
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from lab import topology
@@ -71,6 +71,9 @@ from lab.runfolder import (
     mark_abandoned_runs,
     write_secret,
 )
+
+if TYPE_CHECKING:  # prometheus_client loads only for a run that serves metrics
+    from lab.run.metrics import MetricsServer
 
 WORKER_WAIT = 30
 """Seconds the Locust master waits for its workers before it starts with those it has."""
@@ -388,16 +391,45 @@ class Run:
         self.outcomes.runner = self.schedule.runner if self.schedule is not None else None
 
     def _monitor(self) -> None:
-        load, group, master, outcomes = self.sc.load, self.group, self.master, self.outcomes
-        assert group is not None and master is not None and outcomes is not None
+        outcomes = self.outcomes
+        assert outcomes is not None
         watcher = Watcher(self.dir, self.sc, self.record.run_start, outcomes)
         ui_stop = LoadStopped() if self.opts.ui else None
+        metrics = self._metrics_server()
+        try:
+            self._watch(watcher, ui_stop, metrics)
+        finally:
+            if metrics is not None:
+                metrics.close()
+
+    def _metrics_server(self) -> MetricsServer | None:
+        """`--metrics-port`: the endpoint, for the load phase (an error starting it is one
+        line, and the run goes on without it)."""
+        if self.opts.metrics_port is None:
+            return None
+        from lab.run.metrics import MetricsServer
+
+        try:
+            server = MetricsServer(self.opts.metrics_port)
+        except OSError as e:
+            self.say(
+                f"lab run: no metrics endpoint on port {self.opts.metrics_port}: {e.strerror or e}", err=True
+            )
+            return None
+        self.say(f"metrics: {server.url} (Prometheus text, while the load runs)")
+        return server
+
+    def _watch(self, watcher: Watcher, ui_stop: LoadStopped | None, metrics: MetricsServer | None) -> None:
+        load, group, master = self.sc.load, self.group, self.master
+        assert group is not None and master is not None
         while True:
             self._interrupts.interrupted.wait(1.0)
             now = time.time()
             elapsed = now - self.record.run_start
             text, reason, complete = watcher.tick(now)
             self.say(text)
+            if metrics is not None:
+                metrics.update(watcher.snapshot(now))
             if self._interrupts.interrupted.is_set():
                 self.record.end("interrupted")
                 return

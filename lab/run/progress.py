@@ -175,6 +175,10 @@ class ProgressLine:
     line names the one under way (`phase blow (faults, 2 of 6)`)."""
     _reconnects: ReconnectCounter | None = None
     _budget_from_run: float | None = None
+    reconnects: int = 0
+    """Reconnect rows seen so far (all seconds, settled or not)."""
+    reconnect_peak: int = 0
+    """The busiest settled second so far."""
 
     def budget(self) -> float:
         """Gate 6's budget: run.json `budgets.reconnect_qps` (as the checker reads it)."""
@@ -205,6 +209,7 @@ class ProgressLine:
         settled = counts[counts.index <= int(now) - SETTLE_S]
         last = int(settled.get(int(now) - SETTLE_S, 0))
         peak = int(settled.max()) if len(settled) else 0
+        self.reconnects, self.reconnect_peak = len(self._reconnects.sent_at), peak
         return last, peak, bool(len(over_budget(settled, self.budget())))
 
     def render(

@@ -23,10 +23,13 @@ import inspect
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from lab.run.progress import JsonLines, NemesisCounter, ProgressLine, TapCounter, read_progress
 from lab.scenario import Scenario
+
+if TYPE_CHECKING:  # prometheus_client loads only for a run that serves metrics
+    from lab.run.metrics import Snapshot
 
 OUTCOMES: Final = ("ok", "failed", "timeout", "unknown")
 
@@ -218,6 +221,23 @@ class Watcher:
         self.run_start = run_start
         self.progress: dict[str, Any] = {}
         """progress.json as last read (the Locust master's sums)."""
+
+    def snapshot(self, now: float) -> Snapshot:
+        """The counters of the last `tick`, for `lab run --metrics-port`."""
+        from lab.run.metrics import snapshot
+
+        faults = dict(self.tap.faults)
+        if self.nemesis.toxics:
+            faults["toxic"] = self.nemesis.toxics
+        return snapshot(
+            self.run_dir.name,
+            now - self.run_start,
+            self.progress,
+            events=self.tap.events,
+            reconnects=self.line.reconnects,
+            reconnect_peak=self.line.reconnect_peak,
+            faults=faults,
+        )
 
     def tick(self, now: float) -> tuple[str, str | None, bool]:
         """(progress line, end reason or None, complete)."""

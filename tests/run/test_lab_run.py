@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -181,10 +183,18 @@ def test_ledgers_show_every_part_of_the_protocol(
     assert {"cut_stream", "expiry_race"} <= fired
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def test_interrupted_run_stops_everything_and_keeps_its_ledgers(tmp_path: Path) -> None:
+    # With --metrics-port: the run's counters are scraped while it goes (Prometheus text).
     out = tmp_path / "results"
+    port = free_port()
     proc = subprocess.Popen(
-        [LAB, "run", str(HERE / "long.toml"), "--out", str(out), "--no-report"],
+        [LAB, "run", str(HERE / "long.toml"), "--out", str(out), "--no-report", "--metrics-port", str(port)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -201,6 +211,8 @@ def test_interrupted_run_stops_everything_and_keeps_its_ledgers(tmp_path: Path) 
             time.sleep(0.5)
         else:
             pytest.fail("the run did not get going")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            metrics = r.read().decode()
         proc.send_signal(signal.SIGINT)
         output, _ = proc.communicate(timeout=90)
     finally:
@@ -208,6 +220,13 @@ def test_interrupted_run_stops_everything_and_keeps_its_ledgers(tmp_path: Path) 
             proc.kill()
     assert proc.returncode == 2, output[-3000:]
     assert "SIGINT" in output
+    assert f"metrics: http://127.0.0.1:{port}/metrics" in output
+    counters = {
+        line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith(("lab_events_total", "lab_reconnects_total"))
+    }
+    assert counters["lab_events_total"] > 0 and "lab_reconnects_total" in counters, metrics
     (folder,) = run_folders(out)
     run = json.loads((folder / "run.json").read_text())
     assert run["complete"] is False and run["end_reason"] == "interrupted"
