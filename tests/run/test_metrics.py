@@ -49,7 +49,10 @@ def test_the_last_snapshot_is_served_as_prometheus_text() -> None:
     assert 'lab_faults_total{kind="toxic",run="run-1"} 1.0' in lines
     assert 'lab_calls_total{outcome="failed",run="run-1"} 1.0' in lines
     assert 'lab_clients{run="run-1"} 3.0' in lines
-    assert {"# TYPE lab_reconnects counter", "# TYPE lab_reconnects_total counter"} & lines  # as versions write it
+    assert {
+        "# TYPE lab_reconnects counter",
+        "# TYPE lab_reconnects_total counter",
+    } & lines  # as versions write it
 
 
 def test_a_port_is_0_to_65535() -> None:
