@@ -164,3 +164,15 @@ def test_tolerance_is_a_share_or_a_percentage() -> None:
     assert parse_tolerance("25%") == 0.25 and parse_tolerance("0.1") == 0.1
     with pytest.raises(ValueError, match="between 0% and 1000%"):
         parse_tolerance("-5%")
+
+
+def test_figures_are_not_judged_across_scenarios_but_rules_are() -> None:
+    base = report(cross_stream=("pass", 0))
+    other = report(cross_stream=("pass", 0))
+    other["run"]["scenario"] = "storm"
+    other["event_count"] = 2_000  # another load shape, another rate
+    result = compare(base, other)
+    assert result.exit_code == ExitCode.PASS, result.regressions
+    assert "the figures are shown, not judged: the runs are of different scenarios" in result.notes
+    other["rules"]["cross_stream"]["verdict"] = "fail"
+    assert compare(base, other).regressions == ["rule 1 cross_stream: PASS -> FAIL (cross_stream said so)"]
