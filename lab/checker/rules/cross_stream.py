@@ -96,9 +96,9 @@ def check(ctx: Context) -> GateResult:
     witnesses += tuple(_witness(row, truth, ctx) for _, row in bad.head(ctx.witness_limit).iterrows())
     notes = _notes(receipts[status == "unverifiable"], truth) + _rejection_notes(rejected)
     summary = (
-        f"{len(bad)} of {len(receipts)} non-priming receipts accepted on a stream they do not belong to, "
-        f"{len(server_bad)} server send(s) where an event does not belong (budget {budget}); "
-        f"truth from the {truth.source}"
+        f"{len(bad)} of {len(receipts)} messages the clients accepted were on a stream they do not "
+        f"belong to, and the server sent {len(server_bad)} event(s) where they do not belong "
+        f"(budget {budget}); {_SEEN_BY[truth.source]}"
     )
     measured = _measured(
         receipts, status, server_bad, truth, count=count, crossings=crossings, rejected=rejected
@@ -160,6 +160,14 @@ def _evidence(ctx: Context, crossings: int | None, receipts: int, unverifiable: 
     )
     evidence.extend(ctx.client_evidence())
     return evidence
+
+
+_SEEN_BY = {
+    "tap": "as the proxy saw the server send them",
+    "tap+server": "as the proxy saw the server send them, and its own ledger says",
+    "server": "as the server's own ledger says (no proxy record to check it against)",
+}
+"""The summary's plain words for where the truth came from (measured `truth_source`)."""
 
 
 def _notes(unverified: pd.DataFrame, truth: StreamTruth) -> list[str]:

@@ -88,7 +88,7 @@ def check(ctx: Context) -> GateResult:
     }
     return GateResult(
         verdict=decide(count > budget, evidence),
-        summary=f"{count} duplicate dispatch group(s) (budget {budget}); {retried} write retries seen",
+        summary=f"{count} operation(s) done more than once: a write performed, or its result handled, twice (budget {budget}); {retried} write retries seen",
         budget={"duplicate_dispatch_max": budget},
         measured=measured,
         evidence=tuple(evidence),

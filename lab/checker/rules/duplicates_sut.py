@@ -67,7 +67,7 @@ def check(ctx: Context, base: GateResult) -> GateResult:
     return replace(
         base,
         verdict=decide(count > budget, evidence),
-        summary=f"{count} duplicate dispatch group(s) (budget {budget}); {len(twice)} answer(s) delivered twice; "
+        summary=f"{count} operation(s) done more than once: a write performed, or its result handled, twice (budget {budget}); {len(twice)} answer(s) delivered twice; "
         f"{lost_calls} call(s) lost an answer on the wire, {resent} re-sent",
         measured={
             **base.measured,
