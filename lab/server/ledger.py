@@ -1,11 +1,12 @@
 """The reference server's ledger (`mcpServerLedger.v1`, SQLite; fields in docs/ledgers.md).
 
-Writes never block the event loop: the loop appends (sql, params) to a list and a writer
-thread takes the whole list every ~50 ms (at once when a barrier waits) and applies it
-in one transaction (executemany per statement and table, in an order with the outcome
-of writing row by row: `group_in_order`). A list taken whole, not a queue read item by
-item: the queue's per-row handling was a fifth of the server's CPU on a ticker's stream. Durability: WAL with synchronous=NORMAL, so a committed batch
-survives a crash of the server process. Business dispatches must be durable *before*
+Writes never block the event loop: the loop appends (sql, params) to a deque, with no
+lock, and a writer thread takes what is there every ~50 ms (at once when a barrier
+waits) and applies it in one transaction (executemany per statement and table, in an
+order with the outcome of writing row by row: `group_in_order`). No per-row queue
+handling and no per-row lock: the server writes a row per event (bench/bench_server.py
+--before). Durability: WAL with synchronous=NORMAL, so a committed batch survives a
+crash of the server process. Business dispatches must be durable *before*
 the client is told they happened, so `barrier()` returns a future that resolves once
 everything queued before it is committed; `ledger.append` awaits it before answering
 (group commit: many writes share one commit).

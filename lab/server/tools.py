@@ -73,8 +73,9 @@ class ToolCall:
 
 def progress_json(token: jsonrpc.JsonRpcId, n: int, total: int | None) -> str:
     """`jsonrpc.dumps` of a progress notification with whole numbers and no message, the
-    same text, written from a template: json's encoder was a seventh of the server's CPU
-    on a ticker's stream. Only the token goes through the encoder."""
+    same text, written from a template: json's encoder, set up anew per call, was a
+    seventh to a quarter of the server's CPU on a ticker's stream (py-spy, a gate run and
+    bench/bench_server.py). Only the token goes through the encoder."""
     if isinstance(token, str):
         tok = encode_basestring(token)
     elif type(token) is int:  # not bool, whose JSON is true/false

@@ -100,7 +100,6 @@ class EventIdCodec:
     def __init__(self, key: bytes) -> None:
         if len(key) < 16:
             raise LocalProtocolError("event-ID MAC key must be at least 16 bytes")
-        self._key = key
         # HMAC-SHA256 (RFC 2104) from the two padded key states, copied per ID: the same
         # MAC as hmac.digest in under half its time (each call of it sets the key up anew).
         block = (hashlib.sha256(key).digest() if len(key) > 64 else key).ljust(64, b"\0")

@@ -45,6 +45,7 @@ from lab.checker.inputs.load import MissingInput
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 from lab.checker.rules.base import Rule
 from lab.checker.rules.duplicates_sut import check as read_under_test
+from lab.checker.rules.duplicates_sut import done_twice
 from lab.checker.truth.streams import stream_truth
 from lab.checker.truth.wire import server_sends
 
@@ -88,7 +89,7 @@ def check(ctx: Context) -> GateResult:
     }
     return GateResult(
         verdict=decide(count > budget, evidence),
-        summary=f"{count} operation(s) done more than once: a write performed, or its result handled, twice (budget {budget}); {retried} write retries seen",
+        summary=f"{done_twice(count, budget)}; {retried} write retries seen",
         budget={"duplicate_dispatch_max": budget},
         measured=measured,
         evidence=tuple(evidence),

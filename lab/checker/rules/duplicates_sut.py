@@ -33,6 +33,14 @@ CLIENT_LEDGER_EVIDENCE = ("client outbox compared", "writes retried")
 """Evidence of gate 2 that a client under test, which keeps no client ledger, replaces."""
 
 
+def done_twice(count: int, budget: int) -> str:
+    """The head of gate 2's summary in plain words, for this check and the gate's own."""
+    return (
+        f"{count} operation(s) done more than once: a write performed, or its result handled, twice "
+        f"(budget {budget})"
+    )
+
+
 def check(ctx: Context, base: GateResult) -> GateResult:
     """Gate 2 for a client under test, given the server-side reading of gate 2 (`base`)."""
     dl = deliveries(ctx)
@@ -67,7 +75,7 @@ def check(ctx: Context, base: GateResult) -> GateResult:
     return replace(
         base,
         verdict=decide(count > budget, evidence),
-        summary=f"{count} operation(s) done more than once: a write performed, or its result handled, twice (budget {budget}); {len(twice)} answer(s) delivered twice; "
+        summary=f"{done_twice(count, budget)}; {len(twice)} answer(s) delivered twice; "
         f"{lost_calls} call(s) lost an answer on the wire, {resent} re-sent",
         measured={
             **base.measured,
