@@ -26,6 +26,7 @@ from lab.faults.kinds import base as k
 from lab.faults.memory import Memory
 from lab.faults.plan import ActivePlan, Plan, PlanHolder
 from lab.faults.records import METADATA_KEY, plan_error_record, plan_record
+from lab.wire.extensions import LAB_FAULT_HEADER
 from lab.wire.revisions import LAST_EVENT_ID_HEADER, SESSION_HEADER
 
 log = logging.getLogger(__name__)
@@ -101,12 +102,16 @@ class McpFaults:
         )
         if answer is not None:
             flow.response = http.Response.make(answer.status, answer.body, dict(answer.headers))
+            flow.response.headers[LAB_FAULT_HEADER] = ff.fault_tag() or ""
         self.tap.flush()
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         ff, resp = self.flows.get(flow.id), flow.response
         if ff is None or resp is None:
             return
+        tag = ff.fault_tag()
+        if tag is not None:  # the client may tell the lab's doing from the target's failures
+            resp.headers[LAB_FAULT_HEADER] = tag
         sid_out = resp.headers.get(SESSION_HEADER)
         if sid_out and ff.facts.token:
             self.memory.remember_token(self.tap.redactor.session(sid_out) or "", ff.facts.token)

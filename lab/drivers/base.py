@@ -33,6 +33,12 @@ class DriverBase:
         self.on_notice = on_notice
         self._closed: set[int] = set()
         self._stopped = False
+        self.injected_responses = 0
+        """Responses the lab's proxy marked as changed by a fault it injected on purpose
+        (`x-lab-fault`), for telling the lab's intended failures from the target's: a
+        caller compares the count before and after a call. Never read by the core."""
+        self.last_injected = ""
+        """The fault kinds of the last such response."""
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run a core method (it takes `now` after its positional arguments and returns an
@@ -76,6 +82,12 @@ class DriverBase:
         if not self._stopped:
             self._after(self.core.close_all(time.time()))
         self._stopped = True
+
+    def _note_injected(self, tag: str | None) -> None:
+        """A response head's `x-lab-fault` value (None when it has none)."""
+        if tag:
+            self.injected_responses += 1
+            self.last_injected = tag
 
     def _feed(self, fn: Callable[..., Output], conn_id: int, *args: Any) -> bool:
         """Tell the core something about a connection; False once the core has closed it

@@ -36,6 +36,7 @@ from lab.drivers.base import READ_IDLE_TIMEOUT, DriverBase
 from lab.drivers.body import body_reader
 from lab.drivers.clock import process_clock
 from lab.wire.client_ledger import Record
+from lab.wire.extensions import LAB_FAULT_HEADER
 
 __all__ = ["KEEPALIVE_S", "READ_IDLE_TIMEOUT", "SyncDriver", "close_idle_connections", "default_client"]
 
@@ -210,6 +211,7 @@ class SyncDriver(DriverBase):
             self._responses[conn_id] = resp
         try:
             with self._lock:
+                self._note_injected(resp.headers.get(LAB_FAULT_HEADER))
                 # (No local for the header list: this frame lives as long as the stream.)
                 if not self._feed(
                     self.core.response_head, conn_id, resp.status_code, resp.headers.multi_items()

@@ -19,6 +19,7 @@ import trio
 from lab.client import ClientCore, Notice, SendRequest
 from lab.drivers.base import READ_IDLE_TIMEOUT, DriverBase
 from lab.wire.client_ledger import Record
+from lab.wire.extensions import LAB_FAULT_HEADER
 
 
 def default_async_client(pool: int = 10_000) -> httpx.AsyncClient:
@@ -85,6 +86,7 @@ class TrioDriver(DriverBase):
                 resp = await self.client.send(request, stream=True)
                 try:
                     headers = list(resp.headers.multi_items())
+                    self._note_injected(resp.headers.get(LAB_FAULT_HEADER))
                     if not self._feed(self.core.response_head, conn_id, resp.status_code, headers):
                         return
                     async for chunk in resp.aiter_raw():

@@ -78,6 +78,14 @@ class FlowFaults:
                 self.armed.append(Armed(kind, rule, d))
         return None
 
+    def fault_tag(self) -> str | None:
+        """The response's `x-lab-fault` value (lab.wire.extensions.LAB_FAULT_HEADER): the
+        kinds of the request and response faults applied so far, in the order applied,
+        each once; None when the flow is untouched."""
+        if not self.faults:
+            return None
+        return ",".join(dict.fromkeys(str(f["fault"]) for f in self.faults))
+
     def on_head(self, status: int, sse: bool) -> Kill | None:
         """The response head: an armed kind may kill the flow here."""
         for a in self.armed:

@@ -39,6 +39,10 @@ from lab.wire.client_ledger import EventRejected, ReconnectAttempt, Record, Reco
 from lab.wire.redact import Redactor
 
 REQUEST_TYPE = "MCP"
+INJECTED_TYPE = "MCP injected fault"
+"""The Locust request type of a call that failed after a response the lab's proxy marked as
+its own injected fault (`x-lab-fault`): shown in Locust's table as an intended outcome,
+not among its failures."""
 log = logging.getLogger(__name__)
 
 
@@ -67,6 +71,7 @@ class WorkerContext:
             "calls_ok": 0,
             "calls_failed": 0,
             "calls_unknown": 0,
+            "calls_injected": 0,
             "reconnects": 0,
             "rejected": 0,
             "duplicates": 0,
@@ -153,9 +158,11 @@ class McpClient:
         elif isinstance(notice, LeaveFinished):
             self.left = notice
 
-    def _fire(self, name: str, ms: float, error: BaseException | None) -> None:
+    def _fire(
+        self, name: str, ms: float, error: BaseException | None, request_type: str = REQUEST_TYPE
+    ) -> None:
         self.environment.events.request.fire(  # type: ignore[no-untyped-call]
-            request_type=REQUEST_TYPE,
+            request_type=request_type,
             name=name,
             response_time=ms,
             response_length=0,
@@ -177,6 +184,7 @@ class McpClient:
             return None  # the worker is quitting
         key = f"{self.client_id}/k{next(self._keys)}" if write else None
         t0 = time.time()
+        injected_before = self.driver.injected_responses
         handle: CallHandle = self.driver.call(
             self.core.call_tool, tool, arguments, idempotency_key=key, write=write
         )
@@ -202,6 +210,14 @@ class McpClient:
         elif done.outcome is CallOutcome.OK:
             c["calls_ok"] += 1
             self._fire(f"call {tool}", ms, None)
+        elif self.driver.injected_responses > injected_before:
+            # The lab's proxy changed a response of this call on purpose (rewrote its
+            # Origin, answered a storm's 429): the failure is the one the scenario asked
+            # for. (Approximate, as a live count may be: any marked response of this client
+            # during the call; the report joins each call to its own flows.)
+            c["calls_injected"] += 1
+            name = f"call {tool}: {done.outcome} {done.reason} ({self.driver.last_injected})"
+            self._fire(name, ms, None, INJECTED_TYPE)
         else:
             c["calls_unknown" if done.outcome is CallOutcome.UNKNOWN else "calls_failed"] += 1
             self._fire(f"call {tool}", ms, RuntimeError(f"{done.outcome}: {done.reason}"))

@@ -32,7 +32,8 @@ class Snapshot:
     reconnect_peak: int = 0
     clients: int = 0
     calls: Mapping[str, int] = field(default_factory=dict)
-    """outcome (ok, failed, unknown) -> calls."""
+    """outcome -> calls: ok; failed and unknown (not explained by a fault the lab
+    injected); injected (failed after a response the lab's proxy marked, `x-lab-fault`)."""
     faults: Mapping[str, int] = field(default_factory=dict)
     """fault kind (and `toxic` for the nemesis' toxics) -> times fired."""
 
@@ -120,6 +121,11 @@ def snapshot(run_id: str, elapsed_s: float, progress: Mapping[str, Any], **count
         elapsed_s=elapsed_s,
         accepted=num("accepted"),
         clients=num("users"),
-        calls={"ok": num("calls_ok"), "failed": num("calls_failed"), "unknown": num("calls_unknown")},
+        calls={
+            "ok": num("calls_ok"),
+            "failed": num("calls_failed"),
+            "unknown": num("calls_unknown"),
+            "injected": num("calls_injected"),
+        },
         **counts,
     )

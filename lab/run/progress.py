@@ -226,7 +226,8 @@ class ProgressLine:
         return (
             f"[{elapsed:5.0f}s/{self.horizon:.0f}s]{self.phase_at(elapsed)} clients {int(progress.get('users', 0)):>5} | {left} | "
             f"accepted {int(progress.get('accepted', 0)):,} | reconnects {last}/s, peak {peak}/s "
-            f"(budget {self.budget():g}/s){warn} | faults {faults:,} | calls ok "
-            f"{int(progress.get('calls_ok', 0)):,} failed {int(progress.get('calls_failed', 0)):,} "
-            f"unknown {int(progress.get('calls_unknown', 0)):,}"
+            f"(budget {self.budget():g}/s){warn} | faults injected {faults:,} | calls ok "
+            f"{int(progress.get('calls_ok', 0)):,}, failed as injected "
+            f"{int(progress.get('calls_injected', 0)):,} | unexpected: failed "
+            f"{int(progress.get('calls_failed', 0)):,} unknown {int(progress.get('calls_unknown', 0)):,}"
         )

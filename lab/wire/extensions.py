@@ -16,3 +16,10 @@ LAB_CONN_HEADER: Final = "x-lab-conn"
 
 IDEMPOTENCY_META: Final = "mcp-lab/idempotency-key"
 """`params._meta[IDEMPOTENCY_META]` of a tools/call: the logical operation's key."""
+
+LAB_FAULT_HEADER: Final = "x-lab-fault"
+"""On a response the lab's proxy changed by a fault it injected on purpose (the request's
+Origin, token, session or version rewritten; an answer of its own, such as a storm's 429):
+the fault kinds, comma-separated (`rewrite_origin`). The lab's clients count a call that
+failed after such a response as an injected failure, not an unexpected one; nothing else
+reads it, and a client under test may ignore it (docs/faults.md)."""

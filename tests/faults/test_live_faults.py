@@ -107,6 +107,8 @@ def test_drop_priming(lab: Lab) -> None:
         conn = c.conn()
         ex = c.call("echo", {"text": "hi"}, conn=conn)
     assert ex.status == 200 and ex.error is None
+    # An event fault changes no response head: nothing marks the response.
+    assert "x-lab-fault" not in ex.headers
     assert ex.events and not ex.events[0].is_priming, "the priming event reached the client"
     assert "result" in ex.messages()[0]
     flow = last_flow(lab, conn)["flow"]
@@ -192,6 +194,8 @@ def test_rewrite_origin_is_refused_by_the_server(lab: Lab) -> None:
         conn = c.conn()
         ex = c.call("echo", {"text": "x"}, conn=conn)
     assert ex.status == 403
+    # The proxy says the refusal was its doing, for the lab's clients to count it as intended.
+    assert ex.headers.get("x-lab-fault") == "rewrite_origin"
     rec = last_flow(lab, conn)
     assert rec["origin_in"] == legit and rec["origin_out"] == "http://evil.invalid"
     assert rec["origin_allowed_out"] is False and rec["status"] == 403
@@ -270,6 +274,7 @@ def test_storm_is_answered_by_the_proxy(lab: Lab) -> None:
         after = c.conn()
         c.call("clock", {}, conn=after)
     assert ex.status == 429 and ex.headers.get("retry-after") == "3"
+    assert ex.headers.get("x-lab-fault") == "storm"
     rec = last_flow(lab, conn)
     assert rec["answered_by"] == "proxy" and rec["status"] == 429
     assert rec["faults"][0]["fault"] == "storm"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -138,6 +139,29 @@ def test_the_runs_clock_starts_with_the_load(
     assert plans[-1]["run_start"] == start, [p["run_start"] - start for p in plans]
     first = min(rec["t_request"] for rec in tap if rec["type"] == "flow")
     assert start <= first < start + 2.0, f"the first request came {first - start:.2f} s after the run start"
+
+
+def test_injected_failures_are_counted_apart_from_unexpected_ones(
+    short_run: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    # mini.toml's rewrite_origin makes half of the writes fail with the server's 403, on
+    # purpose: the clients count those as injected (the proxy marks its doing on the
+    # response, `x-lab-fault`), Locust shows them under a type of their own and not among
+    # its failures, and the progress line says "failed as injected".
+    folder, proc = short_run
+    progress = json.loads((folder / "progress.json").read_text())
+    assert progress["calls_injected"] >= 1, progress
+    assert progress["calls_failed"] == 0, progress
+    refused = 0
+    for path in (folder / "clients").glob("worker-*.sqlite"):
+        with contextlib.closing(sqlite3.connect(path)) as db:
+            refused += db.execute("SELECT count(*) FROM operations WHERE reason = 'http_403'").fetchone()[0]
+    assert refused >= 1
+    stats = json.loads((folder / "locust.json").read_text())
+    injected = [s for s in stats if s["method"] == "MCP injected fault"]
+    assert injected and all(s["num_failures"] == 0 for s in injected), injected
+    assert all("ledger.append" in s["name"] and "http_403" in s["name"] for s in injected), injected
+    assert "failed as injected" in proc.stdout and "unexpected: failed" in proc.stdout
 
 
 def test_ledgers_show_every_part_of_the_protocol(
