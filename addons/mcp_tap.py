@@ -31,7 +31,7 @@ from lab.faults.pipeline import MessageWatch, Record, SsePipe
 from lab.faults.records import METADATA_KEY, flow_record
 from lab.faults.results import ResultWatch, WriteCall, WriteCalls
 from lab.wire.jsonrpc import INITIALIZE
-from lab.wire.redact import Redactor
+from lab.wire.redact import Redactor, scrub_stderr
 from lab.wire.revisions import SESSION_HEADER
 
 OPTIONS: Final = (  # name, default, help
@@ -81,6 +81,7 @@ class McpTap:
         """Whether the tap option was read: until then records wait (the fault addon's come first)."""
 
     def load(self, loader: Loader) -> None:
+        scrub_stderr()  # no token or session ID in mitmdump's log, whoever prints it
         for name, default, text in OPTIONS:
             loader.add_option(name, str, default, text)
 

@@ -6,7 +6,7 @@ waiters, differ between the sync and the trio driver."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from lab.client import ClientCore, CloseConnection, Notice, Output, SendRequest
@@ -16,6 +16,13 @@ from lab.wire.client_ledger import Record
 READ_IDLE_TIMEOUT = 20.0
 """Seconds without a byte before a connection counts as lost (a `timeout` toxic holds data
 forever; without this the client would never notice)."""
+
+
+def wire_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
+    """A request's headers as bytes: values in UTF-8, as a browser's EventSource sends a
+    `Last-Event-ID` (httpx encodes a str value as ASCII and raises on anything else: a
+    target whose event ID is not ASCII must not crash its client's resumption)."""
+    return [(name.encode("ascii"), value.encode("utf-8")) for name, value in headers]
 
 
 class DriverBase:

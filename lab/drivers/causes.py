@@ -16,7 +16,16 @@ The core and the ledgers never see an exception class: a driver passes
     protocol_error                the peer broke HTTP in another way
     connect_failed / read_failed / write_failed   other network errors at that step
     decoding_error                the body could not be decoded (content-encoding)
+    encoding_error                the request could not be encoded (a header value, e.g.)
+    driver_error                  anything else the HTTP stack raised (named by its class
+                                  in the worker's log, never the exception's text)
     network_error / transport_error               anything else of the network / of httpx
+
+The driver's edge is a wall: whatever the HTTP stack raises while a request is sent or
+its body read (a target's garbage may reach a codec in httpx, h11 or the standard
+library) comes out as an `EdgeError` (a `httpx.TransportError`, so the drivers' one
+`except` takes it), named here, and the request is recorded as lost with that cause.
+Nothing escapes into gevent's hub, which would print the request, headers and all.
 """
 
 from __future__ import annotations
@@ -24,6 +33,23 @@ from __future__ import annotations
 import errno
 
 import httpx
+
+
+class EdgeError(httpx.TransportError):
+    """Something other than a network or HTTP error, raised by the HTTP stack while a
+    request was sent or its body read; `cause` names it (the original is `__cause__`)."""
+
+    def __init__(self, error: Exception) -> None:
+        # The class only: an exception's text may quote what it could not encode (a header).
+        super().__init__(type(error).__name__)
+        self.cause = "encoding_error" if isinstance(error, UnicodeError) else "driver_error"
+
+
+def at_the_edge(error: Exception) -> Exception:
+    """`error` if it is a network or HTTP error (the drivers know those), else an
+    `EdgeError` around it."""
+    return error if isinstance(error, httpx.HTTPError | OSError) else EdgeError(error)
+
 
 _BY_TYPE: tuple[tuple[type[BaseException], str], ...] = (
     (httpx.ConnectTimeout, "connect_timeout"),
@@ -67,6 +93,8 @@ _BY_MESSAGE: tuple[tuple[str, str], ...] = (
 
 def transport_cause(error: BaseException) -> str:
     """The lab's cause name for a transport failure (see the module docstring)."""
+    if isinstance(error, EdgeError):
+        return error.cause
     cause = next((name for kind, name in _BY_TYPE if isinstance(error, kind)), "transport_error")
     if isinstance(error, httpx.ProtocolError | httpx.TransportError):
         text = str(error).lower()

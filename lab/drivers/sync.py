@@ -32,8 +32,9 @@ from typing import Any
 import httpx
 
 from lab.client import ClientCore, Notice, SendRequest
-from lab.drivers.base import READ_IDLE_TIMEOUT, DriverBase
+from lab.drivers.base import READ_IDLE_TIMEOUT, DriverBase, wire_headers
 from lab.drivers.body import body_reader
+from lab.drivers.causes import at_the_edge
 from lab.drivers.clock import process_clock
 from lab.wire.client_ledger import Record
 from lab.wire.extensions import LAB_FAULT_HEADER
@@ -193,12 +194,14 @@ class SyncDriver(DriverBase):
                 return  # closed before it was sent: it must not go out at all
         try:
             resp = self.client.send(
-                self.client.build_request(cmd.method, self.url, headers=list(cmd.headers), content=cmd.body),
+                self.client.build_request(
+                    cmd.method, self.url, headers=wire_headers(cmd.headers), content=cmd.body
+                ),
                 stream=True,
             )
-        except (httpx.HTTPError, OSError) as e:
+        except Exception as e:  # the edge is a wall (lab.drivers.causes): no core call inside
             with self._lock:
-                self._lost(conn_id, e)
+                self._lost(conn_id, at_the_edge(e))
             return
         # This frame lives as long as the stream does: keep in it only what reading needs
         # (the request went out; `resp.request` has its own copy).
@@ -224,7 +227,7 @@ class SyncDriver(DriverBase):
             resp.request.headers = httpx.Headers()
             # Read a few frames deep where httpx allows it (lab.drivers.body): an idle
             # stream's blocked reader then keeps a smaller stack.
-            read = body_reader(resp) or _next_of(resp.iter_raw())
+            read = _walled(body_reader(resp) or _next_of(resp.iter_raw()))
             while (chunk := read()) is not None:
                 with self._lock:
                     if not self._feed(self.core.response_data, conn_id, chunk):
@@ -280,8 +283,22 @@ def _drain(resp: httpx.Response) -> None:
     try:
         while left > 0 and (chunk := read()) is not None:
             left -= len(chunk)
-    except (httpx.HTTPError, OSError):
+    except Exception:  # whatever it was (lab.drivers.causes' wall): the caller closes
         pass  # the connection is not reusable then: closing it is all that is left
+
+
+def _walled(read: Callable[[], bytes | None]) -> Callable[[], bytes | None]:
+    """`read`, with whatever else than a network or HTTP error it raises (a codec's, from
+    a target's garbage) turned into an `EdgeError`: the body loop's `except` takes it, and
+    the core (called in that loop too) is never inside this wall."""
+
+    def walled() -> bytes | None:
+        try:
+            return read()
+        except Exception as e:
+            raise at_the_edge(e) from e
+
+    return walled
 
 
 def _next_of(chunks: Iterator[bytes]) -> Callable[[], bytes | None]:

@@ -11,13 +11,14 @@ ends at once (the sync driver can only do that under gevent).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 import trio
 
 from lab.client import ClientCore, Notice, SendRequest
-from lab.drivers.base import READ_IDLE_TIMEOUT, DriverBase
+from lab.drivers.base import READ_IDLE_TIMEOUT, DriverBase, wire_headers
+from lab.drivers.causes import at_the_edge
 from lab.wire.client_ledger import Record
 from lab.wire.extensions import LAB_FAULT_HEADER
 
@@ -80,16 +81,20 @@ class TrioDriver(DriverBase):
             return
         with scope:
             try:
-                request = self.client.build_request(
-                    cmd.method, self.url, headers=list(cmd.headers), content=cmd.body
-                )
-                resp = await self.client.send(request, stream=True)
+                try:
+                    request = self.client.build_request(
+                        cmd.method, self.url, headers=wire_headers(cmd.headers), content=cmd.body
+                    )
+                    resp = await self.client.send(request, stream=True)
+                except Exception as e:  # the edge is a wall (lab.drivers.causes)
+                    raise at_the_edge(e) from e
                 try:
                     headers = list(resp.headers.multi_items())
                     self._note_injected(resp.headers.get(LAB_FAULT_HEADER))
                     if not self._feed(self.core.response_head, conn_id, resp.status_code, headers):
                         return
-                    async for chunk in resp.aiter_raw():
+                    chunks = resp.aiter_raw()
+                    while (chunk := await _next_chunk(chunks)) is not None:
                         if not self._feed(self.core.response_data, conn_id, chunk):
                             return
                     self._feed(self.core.response_end, conn_id)
@@ -105,3 +110,14 @@ class TrioDriver(DriverBase):
             if sleep is not None:
                 with trio.move_on_after(sleep):
                     await self._changed.wait()
+
+
+async def _next_chunk(chunks: AsyncIterator[bytes]) -> bytes | None:
+    """The body's next chunk, None at its end; whatever else than a network or HTTP error
+    reading raises becomes an `EdgeError` (the core, fed in the loop, is outside this)."""
+    try:
+        return await anext(chunks)
+    except StopAsyncIteration:
+        return None
+    except Exception as e:
+        raise at_the_edge(e) from e

@@ -156,6 +156,9 @@ def run(args: argparse.Namespace) -> int:
 
     from lab.server.app import McpApp
     from lab.server.protocol import bounded_protocol
+    from lab.wire.redact import scrub_stderr
+
+    scrub_stderr()  # no token or session ID in its log, whoever prints it (uvicorn's tracebacks)
 
     try:
         config = config_from_args(args)

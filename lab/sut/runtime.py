@@ -45,7 +45,7 @@ from lab.sut.protocol import (
     parse_command,
     secrets_of_headers,
 )
-from lab.wire.redact import Redactor
+from lab.wire.redact import Redactor, scrub_stderr
 
 STOP_GRACE_S = 10.0
 """How long `stop` waits for clients to leave before it abandons them."""
@@ -354,6 +354,7 @@ def serve(make_driver: Callable[[], Driver], argv: list[str] | None = None, *, p
     parser = argparse.ArgumentParser(prog=prog, description="An MCP client adapter (docs/clients.md).")
     parser.add_argument("--log", help="write the application log to this file instead of stdout")
     args = parser.parse_args(argv)
+    scrub_stderr()  # no token or session ID in its log, whoever prints it (a library's traceback)
     key_hex = os.environ.get("LAB_LEDGER_KEY", "")
     try:
         redactor = Redactor(bytes.fromhex(key_hex))

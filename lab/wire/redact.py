@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import io
+import logging
+import re
+import sys
+from typing import TextIO
 
 
 class Redactor:
@@ -47,3 +52,73 @@ class Redactor:
     def token(self, token: str | None) -> str | None:
         """`t_` + 80 bits of HMAC of a bearer token."""
         return None if token is None else "t_" + self._mac(b"token", token)
+
+
+# --- secrets in free text: logs, tracebacks, third-party output ------------------------
+
+_BEARER = re.compile(r"(?i)(bearer\s+)[^\s'\",)\]}]+")
+_SECRET_HEADER = re.compile(
+    r"(?i)((?:mcp-session-id|authorization|proxy-authorization|set-cookie|cookie)['\"]?\s*[:=,]\s*b?['\"]?)"
+    r"[^'\"\r\n]+"
+)
+_SECRET_HINT = re.compile(r"(?i)session-id|authorization|cookie")
+REDACTED = "[redacted]"
+
+
+def scrub(text: str) -> str:
+    """`text` with every bearer token and the value of every session-ID, authorization and
+    cookie header replaced by `[redacted]`, in whatever form a header is printed (`name:
+    value`, `('name', 'value')`, `(b'name', b'value')`, `"name": "value"`). For text the lab
+    does not write itself (a third party's traceback repr of a request): what the lab
+    writes carries pseudonyms (`Redactor`) and never a raw value."""
+    if "earer" not in text and "EARER" not in text and not _SECRET_HINT.search(text):
+        return text  # (most lines: one cheap look)
+    return _SECRET_HEADER.sub(r"\1" + REDACTED, _BEARER.sub(r"\1" + REDACTED, text))
+
+
+class ScrubbingStream(io.TextIOBase):
+    """A text stream that writes `scrub`bed lines to another (whole lines: a header split
+    over two writes is still caught; a partial line waits for its end or a flush)."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self.inner = inner
+        self._partial = ""
+
+    def write(self, s: str) -> int:
+        text = self._partial + s
+        end = text.rfind("\n") + 1
+        self._partial = text[end:]
+        if end:
+            self.inner.write(scrub(text[:end]))
+        if len(self._partial) > 65536:  # a line without end: never held without bound
+            self.flush()
+        return len(s)
+
+    def flush(self) -> None:
+        if self._partial:
+            self.inner.write(scrub(self._partial))
+            self._partial = ""
+        self.inner.flush()
+
+    def fileno(self) -> int:
+        return self.inner.fileno()
+
+    def isatty(self) -> bool:
+        return self.inner.isatty()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self.inner, "encoding", "utf-8")
+
+
+def scrub_stderr() -> None:
+    """From now on, everything this process prints to `sys.stderr` (its log handlers, gevent's
+    hub printing an exception with the request it was about, a library's traceback) is
+    scrubbed of secrets. Idempotent."""
+    if isinstance(sys.stderr, ScrubbingStream) or sys.stderr is None:
+        return
+    old, new = sys.stderr, ScrubbingStream(sys.stderr)
+    sys.stderr = new
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is old:
+            handler.setStream(new)
