@@ -35,6 +35,12 @@ class ClientConfig:
     """A call stream on which no message arrives for this long counts as lost (cause
     `stream_idle`). Keep-alives (comments, priming events, duplicates) are not messages:
     they keep the driver's read timeout from firing but prove nothing about the call."""
+    max_message_bytes: int = 16 * 1024 * 1024
+    """The most one message may take: an SSE event still unfinished past this many
+    characters, or a JSON body past this many bytes, closes its connection (cause
+    `message_too_large`, the target's doing) before it is held in memory; the stream is
+    then resumed like any lost one, within its attempts. (A target that sends a 100 MB
+    event must not take the worker's memory, nor read as mere timeouts.)"""
     checks: frozenset[Check] = ALL_CHECKS
     """Acceptance checks; only tests switch some off to show what they stop."""
     client_name: str = "mcp-lab-client"
@@ -45,3 +51,5 @@ class ClientConfig:
             raise LocalProtocolError("max_attempts and max_delete_attempts must be >= 1")
         if not (self.resume_silence_s > 0 and self.stream_idle_s > 0):
             raise LocalProtocolError("resume_silence_s and stream_idle_s must be > 0")
+        if self.max_message_bytes < 1024:
+            raise LocalProtocolError("max_message_bytes must be >= 1024")

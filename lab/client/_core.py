@@ -46,7 +46,7 @@ from __future__ import annotations
 from lab.client._acceptance import ConnectionView, InboxStore
 from lab.client._calls import Calling
 from lab.client._client_state import ClientState
-from lab.client._commands import CallHandle, Effects, Headers, Output, Purpose
+from lab.client._commands import CallHandle, CloseConnection, Effects, Headers, Output, Purpose
 from lab.client._config import ClientConfig
 from lab.client._handshake import Handshake
 from lab.client._http import Connections
@@ -62,6 +62,10 @@ from lab.wire.errors import LocalProtocolError
 from lab.wire.redact import Redactor
 from lab.wire.revisions import PROTOCOL_VERSION_HEADER, SESSION_HEADER
 from lab.wire.sse import SseDecoder
+
+MESSAGE_TOO_LARGE = "message_too_large"
+"""The cause of a connection the client closed because one message outgrew
+`ClientConfig.max_message_bytes` (the exchange's `error`)."""
 
 
 class ClientCore:
@@ -247,8 +251,11 @@ class ClientCore:
         conn = self.http.live.get(conn_id)
         if conn is None:
             return self.fx.take()
+        limit = self.config.max_message_bytes
         if conn.decoder is None:
             conn.body += data
+            if len(conn.body) > limit:
+                self._too_large(conn, now)
             return self.fx.take()
         events = conn.decoder.feed(data)
         for i, ev in enumerate(events):
@@ -259,7 +266,18 @@ class ClientCore:
                 self.handshake.event(conn, ev, now)  # no session yet: not the session's door
             else:
                 self.streaming.on_event(conn, ev, now)
+        if conn.decoder.pending_chars > limit and conn_id in self.http.live:
+            self._too_large(conn, now)
         return self.fx.take()
+
+    def _too_large(self, conn: Conn, now: float) -> None:
+        """A message grew past `max_message_bytes`: the connection is closed before it holds
+        more, and ends as any lost one (a stream is resumed, within its attempts)."""
+        conn.body = bytearray()
+        if conn.decoder is not None:
+            conn.decoder.end_of_stream()
+        self.fx.commands.append(CloseConnection(conn.conn_id, False))
+        self._connection_over(conn, now, MESSAGE_TOO_LARGE)
 
     def response_end(self, conn_id: int, now: float) -> Output:
         """The server ended the response normally."""

@@ -64,6 +64,7 @@ class SseDecoder:
     """Incremental SSE decoder: `feed(bytes) -> list[SseEvent]`, then `end_of_stream()`."""
 
     __slots__ = (
+        "_block_chars",
         "_bom_checked",
         "_buf",
         "_data",
@@ -86,6 +87,7 @@ class SseDecoder:
         self._reset_block()
 
     def _reset_block(self) -> None:
+        self._block_chars = 0
         self._data: list[str] = []
         self._has_data = False
         self._event: str | None = None
@@ -102,6 +104,12 @@ class SseDecoder:
     def in_block(self) -> bool:
         """True while bytes of an unfinished block are buffered."""
         return self._touched or bool(self._buf)
+
+    @property
+    def pending_chars(self) -> int:
+        """Characters held for the unfinished block: its data lines so far and its
+        unfinished line (a bound on what a sender can make the decoder hold)."""
+        return len(self._buf) + self._block_chars
 
     @property
     def at_boundary(self) -> bool:
@@ -184,6 +192,7 @@ class SseDecoder:
             if value[:1] == " ":
                 value = value[1:]
         if field == "data":
+            self._block_chars += len(value)
             self._data.append(value)
             self._has_data = True
             self._touched = True

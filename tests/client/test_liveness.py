@@ -235,3 +235,38 @@ def test_a_completed_operation_run_again_completes_and_is_dispatched_once() -> N
         f"op:{handle.operation_key}"
     ]
     assert sum(server.effects.values()) == 1 and core.next_wakeup() is None
+
+
+# -- no message without bound ------------------------------------------------------------------
+
+
+def _flood(link: Link, core: ClientCore, conn: int, chars: int) -> None:
+    """`chars` characters of one event that never ends, in 64 KiB chunks (as a socket
+    gives them), until the core stops reading it."""
+    chunk = b"data: " + b"x" * 65536
+    sent = 0
+    while sent < chars and conn in link.open:
+        link.run(core.response_data(conn, chunk if sent else b"id: big\n" + chunk, link.now))
+        sent += len(chunk)
+
+
+def test_an_event_past_the_message_bound_closes_its_connection_and_the_call_resumes() -> None:
+    core, _server, link, _ = make(max_message_bytes=256 * 1024)
+    conn = start_write(core, link)
+    _flood(link, core, conn, 10 * 1024 * 1024)
+    assert conn not in link.open  # closed at the bound, not after 10 MiB
+    (ex,) = [e for e in records(link, HttpExchange) if e.conn_id == conn]
+    assert ex.error == "message_too_large"
+    link.settle()
+    (attempt, *_) = records(link, ReconnectAttempt)
+    assert attempt.kind == "resume" and attempt.cause == "message_too_large"
+    assert finished(link)[0].outcome is CallOutcome.OK
+
+
+def test_an_event_within_the_bound_is_read_on() -> None:
+    # The control: the same flood under a bound larger than it is only ever read.
+    core, _server, link, _ = make(max_message_bytes=64 * 1024 * 1024)
+    conn = start_write(core, link)
+    _flood(link, core, conn, 1024 * 1024)
+    assert conn in link.open
+    assert not [e for e in records(link, HttpExchange) if e.conn_id == conn]
