@@ -348,3 +348,46 @@ def raise_listen_backlog(host: str, port: int, backlog: int = LISTEN_BACKLOG) ->
                 dup.listen(backlog)
                 return True
     return False
+
+
+# ---------------------------------------------------------------------- bounds mitmproxy lacks
+
+MAX_RESPONSE_HEAD: Final = 64 * 1024
+"""The most bytes of a response head (status line and headers) the proxy holds from the
+target. mitmproxy 12 has no such bound: a target whose headers never end made mitmdump
+grow to 1.1 GiB in 25 s. Over it, the proxy answers its client 502 and closes the
+target's connection, as for a head it cannot parse."""
+
+
+def bound_response_heads(limit: int = MAX_RESPONSE_HEAD) -> None:
+    """Make mitmproxy's HTTP/1 client layer give up a response head over `limit` bytes (its
+    `Http1Client.read_headers`, wrapped once per process). A private part of mitmproxy,
+    pinned with it (pyproject.toml); tests/faults/test_bounds_live.py fails if the wrap no
+    longer takes."""
+    from h11._receivebuffer import ReceiveBuffer
+    from mitmproxy.proxy import commands
+    from mitmproxy.proxy.layers.http import _http1
+    from mitmproxy.proxy.layers.http._base import ReceiveHttp
+    from mitmproxy.proxy.layers.http._events import ErrorCode, ResponseProtocolError
+
+    cls: Any = _http1.Http1Client
+    if getattr(cls.read_headers, "lab_limit", None) is not None:
+        return
+    original = cls.read_headers
+
+    def read_headers(self: Any, event: Any) -> Any:
+        yield from original(self, event)
+        if self.response is None and self.stream_id is not None and len(self.buf) > limit:
+            held = len(self.buf)
+            self.buf = ReceiveBuffer()  # let it go now, not when the connection is collected
+            yield commands.CloseConnection(self.conn)
+            yield ReceiveHttp(
+                ResponseProtocolError(
+                    self.stream_id,
+                    f"response head of {held} bytes and not ended, over the limit of {limit} (the target's)",
+                    ErrorCode.GENERIC_SERVER_ERROR,
+                )
+            )
+
+    read_headers.lab_limit = limit  # type: ignore[attr-defined]
+    cls.read_headers = read_headers

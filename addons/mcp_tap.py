@@ -20,7 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
-from mcp_faults_io import TapFile, announce, options_error, parse_key, parse_origin_patterns
+from mcp_faults_io import (
+    TapFile,
+    announce,
+    bound_response_heads,
+    options_error,
+    parse_key,
+    parse_origin_patterns,
+)
 from mitmproxy import ctx, http
 from mitmproxy.addonmanager import Loader
 
@@ -82,6 +89,7 @@ class McpTap:
 
     def load(self, loader: Loader) -> None:
         scrub_stderr()  # no token or session ID in mitmdump's log, whoever prints it
+        bound_response_heads()  # a target's endless headers must not take our memory
         for name, default, text in OPTIONS:
             loader.add_option(name, str, default, text)
 
