@@ -37,8 +37,9 @@ from lab.faults.facts import RequestFacts, bearer_token, read_request
 from lab.faults.pipeline import MessageWatch, Record, SsePipe
 from lab.faults.records import METADATA_KEY, flow_record
 from lab.faults.results import ResultWatch, WriteCall, WriteCalls
+from lab.logscrub import scrub_stderr
 from lab.wire.jsonrpc import INITIALIZE
-from lab.wire.redact import Redactor, scrub_stderr
+from lab.wire.redact import Redactor
 from lab.wire.revisions import SESSION_HEADER
 
 OPTIONS: Final = (  # name, default, help

@@ -11,6 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"lab.wire", "lab.exitcodes", "lab.resources", "lab.runfolder", "lab.oslimits"}),
+    # Every part's stderr scrubbed of secrets (lab.wire's `scrub` on a stream).
+    frozenset({"lab.logscrub"}),
     # Independent of one another: the client core, the reference server, the fault layer,
     # the TCP nemesis, the adapters of clients under test. None of them may know another.
     frozenset({"lab.client", "lab.server", "lab.faults", "lab.nemesis", "lab.sut"}),

@@ -56,8 +56,8 @@ from lab.load.locust_spawn import cache_default_args
 from lab.load.resolver import install_numeric_first_resolver
 from lab.load.settings import LoadSettings, ledger_key, split_budget
 from lab.load.user import WORKER, McpUser, WorkerContext
+from lab.logscrub import scrub_stderr
 from lab.runfolder import replace_file
-from lab.wire.redact import scrub_stderr
 
 scrub_stderr()  # no token or session ID in a worker's log, whoever prints it (gevent's hub)
 cache_default_args()  # a spawn message no longer builds ~60 argument parsers (lab.load.locust_spawn)

@@ -154,9 +154,9 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from lab.logscrub import scrub_stderr
     from lab.server.app import McpApp
     from lab.server.protocol import bounded_protocol
-    from lab.wire.redact import scrub_stderr
 
     scrub_stderr()  # no token or session ID in its log, whoever prints it (uvicorn's tracebacks)
 

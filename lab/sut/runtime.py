@@ -33,6 +33,7 @@ import anyio.from_thread
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from lab.exitcodes import ExitCode
+from lab.logscrub import scrub_stderr
 from lab.sut.applog import AppLog, ClientContext, current_client
 from lab.sut.protocol import (
     SCHEMA,
@@ -45,7 +46,7 @@ from lab.sut.protocol import (
     parse_command,
     secrets_of_headers,
 )
-from lab.wire.redact import Redactor, scrub_stderr
+from lab.wire.redact import Redactor
 
 STOP_GRACE_S = 10.0
 """How long `stop` waits for clients to leave before it abandons them."""

@@ -9,11 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import io
-import logging
 import re
-import sys
-from typing import TextIO
 
 
 class Redactor:
@@ -74,51 +70,3 @@ def scrub(text: str) -> str:
     if "earer" not in text and "EARER" not in text and not _SECRET_HINT.search(text):
         return text  # (most lines: one cheap look)
     return _SECRET_HEADER.sub(r"\1" + REDACTED, _BEARER.sub(r"\1" + REDACTED, text))
-
-
-class ScrubbingStream(io.TextIOBase):
-    """A text stream that writes `scrub`bed lines to another (whole lines: a header split
-    over two writes is still caught; a partial line waits for its end or a flush)."""
-
-    def __init__(self, inner: TextIO) -> None:
-        self.inner = inner
-        self._partial = ""
-
-    def write(self, s: str) -> int:
-        text = self._partial + s
-        end = text.rfind("\n") + 1
-        self._partial = text[end:]
-        if end:
-            self.inner.write(scrub(text[:end]))
-        if len(self._partial) > 65536:  # a line without end: never held without bound
-            self.flush()
-        return len(s)
-
-    def flush(self) -> None:
-        if self._partial:
-            self.inner.write(scrub(self._partial))
-            self._partial = ""
-        self.inner.flush()
-
-    def fileno(self) -> int:
-        return self.inner.fileno()
-
-    def isatty(self) -> bool:
-        return self.inner.isatty()
-
-    @property
-    def encoding(self) -> str:  # type: ignore[override]
-        return getattr(self.inner, "encoding", "utf-8")
-
-
-def scrub_stderr() -> None:
-    """From now on, everything this process prints to `sys.stderr` (its log handlers, gevent's
-    hub printing an exception with the request it was about, a library's traceback) is
-    scrubbed of secrets. Idempotent."""
-    if isinstance(sys.stderr, ScrubbingStream) or sys.stderr is None:
-        return
-    old, new = sys.stderr, ScrubbingStream(sys.stderr)
-    sys.stderr = new
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.StreamHandler) and handler.stream is old:
-            handler.setStream(new)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-
 from mcp_faults_io import MAX_RESPONSE_HEAD
+
 from tests.faults.live import tap_proxy
 
 pytestmark = pytest.mark.live

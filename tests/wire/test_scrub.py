@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from lab.wire.redact import REDACTED, ScrubbingStream, scrub
+from lab.logscrub import ScrubbingStream
+from lab.wire.redact import REDACTED, scrub
 from tests.livesrv import ROOT
 
 TOKEN = "tok-s3cret-0a1b2c"
@@ -52,7 +53,7 @@ GREENLET_CRASH = f"""
 import sys
 from gevent import monkey; monkey.patch_all()
 import gevent, greenlet
-from lab.wire.redact import scrub_stderr
+from lab.logscrub import scrub_stderr
 if sys.argv[1] == "scrub":
     scrub_stderr()
 def run(headers):
