@@ -15,6 +15,9 @@ Files (in the run folder):
     fig-processes.png        the lab's processes: CPU (cores) and RSS over time
     fig-capacity.png         a stepped ramp only: resume p99, events/s and reconnect QPS
                              against clients, the knee marked
+    fig-fault-outcomes.png   a run where a fault fired only: per kind, fired, rejected,
+                             recoveries caused, calls not ok, resume p50/p99
+                             (lab.report.fault_figure)
 Every time series has the run's phases shaded and named (when it has two or more).
 """
 
@@ -43,7 +46,7 @@ from lab.checker import (
     nearest_rank,
     parse_budgets,
 )
-from lab.report import series
+from lab.report import fault_figure, series
 from lab.report.phase_figures import capacity_drawer, draw_processes, shade_phases
 
 WIDTH_IN, HEIGHT_IN = 10.0, 4.2
@@ -267,13 +270,18 @@ def draw_all(
     """Draw every figure into `out_dir`. Returns (figures written as {name, file, title},
     figures that failed to draw, figures that could not be written to disk), the last two
     as text: one figure failing does not stop the others. With the checker's `sections`,
-    a run with a capacity ramp gets its knee figure too."""
+    a run with a capacity ramp gets its knee figure too, and a run where a fault fired the
+    figure of what each fault did (none at all for a run without faults)."""
     capacity = (sections or {}).get("capacity")
     if isinstance(capacity, Mapping):
         specs = (
             *specs,
             FigureSpec("capacity", "fig-capacity.png", "Capacity: the knee", capacity_drawer(capacity)),
         )
+    outcomes = (sections or {}).get("fault_outcomes")
+    if isinstance(outcomes, Mapping) and fault_figure.wanted(outcomes):
+        drawer = fault_figure.fault_outcomes_drawer(outcomes)
+        specs = (*specs, FigureSpec("fault_outcomes", fault_figure.FILE, fault_figure.TITLE, drawer))
     budgets = parse_budgets(data.run)
     incomplete = (data.run or {}).get("complete") is not True
     written: list[dict[str, str]] = []

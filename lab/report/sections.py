@@ -1,12 +1,13 @@
-"""The report's sections beside the gates — unanswered requests by hop, the lab's own
-latency, phases, capacity, rollout, the lab's own processes — as plain blocks of lines and
-tables, built from the report.json document alone, so report.md and report.html show
-exactly the same thing.
+"""The report's sections beside the gates — unanswered requests by hop, what each fault
+did, the lab's own latency, phases, capacity, rollout, the lab's own processes — as plain
+blocks of lines and tables, built from the report.json document alone, so report.md and
+report.html show exactly the same thing.
 
     blocks(doc) -> [Block]    each: id, title, lines, tables (caption, columns, rows)
 
 The blocks, their tables and cell formatters, and their markdown for report.md are
-`lab.report.table`'s; the unanswered requests' block is `lab.report.unanswered_block`.
+`lab.report.table`'s; the unanswered requests' block is `lab.report.unanswered_block`, the
+faults' outcomes' `lab.report.fault_outcomes_block`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from lab.report.fault_outcomes_block import fault_outcomes_block
 from lab.report.table import NONE, Block, Column, Table, num, pct, secs, table
 from lab.report.unanswered_block import unanswered_block
 
@@ -381,6 +383,7 @@ def processes_block(doc: Mapping[str, Any]) -> Block | None:
 def blocks(doc: Mapping[str, Any]) -> list[Block]:
     made = (
         unanswered_block(doc),
+        fault_outcomes_block(doc),
         lab_latency_block(doc),
         phases_block(doc),
         capacity_block(doc),

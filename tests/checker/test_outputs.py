@@ -85,7 +85,9 @@ def test_markdown_junit_and_html_say_the_same_thing(tmp_path: Path) -> None:
 
     md = (run_dir / "report.md").read_text(encoding="utf-8")
     assert "**INCOMPLETE RUN (end_reason: interrupted)" in md
-    assert "| 2 | Duplicate business dispatches | **FAIL** |" in md
+    assert "| 2 | Writes done more than once (duplicate dispatches) | **FAIL** |" in md
+    counted = f"{_strict_json(run_dir / 'report.json')['event_count']:,} events (counted by the proxy)"
+    assert counted in md  # who counted the events, in words (report.json: `event_count_source` tap)
     assert "[server] the server performed tool ledger.append 2 times for idempotency key op-<b>&7" in md
 
     suite = ET.parse(run_dir / "junit.xml").getroot().find("testsuite")
@@ -108,9 +110,11 @@ def test_markdown_junit_and_html_say_the_same_thing(tmp_path: Path) -> None:
     assert props["complete"] == "False" and props["verdict"] == "fail"
 
     page = (run_dir / "report.html").read_text(encoding="utf-8")
+    assert counted in page
     assert 'id="incomplete"' in page
     assert "op-&lt;b&gt;&amp;7" in page and "op-<b>&7" not in page
-    assert page.count('src="data:image/png;base64,') == 5  # the four of the gates, and the lab's processes
+    # The four of the gates, the lab's processes, and what each fault did (the run has faults).
+    assert page.count('src="data:image/png;base64,') == 6
     external = re.findall(r'(?:src|href)="(?!data:|#)[^"]*"', page)
     assert external == [], "report.html must not load anything"
     for name in ("fig-resume-latency.png", "fig-reconnects.png", "fig-events-clients.png", "fig-faults.png"):
@@ -239,7 +243,7 @@ def test_report_html_renders_in_headless_chromium_with_its_figures(tmp_path: Pat
     base = _chromium(profile)
     # The page's own script counts the figures the browser decoded (naturalWidth > 0).
     dom = subprocess.run([*base, "--dump-dom", page], capture_output=True, text=True, timeout=120)
-    assert 'data-figures-loaded="5"' in dom.stdout, dom.stderr[-2000:]
+    assert 'data-figures-loaded="6"' in dom.stdout, dom.stderr[-2000:]
     assert 'id="incomplete"' in dom.stdout
 
     shot = tmp_path / "shot.png"

@@ -8,8 +8,9 @@ sections beside the rules.
                                 (a warning in gate 5's notes: `lab.checker.health.lab_latency`),
                                 and requests gone unanswered on the lab's hops while a
                                 lab part was saturated (`lab_limits.qualify_unanswered`);
-                                report.json's sections (`unanswered`, `lab_latency`, `phases`,
-                                `capacity`, `rollout`, `processes`); and, in a
+                                report.json's sections (`unanswered`, `fault_outcomes`,
+                                `lab_latency`, `phases`, `capacity`, `rollout`, `processes`);
+                                and, in a
                                 capacity ramp that passed its knee, the rules judged to the
                                 knee (5 and 6) judged up to the first step past it (the steps
                                 beyond are what found the knee, not a failure of the run)
@@ -27,6 +28,7 @@ from lab.checker.health import lab_latency, lab_limits, processes, unanswered
 from lab.checker.model import GateResult, JsonValue
 from lab.checker.rules import resume, rollout
 from lab.checker.timeline import capacity, phases
+from lab.checker.truth import fault_outcomes
 
 
 def finish(
@@ -75,9 +77,9 @@ def qualify(ctx: Context, gates: tuple[GateResult, ...]) -> tuple[GateResult, ..
 def sections(
     ctx: Context, gates: tuple[GateResult, ...], timed: Sequence[capacity.TimedRule] = ()
 ) -> tuple[dict[str, JsonValue], list[str]]:
-    """(report.json sections, problems in computing them): `unanswered`, `lab_latency`, `phases`,
-    `capacity` (null without ramp phases), `rollout` (null without rollout knobs),
-    `processes`."""
+    """(report.json sections, problems in computing them): `unanswered`, `fault_outcomes`,
+    `lab_latency`, `phases`, `capacity` (null without ramp phases), `rollout` (null without
+    rollout knobs), `processes`."""
     out: dict[str, JsonValue] = {}
     problems: list[str] = []
     makers: list[tuple[str, Callable[[], JsonValue]]] = [
@@ -89,6 +91,7 @@ def sections(
                 None if lim is None else list(lim.reasons),
             ),
         ),
+        ("fault_outcomes", lambda: fault_outcomes.section(ctx)),
         ("lab_latency", lambda: lab_latency.section(ctx)),
         ("phases", lambda: list(phases.section(ctx))),
         ("capacity", lambda: capacity.section(ctx, gates, timed)),

@@ -13,10 +13,14 @@ configured it) that never fired is reported in `never_fired` — a run that clai
 it never applied. A kind whose every firing shows the target could not take it (the
 kind's `not_applicable`, e.g. `kill_session` answered 405: the target does not let
 clients end sessions) is reported in `not_applicable`, with the reason.
+
+`toxic_windows(ctx)` gives every nemesis toxic's window in time (kind `toxic:<type>`, as
+counted here), for what reads toxics by time (unanswered requests, fault outcomes).
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -35,6 +39,9 @@ SOURCE_OF: Mapping[Evidence, str] = {
     Evidence.FAULT: "tap_fault",
 }
 """The source name (FaultCount.by_source) of each kind of tap evidence."""
+
+TOXIC_PREFIX = "toxic:"
+"""A nemesis toxic's fault kind is `toxic:<type>` (`toxic:latency`, `toxic:down`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +77,49 @@ def rewritten_cursor(flows: pd.DataFrame) -> pd.Series:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ToxicWindow:
+    """One nemesis toxic in place, from its `toxic_added` to its `toxic_removed`."""
+
+    fault: str
+    """`toxic:<type>`, the kind's name in the fault counts."""
+    kind: str
+    """The toxic's type as the nemesis names it (`latency`, `down`, ...)."""
+    attributes: object
+    start: float
+    end: float
+    """Epoch s; a toxic never removed ends at the run's stop (inf when that is not known)."""
+
+
+def toxic_windows(ctx: Context) -> list[ToxicWindow]:
+    """Every toxic's window, in the order they opened (once per judging). A toxic is named
+    by (proxy, toxic): an update is its removal then its addition, so windows of one name
+    never overlap."""
+    return ctx.cached("toxic_windows", lambda: _toxic_windows(ctx.data.nemesis, ctx.stopped_at))
+
+
+def _toxic_windows(nem: pd.DataFrame | None, stopped_at: float | None) -> list[ToxicWindow]:
+    if nem is None or not len(nem) or "toxic" not in nem.columns:
+        return []
+    rows = nem[nem["type"].isin(["toxic_added", "toxic_removed"])].sort_values("t", kind="stable")
+    attrs = rows["attributes"] if "attributes" in rows.columns else pd.Series(None, index=rows.index)
+    opened: dict[tuple[str, str], tuple[str, object, float]] = {}
+    out: list[ToxicWindow] = []
+    times = pd.to_numeric(rows["t"], errors="coerce").astype("float64").tolist()
+    for record, proxy, toxic, t, kind, attributes in zip(
+        rows["type"], rows["proxy"], rows["toxic"], times, rows["kind"], attrs, strict=True
+    ):
+        key = (str(proxy), str(toxic))
+        if record == "toxic_added":
+            opened.setdefault(key, (str(kind), attributes, t))
+        elif key in opened:
+            kind_added, attributes_added, start = opened.pop(key)
+            out.append(ToxicWindow(TOXIC_PREFIX + kind_added, kind_added, attributes_added, start, t))
+    stop = stopped_at if stopped_at is not None else math.inf
+    out += [ToxicWindow(TOXIC_PREFIX + k, k, a, start, stop) for k, a, start in opened.values()]
+    return sorted(out, key=lambda w: w.start)
+
+
 def configured_faults(run: dict[str, object] | None) -> list[tuple[str, float, float]]:
     """(fault, start, end) for every well-formed entry of run.json `fault_windows`."""
     windows = (run or {}).get("fault_windows")
@@ -103,7 +153,7 @@ def _counts_by_source(data: RunData) -> dict[str, Counter[str]]:
         by_source["tap_fault"] = _count(data.tap["fault"]["fault"])
     if data.nemesis is not None and len(data.nemesis):
         added = data.nemesis[data.nemesis["type"] == "toxic_added"]
-        by_source["nemesis"] = _count(f"toxic:{k}" for k in added["kind"])
+        by_source["nemesis"] = _count(f"{TOXIC_PREFIX}{k}" for k in added["kind"])
     return by_source
 
 
@@ -124,7 +174,7 @@ def count_faults(data: RunData) -> tuple[list[FaultCount], list[str]]:
         counts.append(FaultCount(kind, sum(per.values()), per, kind in configured))
     fired = {c.fault for c in counts if c.total}
     # A toxic scheduled as `latency` in the scenario fires as `toxic:latency` here.
-    never = sorted(k for k in configured if k not in fired and f"toxic:{k}" not in fired)
+    never = sorted(k for k in configured if k not in fired and f"{TOXIC_PREFIX}{k}" not in fired)
     return counts, never
 
 

@@ -55,7 +55,6 @@ requests are counted, where they were lost is `unknown`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,6 +62,7 @@ import pandas as pd
 
 from lab.checker.context import Context, split_conn
 from lab.checker.inputs.load import ROWID, SOURCE
+from lab.checker.truth.faults import toxic_windows
 
 BIN_S = 10.0
 MANY_SHARE = 0.01
@@ -79,7 +79,7 @@ UNKNOWN = "unknown"
 """Without a tap: not answered, and where it was lost is not known."""
 HOPS: dict[str, str] = {
     CLIENT_TO_PROXY: "client → proxy: never reached the proxy (client connect, nemesis, mitmdump's accept)",
-    PROXY_TO_SERVER: "proxy → server: no answer from upstream (the target, or mitmdump's upstream connection)",
+    PROXY_TO_SERVER: "proxy → server: no answer from the server's side (the target, or mitmdump's connection to it)",
     SERVER_TO_PROXY: "server → proxy: the server answered, the proxy never saw it (mitmdump's upstream read)",
     PROXY_TO_CLIENT: "proxy → client: answered, the client never got it (mitmdump's write, nemesis, worker)",
 }
@@ -300,25 +300,7 @@ def _hops(rows: pd.DataFrame, client_known: bool) -> pd.Series:
 def _toxic_windows(ctx: Context) -> list[tuple[float, float]]:
     """(start, end) of every nemesis toxic that can lose a request (`LOSSLESS` ones only
     delay it); an unclosed one ends at the run's stop."""
-    nem = ctx.data.nemesis
-    if nem is None or not len(nem) or "toxic" not in nem.columns:
-        return []
-    rows = nem[nem["type"].isin(["toxic_added", "toxic_removed"])].sort_values("t", kind="stable")
-    attrs = rows["attributes"] if "attributes" in rows.columns else pd.Series(None, index=rows.index)
-    opened: dict[tuple[str, str], float] = {}
-    out: list[tuple[float, float]] = []
-    times = pd.to_numeric(rows["t"], errors="coerce").astype("float64").tolist()
-    for kind, proxy, toxic, t, toxic_kind, attributes in zip(
-        rows["type"], rows["proxy"], rows["toxic"], times, rows["kind"], attrs, strict=True
-    ):
-        key = (str(proxy), str(toxic))
-        if kind == "toxic_added" and _loses(toxic_kind, attributes):
-            opened.setdefault(key, t)
-        elif kind == "toxic_removed" and key in opened:
-            out.append((opened.pop(key), t))
-    stop = ctx.stopped_at if ctx.stopped_at is not None else math.inf
-    out += [(start, stop) for start in opened.values()]
-    return out
+    return [(w.start, w.end) for w in toxic_windows(ctx) if _loses(w.kind, w.attributes)]
 
 
 LOSSLESS = frozenset({"slicer", "slow_close"})
