@@ -80,6 +80,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "http://127.0.0.1:PORT/metrics while it runs (0: a free port, printed)",
     )
     p.add_argument(
+        "--metrics-file",
+        type=Path,
+        metavar="FILE",
+        help="append the same counters to FILE while it runs, one JSON object a second "
+        "(schema mcpLabMetrics.v1, docs/report.md)",
+    )
+    p.add_argument(
         "--client",
         help="who the load is: lab (the lab's own clients, the default), python-sdk, typescript-sdk "
         "or cmd:<command> (a client under test behind an adapter; docs/clients.md). "
@@ -178,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
         client=args.client,
         baseline=args.baseline,
         metrics_port=args.metrics_port,
+        metrics_file=args.metrics_file,
     )
     try:
         return Run(opts).execute()

@@ -1,5 +1,7 @@
 """`lab run --metrics-port PORT`: the running run's counters as Prometheus text, at
-`http://127.0.0.1:PORT/metrics`, for a dashboard or an alert while a long run goes.
+`http://127.0.0.1:PORT/metrics`, for a dashboard or an alert while a long run goes; and
+`lab run --metrics-file FILE`: the same, one JSON object per second appended to FILE
+(`MetricsFile`, schema `mcpLabMetrics.v1`, docs/report.md).
 
 The figures are the progress line's (`lab.run.progress`), read from the files the parts
 write, once a second, by the same `Watcher`: the tap's events and faults, the clients'
@@ -10,10 +12,12 @@ so a scrape costs the run nothing but the text. Only 127.0.0.1 is listened on.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -107,6 +111,36 @@ class MetricsServer:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+METRICS_SCHEMA = "mcpLabMetrics.v1"
+
+
+class MetricsSink(Protocol):
+    def update(self, snap: Snapshot) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class MetricsFile:
+    """`--metrics-file FILE`: each snapshot as one JSON line, appended and flushed at once
+    (a `tail -f`, a log shipper or a crash loses nothing written). Fields: `schema`, `t`
+    (epoch s) and the `Snapshot`'s (`run_id`, `elapsed_s`, `events`, `accepted`,
+    `reconnects`, `reconnect_peak`, `clients`, `calls` by outcome, `faults` by kind)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._f = path.open("a", encoding="utf-8", buffering=1)
+
+    def update(self, snap: Snapshot, now: float | None = None) -> None:
+        import time
+
+        row = {"schema": METRICS_SCHEMA, "t": round(time.time() if now is None else now, 3), **asdict(snap)}
+        self._f.write(json.dumps(row, separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        self._f.close()
 
 
 def snapshot(run_id: str, elapsed_s: float, progress: Mapping[str, Any], **counts: Any) -> Snapshot:

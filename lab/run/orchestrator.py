@@ -72,8 +72,8 @@ from lab.runfolder import (
     write_secret,
 )
 
-if TYPE_CHECKING:  # prometheus_client loads only for a run that serves metrics
-    from lab.run.metrics import MetricsServer
+if TYPE_CHECKING:  # prometheus_client loads only for a run that asks for metrics
+    from lab.run.metrics import MetricsSink
 
 WORKER_WAIT = 30
 """Seconds the Locust master waits for its workers before it starts with those it has."""
@@ -395,31 +395,42 @@ class Run:
         assert outcomes is not None
         watcher = Watcher(self.dir, self.sc, self.record.run_start, outcomes)
         ui_stop = LoadStopped() if self.opts.ui else None
-        metrics = self._metrics_server()
+        metrics = self._metrics_sinks()
         try:
             self._watch(watcher, ui_stop, metrics)
         finally:
-            if metrics is not None:
-                metrics.close()
+            for sink in metrics:
+                sink.close()
 
-    def _metrics_server(self) -> MetricsServer | None:
-        """`--metrics-port`: the endpoint, for the load phase (an error starting it is one
-        line, and the run goes on without it)."""
-        if self.opts.metrics_port is None:
-            return None
-        from lab.run.metrics import MetricsServer
+    def _metrics_sinks(self) -> list[MetricsSink]:
+        """`--metrics-port` and `--metrics-file`, for the load phase (one that cannot be had
+        is one line, and the run goes on without it)."""
+        sinks: list[MetricsSink] = []
+        if self.opts.metrics_port is None and self.opts.metrics_file is None:
+            return sinks
+        from lab.run.metrics import MetricsFile, MetricsServer
 
-        try:
-            server = MetricsServer(self.opts.metrics_port)
-        except OSError as e:
-            self.say(
-                f"lab run: no metrics endpoint on port {self.opts.metrics_port}: {e.strerror or e}", err=True
-            )
-            return None
-        self.say(f"metrics: {server.url} (Prometheus text, while the load runs)")
-        return server
+        if self.opts.metrics_port is not None:
+            try:
+                server = MetricsServer(self.opts.metrics_port)
+            except OSError as e:
+                self.say(
+                    f"lab run: no metrics endpoint on port {self.opts.metrics_port}: {e.strerror or e}",
+                    err=True,
+                )
+            else:
+                self.say(f"metrics: {server.url} (Prometheus text, while the load runs)")
+                sinks.append(server)
+        if self.opts.metrics_file is not None:
+            try:
+                sinks.append(MetricsFile(self.opts.metrics_file))
+            except OSError as e:
+                self.say(f"lab run: no metrics file {self.opts.metrics_file}: {e.strerror or e}", err=True)
+            else:
+                self.say(f"metrics: {self.opts.metrics_file} (one JSON line a second, while the load runs)")
+        return sinks
 
-    def _watch(self, watcher: Watcher, ui_stop: LoadStopped | None, metrics: MetricsServer | None) -> None:
+    def _watch(self, watcher: Watcher, ui_stop: LoadStopped | None, metrics: list[MetricsSink]) -> None:
         load, group, master = self.sc.load, self.group, self.master
         assert group is not None and master is not None
         while True:
@@ -428,8 +439,10 @@ class Run:
             elapsed = now - self.record.run_start
             text, reason, complete = watcher.tick(now)
             self.say(text)
-            if metrics is not None:
-                metrics.update(watcher.snapshot(now))
+            if metrics:
+                snap = watcher.snapshot(now)
+                for sink in metrics:
+                    sink.update(snap)
             if self._interrupts.interrupted.is_set():
                 self.record.end("interrupted")
                 return

@@ -214,11 +214,24 @@ def free_port() -> int:
 
 
 def test_interrupted_run_stops_everything_and_keeps_its_ledgers(tmp_path: Path) -> None:
-    # With --metrics-port: the run's counters are scraped while it goes (Prometheus text).
+    # With --metrics-port: the run's counters are scraped while it goes (Prometheus text);
+    # with --metrics-file, the same appended as JSON lines, kept up to the interrupt.
     out = tmp_path / "results"
     port = free_port()
+    stream = tmp_path / "metrics" / "run.jsonl"
     proc = subprocess.Popen(
-        [LAB, "run", str(HERE / "long.toml"), "--out", str(out), "--no-report", "--metrics-port", str(port)],
+        [
+            LAB,
+            "run",
+            str(HERE / "long.toml"),
+            "--out",
+            str(out),
+            "--no-report",
+            "--metrics-port",
+            str(port),
+            "--metrics-file",
+            str(stream),
+        ],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -251,6 +264,11 @@ def test_interrupted_run_stops_everything_and_keeps_its_ledgers(tmp_path: Path) 
         if line.startswith(("lab_events_total", "lab_reconnects_total"))
     }
     assert counters["lab_events_total"] > 0 and "lab_reconnects_total" in counters, metrics
+    lines = [json.loads(line) for line in stream.read_text().splitlines()]
+    assert len(lines) >= 2 and {r["schema"] for r in lines} == {"mcpLabMetrics.v1"}
+    assert [r["events"] for r in lines] == sorted(r["events"] for r in lines) and lines[-1]["events"] > 0
+    assert set(lines[-1]["calls"]) == {"ok", "failed", "unknown", "injected"}
+    assert lines[-1]["t"] > lines[0]["t"] and lines[-1]["run_id"] == lines[0]["run_id"]
     (folder,) = run_folders(out)
     run = json.loads((folder / "run.json").read_text())
     assert run["complete"] is False and run["end_reason"] == "interrupted"
