@@ -129,9 +129,12 @@ class Context:
                 need,
                 None,
                 False,
-                "no event count: neither the proxy tap nor the server ledger could be read",
+                "no event count: neither the proxy's record (tap) nor the server ledger could be read",
             )
-        return Evidence("events", need, count, count >= need, f"SSE events with a message, from the {source}")
+        said = {"tap": "as the proxy recorded them", "server": "as the server ledger records them"}
+        return Evidence(
+            "events", need, count, count >= need, f"SSE events with a message the server sent, {said[source]}"
+        )
 
     def client_evidence(self) -> list[Evidence]:
         """Every worker's client ledger was readable (else the clients of a broken file

@@ -56,6 +56,20 @@ def plural(n: int, word: str) -> str:
     return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
+def who(subject: Any) -> str:
+    """The authenticated subject behind a server ledger row, in words ("-" or none: there
+    was none, the request carried no bearer token)."""
+    return (
+        "not authenticated" if not present(subject) or subject in ("", "-") else f"authenticated as {subject}"
+    )
+
+
+def token(auth: Any) -> str:
+    """The bearer token (its pseudonym `t_…`) a request carried, in words ("-" or none: it
+    carried none)."""
+    return "no bearer token" if not present(auth) or auth in ("", "-") else f"bearer token {auth}"
+
+
 def short_reason(reason: object, limit: int = 160) -> str:
     """The first line of run.json's end_reason, cut to `limit` characters (an `error: …`
     reason can hold a whole usage message; report.json keeps it whole)."""

@@ -200,6 +200,16 @@ def reason(doc: Mapping[str, Any]) -> dict[str, Any]:
     return {"lines": lines, "first": first}
 
 
+def events_text(doc: Mapping[str, Any]) -> str:
+    """The run's event count in words, with who counted it (report.json `event_count_source`)."""
+    events = doc.get("event_count")
+    if events is None:
+        return "event count unknown"
+    by = {"tap": "counted by the proxy", "server": "counted from the server ledger"}
+    source = doc.get("event_count_source")
+    return f"{events:,} events ({by.get(str(source), str(source))})"
+
+
 def overrides_text(doc: Mapping[str, Any]) -> str | None:
     """`overridden: load.users = 50, load.duration = '20s'`, for the headline: the run is
     not the scenario's as written; None when nothing was overridden."""

@@ -103,4 +103,7 @@ def _read_decisions(tap: Path, decisions: dict[str, str]) -> dict[str, str]:
                         found[decision].append(f"proxy/tap.jsonl:{number}: {text}")
     except OSError as e:
         return dict.fromkeys(decisions.values(), f"(cannot be read: {e.strerror or e})")
-    return {ref: "\n".join(found[d]) or "(no tap record names this decision)" for d, ref in decisions.items()}
+    return {
+        ref: "\n".join(found[d]) or "(no record of the proxy names this decision)"
+        for d, ref in decisions.items()
+    }

@@ -27,7 +27,7 @@ from markupsafe import Markup
 from dashboards import asset
 from lab.checker import short_reason
 from lab.report import sections
-from lab.report.document import EXPECTED_TEXT, client_text, overrides_text, reason, rules_of
+from lab.report.document import EXPECTED_TEXT, client_text, events_text, overrides_text, reason, rules_of
 
 
 @cache
@@ -109,12 +109,11 @@ def render(
 def _facts(doc: Mapping[str, Any]) -> list[str]:
     """The run in a few words, under the title."""
     run = doc["run"]
-    events = doc["event_count"]
     facts = [
         f"scenario {run.get('scenario') or '?'}",
         f"seed {run.get('seed')}",
         f"target {run.get('target') or '?'}",
-        f"{events:,} events ({doc['event_count_source']})" if events is not None else "event count unknown",
+        events_text(doc),
     ]
     if run.get("duration_s") is not None:
         facts.append(f"{run['duration_s']:.1f} s")
@@ -132,7 +131,7 @@ def _gate(g: Mapping[str, Any], evidence: Mapping[str, str], *, unproven: bool =
     the appendix holds."""
     # A client under test: where the gate's truth came from, and its baseline status.
     said = [EXPECTED_TEXT[g["expected"]]] if g.get("expected") else []
-    said += [f"truth from: {g['truth_from']}"] if g.get("truth_from") else []
+    said += [f"evidence from: {g['truth_from']}"] if g.get("truth_from") else []
     witnesses = [
         {
             "attribution": w["attribution"],

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from lab.report import sections
-from lab.report.document import EXPECTED_TEXT, client_text, overrides_text, reason, rules_of
+from lab.report.document import EXPECTED_TEXT, client_text, events_text, overrides_text, reason, rules_of
 from lab.report.html import banner, liveness_lines
 from lab.report.table import markdown as blocks_markdown
 from lab.report.table import md_cell
@@ -37,15 +37,10 @@ def render(doc: Mapping[str, Any]) -> str:
     text = banner(doc)
     if text:
         out += [f"> **{text}**", ""]
-    events = doc["event_count"]
     out.append(
         f"**Verdict: {VERDICT_MARK[doc['verdict']]}** (exit {doc['exit_code']}) · scenario {run.get('scenario') or '?'}"
         f" · seed {run.get('seed')} · "
-        + (
-            f"{events:,} events ({doc['event_count_source']})"
-            if events is not None
-            else "event count unknown"
-        )
+        + events_text(doc)
         + (f" · {who}" if (who := client_text(doc)) else "")
         + (f" · **{changed}**" if (changed := overrides_text(doc)) else "")
     )
@@ -66,7 +61,7 @@ def render(doc: Mapping[str, Any]) -> str:
             continue
         out.append(f"## {g['number']}. {g['title']} — {VERDICT_MARK[g['verdict']]}")
         if g.get("truth_from"):
-            out.append(f"- truth from: {g['truth_from']}")
+            out.append(f"- evidence from: {g['truth_from']}")
         if g.get("expected"):
             out.append(f"- {EXPECTED_TEXT[g['expected']]}")
         if g["error"]:

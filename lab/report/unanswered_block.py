@@ -30,10 +30,10 @@ NOT_COUNTED = (
         "closed_early",
         "closed by their client (left, stopped, cancelled) before the resume budget: not counted",
     ),
-    ("proxy_only", "seen by the proxy with a conn no client ledger has: not counted"),
+    ("proxy_only", "seen by the proxy with a connection ID no client ledger has: not counted"),
     (
         "open_at_proxy_stop",
-        "still held by the proxy when it stopped (their conn unknown: the tap wrote no flow record)",
+        "still held by the proxy when it stopped (their connection unknown: the proxy recorded no flow for them)",
     ),
 )
 """The requests left out of the count, by their key in the section, with what they are."""
@@ -145,12 +145,12 @@ def _status_lines(u: Unanswered) -> list[str]:
         return lines
     if u.status == "tap_missing":
         lines.append(
-            "No proxy tap: the requests that got no answer are counted from the clients' ledgers; "
+            "No proxy record (tap): the requests that got no answer are counted from the clients' ledgers; "
             "where they were lost is not known."
         )
     elif u.status == "client_unknown":
         lines.append(
-            "The client side is not known (no client ledger): the requests are the proxy's flows; "
+            "The client side is not known (no client ledger): the requests are those the proxy saw (its flows); "
             "client → proxy and proxy → client are not counted."
         )
     if u.lost:

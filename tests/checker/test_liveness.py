@@ -136,7 +136,7 @@ def test_gate_1_without_any_receipt_is_inconclusive(tmp_path: Path) -> None:
     sim.client_rows["inbox"] = [r for r in sim.client_rows["inbox"] if r["kind"] == "priming"]
     g = _gate(_judge(sim, tmp_path), "cross_stream")
     assert g.verdict is Verdict.INCONCLUSIVE
-    assert [e.name for e in g.evidence if not e.ok] == ["receipts checked"]
+    assert [e.name for e in g.evidence if not e.ok] == ["accepted messages checked"]
 
 
 def _kill_session(sim: Sim, status: int) -> None:

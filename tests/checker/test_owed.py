@@ -87,7 +87,7 @@ def test_a_resumption_that_skips_owed_messages_fails(tmp_path: Path) -> None:
     assert g.verdict is Verdict.FAIL, g.summary
     (w,) = [w for w in g.witnesses if w.check == "unreplayed_resumption"]
     assert w.row["shape"] == "skipped" and w.row["paid"] == 1
-    assert "1 owed one(s) before it never came" in w.explanation
+    assert "while 1 message(s) it had to replay first (owed) never came" in w.explanation
 
 
 def test_forgetting_the_backlog_but_streaming_on_is_a_skip(tmp_path: Path) -> None:

@@ -179,6 +179,7 @@ def test_gate5_a_2025_11_25_post_stream_without_priming_fails(tmp_path: Path) ->
     assert w.check == "no_priming" and w.attribution is Attribution.SERVER
     assert w.row["flow"] == st.flow and w.row["jsonrpc_id"] == "40"
     assert "request 40" in w.explanation and "priming event" in w.explanation
+    assert "server: 1 POST stream(s) that did not start with a priming event" in g.summary
 
 
 def test_gate5_primed_streams_and_older_revisions_pass(tmp_path: Path) -> None:

@@ -271,6 +271,8 @@ def test_two_different_results_for_one_key_on_the_wire_fail_gate_2_without_a_ser
     (w,) = g.witnesses
     assert (w.check, w.attribution) == ("wire_different_results", Attribution.SERVER)
     assert w.row["idempotency_key"] == "op-a-7" and w.row["different_results"] == 2
+    assert "answered idempotency key op-a-7 (bearer token t_a) with 2 different results" in w.explanation
+    assert "a retry must get the original answer back" in w.explanation
     assert len(w.refs) == 2
     assert g.attribution_counts["server"] == 1
 
@@ -328,7 +330,7 @@ def test_the_wire_and_the_server_ledger_are_both_used_and_their_disagreement_rep
     assert g.verdict is Verdict.FAIL
     assert g.measured["server_performed_twice"] == 0 and g.measured["wire_different_results"] == 1
     assert g.measured["ledger_wire_disagreements"] == 1
-    assert any("the server ledger records one dispatch" in n for n in g.notes)
+    assert any("but the server ledger records the write performed once" in n for n in g.notes)
 
 
 def test_without_a_server_ledger_or_results_on_the_wire_gate_2_is_inconclusive(tmp_path: Path) -> None:

@@ -179,13 +179,17 @@ def test_hops_the_ledgers_cannot_show_are_said_not_measured() -> None:
     data.tap = None
     no_tap: dict[str, Any] = section(Context(data, parse_budgets(data.run)))
     assert all(not h["measured"] for h in no_tap["hops"]) and no_tap["warnings"] == []
-    assert "no proxy tap" in hop(no_tap, "delivery")["why_not"]
+    assert "no proxy record (proxy/tap.jsonl" in hop(no_tap, "delivery")["why_not"]
 
 
 def test_report_md_shows_the_section_and_its_warning() -> None:
     doc: Any = document(judge(World(delivery=slow_tail(1, 10, 0.8)).run_data(), witness_limit=5))
     text = markdown.render(doc)
-    assert "## Lab latency" in text and "Warning: the lab's own latency on hop 'delivery'" in text
+    assert "## Lab latency" in text
+    assert (
+        "Warning: the lab's own latency on one step of the chain, proxy forwards an event → client accepts "
+        "it (hop 'delivery'), has p99 0.800 s" in text
+    )
     assert "| proxy forwards an event → client accepts it | 600 | 0.002 s | 0.800 s | 0.800 s |" in text
     assert "| delivery | worker-1 |" in text  # the per-worker table
     clean: Any = document(judge(World().run_data(), witness_limit=5))
@@ -230,5 +234,6 @@ def test_gate_5_failing_on_latency_while_the_lab_adds_half_the_budget_is_inconcl
     assert "limited by the lab" not in fast_lab["summary"]
     slow_lab = gate5(World(recoveries=slow, request=lambda _w, _t: 3.0))
     assert slow_lab["verdict"] == "inconclusive", slow_lab["summary"]
-    assert "limited by the lab: its own hops add p99 3." in slow_lab["summary"]
+    assert "limited by the lab: its own steps of the chain add p99 3." in slow_lab["summary"]
+    assert "(client send → proxy sees the request 3." in slow_lab["summary"]
     assert any(e["name"] == "lab latency" and not e["ok"] for e in slow_lab["evidence"])

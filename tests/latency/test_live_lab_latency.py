@@ -61,7 +61,8 @@ def test_a_worker_that_blocks_its_loop_is_warned_about(tmp_path: Path) -> None:
     warned = {w["hop"]: w for w in report["lab_latency"]["warnings"]}
     assert "delivery" in warned and warned["delivery"]["process"] == "worker-0", warned
     assert any("'delivery'" in n and "worker-0" in n for n in gate5_notes(report)), gate5_notes(report)
-    assert "Warning: the lab's own latency on hop 'delivery'" in md
+    assert "Warning: the lab's own latency on one step of the chain, proxy forwards an event → client" in md
+    assert "(hop 'delivery')" in md
 
 
 @pytest.mark.long

@@ -51,6 +51,8 @@ def test_a_client_under_test_is_judged_by_its_own_gates(tmp_path: Path) -> None:
     assert report.client is not None and report.client.implementation == "mcp 9.9.9"
     assert all(g.truth_from for g in report.gates if g.gate != "illegal_origin")
     assert any(s.kind == "app_log" and s.status == "ok" for s in report.sources)
+    text = render(document(report))  # where each gate's evidence came from, in plain words
+    assert "- evidence from: the wire (the proxy's record): " in text and "truth from" not in text
 
 
 # -- gate 3 -----------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ def _request_delays(ctx: Context) -> pd.DataFrame:
     ex = ctx.require_client("http_exchanges")
     flows = conn_flows(ctx)
     if not flows["t_request"].notna().any():
-        raise MissingInput("the tap's flow records have no t_request (an older tap)")
+        raise MissingInput("the proxy's flow records have no t_request (a tap of an older lab)")
     left = pd.DataFrame(
         {
             "client_id": ex["client_id"].astype("object"),

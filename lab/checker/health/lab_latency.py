@@ -356,7 +356,8 @@ def _section(ctx: Context) -> dict[str, JsonValue]:
         process, basis = suspect(ctx, h)
         where = " outside latency toxics" if h.get("outside_toxics") else ""
         text = (
-            f"the lab's own latency on hop '{h['hop']}' ({h['title']}) has p99 {p99:.3f} s{where}, "
+            f"the lab's own latency on one step of the chain, {h['title']} (hop '{h['hop']}'), has p99 "
+            f"{p99:.3f} s{where}, "
             f"{p99 / budget:.0%} of the resume budget ({budget:g} s; warning above {WARN_SHARE:.0%}): "
             f"resume latencies measured in this run include it; most likely {process} ({basis})"
         )
@@ -418,7 +419,7 @@ def lab_share_of_path(sec: Mapping[str, Any]) -> tuple[float, list[str]]:
         p99 = judged.get("p99_s")
         if isinstance(p99, int | float) and math.isfinite(p99):
             total += float(p99)
-            parts.append(f"{h['hop']} {float(p99):.3f} s")
+            parts.append(f"{h.get('title') or h['hop']} {float(p99):.3f} s")
     return total, parts
 
 
@@ -441,8 +442,8 @@ def qualify_resume(ctx: Context, result: GateResult) -> GateResult:
         and own >= DOMINATES_SHARE * budget
     ):
         text = (
-            f"limited by the lab: its own hops add p99 {own:.3f} s on a resumption's path "
-            f"({', '.join(parts)}), {own / budget:.0%} of the {budget:g} s budget (at least "
+            f"limited by the lab: its own steps of the chain add p99 {own:.3f} s to a resumption "
+            f"({'; '.join(parts)}), {own / budget:.0%} of the {budget:g} s budget (at least "
             f"{DOMINATES_SHARE:.0%} is the lab's to answer for, not the target's)"
         )
         evidence = Evidence(

@@ -135,12 +135,12 @@ def witnesses(ctx: Context, f: Findings) -> list[dict[str, JsonValue]]:
 def explain(r: pd.Series, ctx: Context, client_known: bool) -> str:
     o = ctx.origin
     what = " ".join(str(x) for x in (r["purpose"], r["method"]) if isinstance(x, str) and x) or "request"
-    head = f"client {r['client_id']}'s {what} (conn {r['conn_id']}) sent {at(r['started_at'], o)}"
+    head = f"client {r['client_id']}'s {what} (connection {r['conn_id']}) sent {at(r['started_at'], o)}"
     hop = r["hop"]
     if hop == CLIENT_TO_PROXY:
         where = "the proxy never saw it"
     elif hop == PROXY_TO_SERVER:
-        where = f"the proxy saw it {at(r['t_request'], o)}; no answer came from upstream"
+        where = f"the proxy saw it {at(r['t_request'], o)}; no answer came from the server's side"
         where += ", and the server's ledger has none" if "server" in _sources(ctx) else ""
     elif hop == SERVER_TO_PROXY:
         where = (

@@ -93,7 +93,7 @@ class RunData:
 
     def tap_records(self, kind: str) -> pd.DataFrame:
         if self.tap is None:
-            raise MissingInput(f"no proxy tap ({self.why_absent('tap')})")
+            raise MissingInput(f"no proxy record ({self.why_absent('tap')})")
         return self.tap[kind]
 
 

@@ -80,5 +80,5 @@ def liveness(ctx: Context) -> Liveness:
     return Liveness(
         calls_without_outcome=len(stuck),
         clients_stuck=tuple(sorted(set(stuck["client_id"].astype(str).tolist())))[:50],
-        notes=("from the application logs of the client under test and the proxy tap",),
+        notes=("from the application logs of the client under test and the proxy's record (tap)",),
     )

@@ -93,7 +93,7 @@ def _findings(ctx: Context) -> tuple[pd.DataFrame, int, int, int]:
 def check(ctx: Context) -> GateResult:
     bad, judged, sessions, unknown = findings(ctx)
     evidence = [
-        Evidence("sessions whose declarations the tap saw", 1, sessions, sessions >= 1),
+        Evidence("sessions whose declarations the proxy saw", 1, sessions, sessions >= 1),
         Evidence("server messages judged", 1, judged, judged >= 1),
     ]
     by_method: dict[str, JsonValue] = (
@@ -114,7 +114,7 @@ def check(ctx: Context) -> GateResult:
         violations=len(bad),
         witnesses=tuple(_witness(r, ctx) for _, r in bad.head(ctx.witness_limit).iterrows()),
         attribution_counts={"server": len(bad)},
-        truth_from="the wire (proxy tap): the sessions' declarations at initialize and the server's messages",
+        truth_from="the wire (the proxy's record): the sessions' declarations at initialize and the server's messages",
     )
 
 
@@ -134,7 +134,7 @@ RULE = Rule(
     number=13,
     title="Server messages within the declared capabilities",
     blames=(Attribution.SERVER,),
-    evidence="the sessions' declarations at initialize (the tap), and the server's messages",
+    evidence="the sessions' declarations at initialize (as the proxy recorded them), and the server's messages",
     check=check,
     check_under_test=check,
     applies=applies,

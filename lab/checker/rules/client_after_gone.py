@@ -21,7 +21,7 @@ from lab.checker.rules.base import Rule
 from lab.checker.rules.rehandshake_sut import session_404s
 from lab.checker.truth import client_wire
 
-TRUTH_FROM = "the wire (proxy tap): 404s to a session and the GETs that carried it afterwards"
+TRUTH_FROM = "the wire (the proxy's record): 404s to a session and the GETs that carried it afterwards"
 
 
 def findings(ctx: Context) -> pd.DataFrame:
@@ -66,7 +66,9 @@ def check(ctx: Context) -> GateResult:
     bad = findings(ctx)
     told = len(session_404s(client_wire.flows(ctx)))
     need = max(1, ctx.budgets.min_404)
-    evidence = [Evidence("404s to requests with a session", need, told, told >= need, "from the proxy tap")]
+    evidence = [
+        Evidence("404s to requests with a session", need, told, told >= need, "from the proxy's record")
+    ]
     return GateResult(
         verdict=decide(len(bad) > 0, evidence),
         summary=f"{len(bad)} reconnect(s) of a session after a 404 said it was gone, by {bad['client_id'].nunique()} client(s)",

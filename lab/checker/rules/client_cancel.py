@@ -25,7 +25,7 @@ from lab.checker.truth import client_wire
 from lab.checker.truth.applog import app_logs, app_ref
 from lab.checker.truth.client_delivery import recoveries
 
-TRUTH_FROM = "the wire (proxy tap) for the cancels sent; the application log for the cancels asked"
+TRUTH_FROM = "the wire (the proxy's record) for the cancels sent; the application log for the cancels asked"
 CANCEL_WINDOW_S = 5.0
 
 

@@ -27,7 +27,7 @@ from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 from lab.checker.rules.base import Rule
 from lab.checker.truth import client_wire
 
-TRUTH_FROM = "the wire (proxy tap): the IDs forwarded to each client and the Last-Event-ID it sent"
+TRUTH_FROM = "the wire (the proxy's record): the IDs forwarded to each client and the Last-Event-ID it sent"
 
 
 def findings(ctx: Context) -> pd.DataFrame:

@@ -20,7 +20,7 @@ from lab.checker.rules.base import Rule
 from lab.checker.truth import client_wire
 from lab.checker.truth.client_delivery import recoveries
 
-TRUTH_FROM = "the wire (proxy tap): idempotency keys of each client's tools/call requests"
+TRUTH_FROM = "the wire (the proxy's record): idempotency keys of each client's tools/call requests"
 
 
 def findings(ctx: Context) -> pd.DataFrame:

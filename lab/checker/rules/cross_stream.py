@@ -127,7 +127,7 @@ def _evidence(ctx: Context, crossings: int | None, receipts: int, unverifiable: 
                 1,
                 None,
                 False,
-                "no proxy tap: no stream crossing can be shown to have been injected",
+                "no proxy record (tap): no stream crossing can be shown to have been injected",
             )
         )
     else:
@@ -137,25 +137,27 @@ def _evidence(ctx: Context, crossings: int | None, receipts: int, unverifiable: 
                 1,
                 crossings,
                 crossings >= 1,
-                "faulted events moved between flows or re-labelled, and Last-Event-ID rewrites",
+                "events a fault moved to another request's stream or gave another ID, and cursors "
+                "(Last-Event-ID) the proxy rewrote",
             )
         )
     evidence.append(
         Evidence(
-            "receipts checked",
+            "accepted messages checked",
             1,
             receipts,
             receipts >= 1,
-            "non-priming inbox receipts: without any, no client acceptance was judged",
+            "messages the clients accepted (their inbox receipts; priming events not counted): "
+            "without any, no client acceptance was judged",
         )
     )
     evidence.append(
         Evidence(
-            "unverifiable receipts",
+            "accepted messages not checkable",
             0,
             unverifiable,
             unverifiable == 0,
-            "receipts whose stream or event the server-side records do not show",
+            "accepted messages whose stream or event neither the proxy's record nor the server ledger shows",
         )
     )
     evidence.extend(ctx.client_evidence())
@@ -176,8 +178,13 @@ def _notes(unverified: pd.DataFrame, truth: StreamTruth) -> list[str]:
     notes = []
     if len(unverified):
         sample = unverified.head(3)
-        keys = ", ".join(f"{r.client_id} {r.stream_key} {r.event_id}" for r in sample.itertuples())
-        notes.append(f"{len(unverified)} receipt(s) could not be verified (e.g. {keys})")
+        keys = ", ".join(
+            f"client {r.client_id}, stream {r.stream_key}, event {r.event_id}" for r in sample.itertuples()
+        )
+        notes.append(
+            f"{len(unverified)} accepted message(s) could not be checked against what the server sent "
+            f"(e.g. {keys})"
+        )
     if truth.shared_ids:
         notes.append(
             f"the server's event IDs are per session ({truth.shared_ids} ID(s) sent live in several "
@@ -196,7 +203,7 @@ def _rejection_notes(rejected: dict[str, Any]) -> list[str]:
         "cursor_rewrite": "the lab rewrote the cursor",
         "after_fault": "a fault took an earlier event of the connection",
         "consequence": "about the client's own state (a duplicate, a connection it gave up, an old session)",
-        "unverifiable": "no tap flow for the connection",
+        "unverifiable": "the proxy has no record of the connection",
         "unexplained": "unexplained (each one the server sent is a server finding: rejected_unexplained)",
     }
     parts = [f"{got[k]:,} {text}" for k, text in said.items() if got.get(k)]
@@ -374,17 +381,19 @@ def _witness(row: pd.Series, truth: StreamTruth, ctx: Context) -> Witness:
     expected = ", ".join(sorted(set(mapped["logical"].astype(str)))) or "unknown"
     lead = (
         f"client {client} accepted event {eid} (message {short(digest)}) on {row['stream_key']} "
-        f"(generation {row['session_generation']}, via {client}:{row['conn_id']}) {at(row['accepted_at'], ctx.origin)}"
+        f"(session generation {row['session_generation']}, connection {client}:{row['conn_id']}) "
+        f"{at(row['accepted_at'], ctx.origin)}"
     )
     if len(same):
         first = same.sort_values("t").iloc[0]
-        source = "tap" if present(first["flow"]) else "server ledger"
-        where = (
-            f"the {source} says the server sent it on {describe_flow(truth, first['flow'])} "
-            f"as an event of stream {first['home']}"
+        source = (
+            "the proxy saw the server send"
+            if present(first["flow"])
+            else "the server ledger says the server sent"
         )
+        where = f"{source} it on {describe_flow(truth, first['flow'])} as an event of stream {first['home']}"
     else:
-        where = f"{_RECORDS[truth.source]} no record of the server sending it"
+        where = f"{_RECORDS[truth.source]} of the server sending it"
     if row["wrong_response"]:
         why = f"a response to request {row['jsonrpc_id']} may not end {row['stream_key']}"
     else:
@@ -421,9 +430,9 @@ def _server_sent_it_here(row: pd.Series, truth: StreamTruth) -> bool:
 
 
 _RECORDS = {
-    "tap": "the tap has",
-    "tap+server": "neither the tap nor the server ledger has",
-    "server": "the server ledger has",
+    "tap": "the proxy has no record",
+    "tap+server": "neither the proxy nor the server ledger has a record",
+    "server": "the server ledger has no record",
 }
 
 
@@ -473,7 +482,7 @@ RULE = Rule(
     number=1,
     title="Events accepted on a stream they do not belong to",
     blames=(Attribution.SERVER, Attribution.CLIENT),
-    evidence="events sent by the server (the tap), and crossings attempted (a fault or a resumption) for the client side",
+    evidence="events sent by the server (as the proxy recorded them), and crossings attempted (a fault or a resumption) for the client side",
     check=check,
     check_under_test=read_under_test,
     placed_in_time=True,

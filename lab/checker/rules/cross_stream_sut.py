@@ -36,7 +36,8 @@ from lab.checker.truth.faults import faulted_forwards, rewritten_cursor
 from lab.checker.truth.wire import server_sends, server_witness
 
 TRUTH_FROM = (
-    "the server's side from the wire (proxy tap); the client's from its application log joined to the tap"
+    "the server's side from the wire (the proxy's record); the client's from its application log matched to "
+    "what the proxy forwarded"
 )
 CLIENT_CHECKS = {
     "foreign": "delivered_foreign",
@@ -70,7 +71,13 @@ def check(ctx: Context) -> GateResult:
         Evidence(
             "crossings injected", 1, injected, injected >= 1, "proxy-faulted events from another stream"
         ),
-        Evidence("deliveries matched to the wire", 1, matched, matched >= 1, "application log x proxy tap"),
+        Evidence(
+            "deliveries matched to the wire",
+            1,
+            matched,
+            matched >= 1,
+            "the application log matched to the proxy's record",
+        ),
     ]
     witnesses = [_witness(r, ctx) for _, r in bad.head(ctx.witness_limit).iterrows()]
     witnesses += [server_witness(r, truth_ctx) for _, r in server_bad.head(ctx.witness_limit).iterrows()]

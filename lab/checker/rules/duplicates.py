@@ -40,12 +40,12 @@ from typing import Any
 import pandas as pd
 
 from lab.checker.context import Context, in_keys, text_ids, text_key
-from lab.checker.explain import at, client_ref, plural, row_of, server_ref, short, tap_ref
+from lab.checker.explain import at, client_ref, plural, row_of, server_ref, short, tap_ref, token, who
 from lab.checker.inputs.load import MissingInput
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 from lab.checker.rules.base import Rule
+from lab.checker.rules.duplicates_sut import CLIENT_RECORDS, OUTBOX_COMPARED, done_twice
 from lab.checker.rules.duplicates_sut import check as read_under_test
-from lab.checker.rules.duplicates_sut import done_twice
 from lab.checker.truth.streams import stream_truth
 from lab.checker.truth.wire import server_sends
 
@@ -133,15 +133,17 @@ def _wire_checks(
     data = ctx.data
     wire = _wire_results(ctx)
     if wire is None:
-        notes.append("results on the wire not compared: the tap has no `result` records")
+        notes.append(
+            "answers on the wire not compared: the proxy recorded no answers to tool calls (`result` records)"
+        )
         return None, [], 0
     wire, foreign = _without_foreign_answers(ctx, wire)
     if foreign:
         measured["results_not_compared"] = foreign
         notes.append(
             f"{plural(foreign, 'answer')} on the wire not compared: sent on a stream it does not belong to "
-            "(gate 1's finding), or the same result recorded for two different writes (a receipt names one "
-            "write): a replay of another session's answer is not a second result of the write whose request "
+            "(gate 1's finding), or the same result recorded for two different writes (an answer belongs to "
+            "one write): a replay of another session's answer is not a second result of the write whose request "
             "ID it shares"
         )
     wire_groups = _wire_different(wire)
@@ -164,14 +166,16 @@ def _client_checks(
     how many of the two were checked)."""
     data = ctx.data
     if data.client is None:
-        notes.append(f"client outbox and inbox not checked: {data.why_absent('client')}")
+        notes.append(f"{CLIENT_RECORDS} not checked: {data.why_absent('client')}")
         return [], [], 0
     checked = 0
     outbox_groups: list[dict[str, Any]] = []
     try:
         truth = stream_truth(ctx)
     except MissingInput as e:
-        notes.append(f"client outbox not compared with what the server sent: {e}")
+        notes.append(
+            f"what the clients handed their application (outbox) not compared with what the server sent: {e}"
+        )
     else:
         outbox_groups = _client_over_sent(ctx.require_client("outbox"), truth.sent)
         measured["client_dispatched_more_than_sent"] = len(outbox_groups)
@@ -194,7 +198,8 @@ def _evidence(
             1,
             retried,
             retried >= 1,
-            "replayed server dispatches, idempotency keys on several flows, write operations with attempts >= 2",
+            "writes the server answered again from its record (replayed), an idempotency key on several "
+            "requests or answered more than once, client writes tried twice or more",
         ),
         *ctx.client_evidence(),
     ]
@@ -206,13 +211,11 @@ def _evidence(
                 True,
                 False,
                 False,
-                "no server ledger, and no answer to a call with an idempotency key in the tap's `result` records",
+                "no server ledger, and the proxy recorded no answer to a call with an idempotency key",
             )
         )
     if measured["client_dispatched_more_than_sent"] is None:
-        evidence.append(
-            Evidence("client outbox compared", True, False, False, "; ".join(notes) or "no client ledger")
-        )
+        evidence.append(Evidence(OUTBOX_COMPARED, True, False, False, "; ".join(notes) or "no client ledger"))
     return evidence
 
 
@@ -239,7 +242,7 @@ def _server_witness(group: dict[str, Any], ctx: Context) -> Witness:
     )
     text = (
         f"the server performed tool {rows['tool'].iloc[0]} {len(rows)} times for idempotency key "
-        f"{group['idempotency_key']} (subject {group['auth_subject']}): {tries}"
+        f"{group['idempotency_key']} ({who(group['auth_subject'])}): {tries}"
     )
     first = rows.iloc[0]
     fields = row_of(first, ["idempotency_key", "auth_subject", "tool", "session", "request_id", "at"])
@@ -275,7 +278,7 @@ def _rekeyed_witness(group: dict[str, Any], ctx: Context) -> Witness:
     )
     text = (
         f"the server performed {group['tool']} with the same arguments {len(rows)} times under "
-        f"{len(keys)} idempotency keys (subject {group['auth_subject']}): a write re-run as a new "
+        f"{len(keys)} idempotency keys ({who(group['auth_subject'])}): a write re-run as a new "
         f"operation — {tries}"
     )
     fields = row_of(rows.iloc[0], ["auth_subject", "tool", "arguments_digest", "session", "request_id", "at"])
@@ -317,9 +320,9 @@ def _outbox_witness(group: dict[str, Any], ctx: Context) -> Witness:
     rows = group["rows"].sort_values("created_at")
     keys = ", ".join(str(k) for k in rows["dispatch_key"].head(4))
     text = (
-        f"client {group['client_id']} dispatched message {short(group['digest'])} {group['dispatched']} times "
-        f"(dispatch keys {keys}; first {at(rows['created_at'].iloc[0], ctx.origin)}) but the server sent it to "
-        f"that client {plural(group['sent'], 'time')}"
+        f"client {group['client_id']} handed message {short(group['digest'])} to its application "
+        f"{group['dispatched']} times (outbox entries {keys}; first {at(rows['created_at'].iloc[0], ctx.origin)}) "
+        f"but the server sent it to that client {plural(group['sent'], 'time')}"
     )
     fields = row_of(
         rows.iloc[0], ["client_id", "dispatch_key", "session_generation", "stream_key", "event_id"]
@@ -343,9 +346,10 @@ def _inbox_witness(group: dict[str, Any], ctx: Context) -> Witness:
     k = group["key"]
     rows = group["rows"]
     text = (
-        f"client {k['client_id']} has {len(rows)} inbox receipts of event {k['event_id']} on {k['stream_key']} "
-        f"(generation {k['session_generation']}, message {short(k['message_digest'])}), the first "
-        f"{at(rows['accepted_at'].min(), ctx.origin)}: the dedup key must admit one"
+        f"client {k['client_id']} accepted event {k['event_id']} on {k['stream_key']} {len(rows)} times "
+        f"(session generation {k['session_generation']}, message {short(k['message_digest'])}: "
+        f"{len(rows)} inbox receipts), the first {at(rows['accepted_at'].min(), ctx.origin)}: a client must "
+        "accept each event once (its dedup key lets one in)"
     )
     fields = {name: row_of(rows.iloc[0], [name])[name] for name in k} | {"receipts": len(rows)}
     refs = [r for _, row in rows.head(4).iterrows() for r in client_ref(files, "inbox", row)]
@@ -442,9 +446,9 @@ def _wire_witness(group: dict[str, Any], ctx: Context) -> Witness:
         for r in rows.head(4).itertuples()
     )
     text = (
-        f"the server answered idempotency key {group['idempotency_key']} (auth {group['auth']}) with "
+        f"the server answered idempotency key {group['idempotency_key']} ({token(group['auth'])}) with "
         f"{rows['result_digest'].nunique()} different results, so it performed {rows['tool'].iloc[0]} again "
-        f"(a retry must get the original receipt): {answers}"
+        f"(a retry must get the original answer back): {answers}"
     )
     fields = row_of(rows.iloc[0], ["idempotency_key", "auth", "tool", "session", "jsonrpc_id", "t"])
     fields["different_results"] = int(rows["result_digest"].nunique())
@@ -461,7 +465,8 @@ def _disagreements(
     known = set(dispatches["idempotency_key"].dropna().astype(str))
     answered = set(wire["idempotency_key"].dropna().astype(str))
     out = [
-        f"the wire shows key {k} answered with different results, but the server ledger records one dispatch"
+        f"the wire shows key {k} answered with different results, but the server ledger records the write "
+        "performed once"
         for k in sorted(wire_keys - server_keys)
         if k in known
     ]
@@ -481,9 +486,9 @@ def check_under_test(ctx: Context) -> GateResult:
 RULE = Rule(
     id="duplicate_dispatch",
     number=2,
-    title="Duplicate business dispatches",
+    title="Writes done more than once (duplicate dispatches)",
     blames=(Attribution.SERVER, Attribution.CLIENT),
-    evidence="writes retried after a lost answer, with their side effects visible (server ledger or the tap)",
+    evidence="writes retried after a lost answer, with their side effects visible (server ledger or the proxy's record)",
     check=check,
     check_under_test=check_under_test,
     budget_key="duplicate_dispatch_max",

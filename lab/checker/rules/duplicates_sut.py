@@ -27,9 +27,14 @@ from lab.checker.truth.applog import app_logs, app_ref
 from lab.checker.truth.client_delivery import deliveries, recoveries
 
 TRUTH_FROM = (
-    "the server ledger and the wire (tap `result` records); the client's side from its application log"
+    "the server ledger and the wire (the proxy's record of each call's answer); the client's side from "
+    "its application log"
 )
-CLIENT_LEDGER_EVIDENCE = ("client outbox compared", "writes retried")
+OUTBOX_COMPARED = "what the clients handed their application, compared (outbox)"
+"""Gate 2's evidence that the lab's clients' outbox was compared with what the server sent."""
+CLIENT_RECORDS = "the clients' records of what they accepted and handed their application (inbox, outbox)"
+"""Gate 2's words for the client ledger's inbox and outbox, in a note saying they were not checked."""
+CLIENT_LEDGER_EVIDENCE = (OUTBOX_COMPARED, "writes retried")
 """Evidence of gate 2 that a client under test, which keeps no client ledger, replaces."""
 
 
@@ -69,7 +74,7 @@ def check(ctx: Context, base: GateResult) -> GateResult:
     witnesses = list(base.witnesses)
     for client, call in twice.index[: ctx.witness_limit]:
         witnesses.append(_witness(answers[(answers["client"] == client) & (answers["call"] == call)], ctx))
-    notes = tuple(n for n in base.notes if not n.startswith("client outbox and inbox not checked"))
+    notes = tuple(n for n in base.notes if not n.startswith(f"{CLIENT_RECORDS} not checked"))
     attribution = dict(base.attribution_counts)
     attribution["client"] = int(attribution.get("client", 0)) + len(twice)
     return replace(

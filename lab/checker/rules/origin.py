@@ -43,7 +43,7 @@ def check(ctx: Context) -> GateResult:
         unanswered = int((illegal & ~by_server).sum())
         if unanswered:
             notes.append(
-                f"{unanswered} illegal-Origin flow(s) never reached the server or got no answer: not counted"
+                f"{unanswered} illegal-Origin request(s) never reached the server or got no answer: not counted"
             )
         rows = flows[illegal & by_server].assign(status=status[illegal & by_server])
         source = "tap"
@@ -68,7 +68,13 @@ def check(ctx: Context) -> GateResult:
     need = max(1, ctx.budgets.min_illegal_origin)  # "0 of 0 rejected" is no evidence
     evidence = [
         ctx.events_evidence(),
-        Evidence("illegal-Origin requests", need, total, total >= need, f"from the {source}"),
+        Evidence(
+            "illegal-Origin requests",
+            need,
+            total,
+            total >= need,
+            "as the proxy recorded them" if source == "tap" else "as the server ledger records them",
+        ),
     ]
     shown = "n/a" if rate is None else f"{rate:.2%}"
     return GateResult(

@@ -42,7 +42,9 @@ from lab.checker.truth.reconnects import (
 )
 from lab.checker.truth.wire_streams import close_witness, closes_without_retry
 
-TRUTH_FROM_WIRE = "the wire (proxy tap): resumptions, re-opened streams, re-initializations and re-sent calls"
+TRUTH_FROM_WIRE = (
+    "the wire (the proxy's record): resumptions, re-opened streams, re-initializations and re-sent calls"
+)
 
 
 def check(ctx: Context) -> GateResult:
@@ -160,7 +162,7 @@ def _early_witness(r: pd.Series, attempts: Attempts, ctx: Context) -> Witness:
 RULE = Rule(
     id="reconnect_qps",
     number=6,
-    title="Reconnect QPS within the budget",
+    title="Reconnects per second within the budget",
     blames=(Attribution.CLIENT, Attribution.SERVER),
     evidence="at least one reconnect, and a reconnect budget in run.json",
     check=check,

@@ -198,7 +198,7 @@ def _outcome(r: pd.Series, tap_session: dict[str, Any] | None) -> str:
         this = tap_session.get(f"{r['client_id']}:{r['conn_id']}")
         after = tap_session.get(f"{r['client_id']}:{int(r['next_conn_id'])}")
         if present(this) and present(after) and this == after:
-            return "violation: the tap saw it carry the expired session"
+            return "violation: the proxy saw it carry the expired session"
     if int(r["next_session_generation"]) > int(r["session_generation"]):
         return "newer_session"
     return "violation: it carried the expired session"
@@ -209,9 +209,9 @@ def _witness(r: pd.Series, ctx: Context) -> Witness:
     gap = float(r["next_started_at"]) - float(r["ended_at"])
     kind = "initialize" if r["next_purpose"] == "initialize" else str(r["next_purpose"])
     text = (
-        f"client {client} got 404 for its {r['purpose']} {r['method']} (conn {client}:{r['conn_id']}, session "
-        f"generation {r['session_generation']}) {at(r['ended_at'], ctx.origin)}; its next request, started "
-        f"{gap:.3f} s later, was a {kind} (conn {client}:{int(r['next_conn_id'])}, generation "
+        f"client {client} got 404 for its {r['purpose']} {r['method']} (connection {client}:{r['conn_id']}, "
+        f"session generation {r['session_generation']}) {at(r['ended_at'], ctx.origin)}; its next request, "
+        f"started {gap:.3f} s later, was a {kind} (connection {client}:{int(r['next_conn_id'])}, session generation "
         f"{int(r['next_session_generation'])}) — {str(r['outcome']).removeprefix('violation: ')}, "
         "with no initialize without a session ID before it"
     )
@@ -242,7 +242,8 @@ def _tap_cross_check(ctx: Context, ex: pd.DataFrame) -> list[str]:
         f"{r.client_id}:{r.conn_id} ({_recorded(r.status)})" for r in other.head(3).itertuples()
     )
     return [
-        f"the tap saw {len(other)} session 404(s) that the client ledger records otherwise or not at all: {sample}"
+        f"the proxy saw {len(other)} session 404(s) that the client ledger records otherwise or not at all: "
+        f"{sample}"
     ]
 
 

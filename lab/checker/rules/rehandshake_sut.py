@@ -26,7 +26,7 @@ from lab.checker.explain import at, present, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
 from lab.checker.truth import client_wire
 
-TRUTH_FROM = "the wire (proxy tap): each client's requests in the order they reached the proxy"
+TRUTH_FROM = "the wire (the proxy's record): each client's requests in the order they reached the proxy"
 
 
 def session_404s(flows: pd.DataFrame) -> pd.DataFrame:
@@ -77,7 +77,7 @@ def check(ctx: Context) -> GateResult:
     need = max(1, ctx.budgets.min_404)
     evidence = [
         ctx.events_evidence(),
-        Evidence("404s to requests with a session", need, len(j), len(j) >= need, "from the proxy tap"),
+        Evidence("404s to requests with a session", need, len(j), len(j) >= need, "from the proxy's record"),
     ]
     outcomes = j["outcome"].value_counts().to_dict() if len(j) else {}
     kept = int(bad["client_id"].nunique()) if count else 0

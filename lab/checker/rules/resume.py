@@ -101,9 +101,9 @@ def check(ctx: Context) -> GateResult:
         verdict=decide(failed, evidence),
         summary=f"p99 {p99_text} over {n} recoveries (budget < {budget:g} s){target_text}"
         + (
-            f"; server: {len(unprimed)} POST stream(s) without priming event, {len(silent)} silent "
-            f"resumption(s) on an unknown cursor, {len(unpaid)} resumption(s) that did not replay what "
-            "they owed"
+            f"; server: {len(unprimed)} POST stream(s) that did not start with a priming event, "
+            f"{len(silent)} resumption(s) from a Last-Event-ID it never sent answered with silence, "
+            f"{len(unpaid)} resumption(s) that left out messages they had to replay"
             if server_count
             else ""
         ),
@@ -150,7 +150,10 @@ def _notes(
     if negative:
         notes.append(f"{negative} recovery row(s) have recovered_at before lost_at")
     if censored:
-        notes.append(f"{censored} loss(es) still open when the run stopped were left out (censored)")
+        notes.append(
+            f"{censored} loss(es) still open when the run stopped were left out: they happened less than the "
+            "budget before the end, so the run gave them no chance to recover (censored)"
+        )
     if judged is not None and figures is not None:
         notes.append(f"judged on the target's share: {judged.text}; {_shares_text(figures)}")
     return notes

@@ -35,7 +35,7 @@ from lab.checker.truth.recoveries import PERCENTILE, nearest_rank
 from lab.checker.truth.shares import SHARES, ShareFigures, judge_share, share_figures
 from lab.checker.truth.sut_shares import sut_recovery_shares
 
-TRUTH_FROM = "losses from the wire (proxy tap), recoveries from the application log"
+TRUTH_FROM = "losses from the wire (the proxy's record), recoveries from the application log"
 
 
 def calls_without_outcome(ctx: Context) -> pd.DataFrame:
@@ -71,7 +71,11 @@ def check(ctx: Context) -> GateResult:
     evidence = [
         ctx.events_evidence(),
         Evidence(
-            "recoveries", need, n, n >= need, "losses of a call's stream on the wire (censored excluded)"
+            "recoveries",
+            need,
+            n,
+            n >= need,
+            "losses of a call's stream on the wire (those too recent to judge when the run stopped left out)",
         ),
     ]
     p99_text = "n/a" if n == 0 else ("never" if math.isinf(p99) else f"{p99:.3f} s")

@@ -169,7 +169,7 @@ def check_cross_stream(ctx: Context, steps: list[Step]) -> Outcome:
                 )
         if unrecorded:
             out.notes.append(
-                f"phase {st.spec.name!r}: {unrecorded} event(s) the tap saw sent are not in the server's "
+                f"phase {st.spec.name!r}: {unrecorded} event(s) the proxy saw the server send are not in its "
                 "stream ledger (a ledger that stopped writing, or events of another server)"
             )
         if st.sets_fraction and not st.after_rollback:
@@ -179,7 +179,7 @@ def check_cross_stream(ctx: Context, steps: list[Step]) -> Outcome:
                     1,
                     len(inside),
                     len(inside) >= 1,
-                    "events the tap saw sent, looked up in the server's shadow (stream) ledger",
+                    "events the proxy saw the server send, looked up in the server's shadow (stream) ledger",
                 )
             )
     out.measured = {

@@ -114,7 +114,7 @@ def rollback_time(steps: list[Step]) -> float | None:
 def tap_tables(ctx: Context) -> dict[str, pd.DataFrame]:
     if ctx.data.tap is None:
         raise MissingInput(
-            f"the rollout is judged from the wire: no proxy tap ({ctx.data.why_absent('tap')})"
+            f"the rollout is judged from the wire: no proxy record ({ctx.data.why_absent('tap')})"
         )
     return ctx.data.tap
 

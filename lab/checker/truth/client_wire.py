@@ -322,5 +322,5 @@ def describe(row: Mapping[str, Any] | pd.Series) -> str:
     what += f", session {session}" if present(session) else ", no session ID"
     conn = get("conn_id")
     if isinstance(conn, int | float) and present(conn):
-        what += f", conn {get('client_id')}:{int(conn)}"
+        what += f", connection {get('client_id')}:{int(conn)}"
     return what

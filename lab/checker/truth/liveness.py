@@ -57,7 +57,7 @@ def summary(ctx: Context) -> Liveness:
             f"{ctx.budgets.resume_p99_s:g} s before the run stopped: not counted"
         )
     if stuck is None:
-        notes.append("calls without an outcome not checked: no proxy tap shows the calls made")
+        notes.append("calls without an outcome not checked: no proxy record (tap) shows the calls made")
     with contextlib.suppress(Exception):  # the section reports its own error
         notes += _unanswered(ctx)
     return Liveness(
@@ -274,7 +274,7 @@ def _unanswered(ctx: Context) -> list[str]:
     where = (
         f"most at {hop.replace('_to_', ' → ')} ({request_hops.HOPS[hop].split(': ', 1)[-1]})"
         if hop in request_hops.HOPS
-        else "where, not known (no proxy tap)"
+        else "where, not known (no proxy record)"
     )
     return [f"{len(lost):,} of {sent:,} requests went unanswered, {where}: see *Unanswered requests by hop*"]
 

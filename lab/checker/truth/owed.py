@@ -175,7 +175,7 @@ def _first_owed(out: pd.DataFrame, first: pd.DataFrame) -> tuple[list[object], l
 def unreplayed_witness(row: pd.Series, ctx: Context) -> Witness:
     owed = int(row["owed"])
     head = (
-        f"a resumption GET (conn {row['conn']}, flow {row['flow']}) asked for Last-Event-ID "
+        f"a resumption GET (connection {row['conn']}, flow {row['flow']}) asked for Last-Event-ID "
         f"{short(row['cursor'], 40)} of stream {row['logical']} {at(row['asked_at'], ctx.origin)}; the server "
         f"had sent {owed} message(s) on that stream after it by then (the first, {short(row['first_owed_id'], 40)}, "
         f"{at(row['first_owed_at'], ctx.origin)})"
@@ -183,8 +183,9 @@ def unreplayed_witness(row: pd.Series, ctx: Context) -> Witness:
     if row["shape"] == "skipped":
         missing = int(row["owed_upto_last"]) - int(row["paid"])
         tail = (
-            f", and the resumed stream carried a later message of the stream while {missing} owed one(s) "
-            "before it never came: a resumption must replay everything after its cursor, in order"
+            f", and the resumed stream carried a later message of the stream while {missing} message(s) it "
+            "had to replay first (owed) never came: a resumption must replay everything after its cursor "
+            "(the Last-Event-ID), in order"
         )
     else:
         reason = str(row["end_reason"]) if isinstance(row["end_reason"], str) else "still open"
@@ -195,7 +196,7 @@ def unreplayed_witness(row: pd.Series, ctx: Context) -> Witness:
         )
         tail = (
             f"; it answered {int(row['status'])} and {how} with none of them: a resumption the server accepts "
-            "must replay what was sent after the cursor (one it cannot honour must be refused)"
+            "must replay what was sent after the cursor (the Last-Event-ID); one it cannot honour must be refused"
         )
     fields = row_of(
         row,

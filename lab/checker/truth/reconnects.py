@@ -134,7 +134,7 @@ def wire_attempts(ctx: Context) -> Attempts:
     fields = ("client_id", "kind", "flow", "previous", "lost_at", "t_req", "waited_s", "advised_s", "advice")
     return Attempts(
         frame,
-        "attempts on the wire (proxy tap)",
+        "attempts on the wire (the proxy's record)",
         fields,
         lambda r: client_wire.ref(r) + client_wire.ref(r, "previous_line"),
     )

@@ -79,7 +79,7 @@ def _recovery_shares(ctx: Context) -> pd.DataFrame:
     lat = run_latencies(ctx)
     rec = lat[~lat["censored"]].reset_index(drop=True)
     if ctx.data.tap is None:
-        raise MissingInput("no proxy tap: the shares of a recovery are timed on the wire")
+        raise MissingInput("no proxy record (tap): the shares of a recovery are timed on the wire")
     out = rec.copy()
     out["lost_at"] = out["lost_at"].astype("float64")
     out["recovered_at"] = pd.to_numeric(out["recovered_at"], errors="coerce").astype("float64")

@@ -401,5 +401,5 @@ def describe_flow(truth: StreamTruth, flow: object) -> str:
         what = f"a resumption GET (Last-Event-ID {short(f['last_event_id_out'], 40)})"
     else:
         what = f"a {f['method']} stream"
-    who = f" by {f['conn']}" if present(f["conn"]) else ""
+    who = f" on connection {f['conn']}" if present(f["conn"]) else ""
     return f"flow {flow} ({what}{who}, stream {f['logical']})"

@@ -155,7 +155,7 @@ def witness(row: pd.Series, ctx: Context) -> Witness:
     gap = float(row["started_at"]) - float(row["deleted_at"])
     text = (
         f"session {row['session']} was terminated: the server answered {by} with 2xx "
-        f"{at(row['deleted_at'], ctx.origin)}; a {row['method']} carrying it (conn {row['conn']}, flow "
+        f"{at(row['deleted_at'], ctx.origin)}; a {row['method']} carrying it (connection {row['conn']}, flow "
         f"{row['flow']}), started {gap:.3f} s after that, got {status} — the server {what} instead of 404 "
         "for a terminated session"
     )
@@ -219,7 +219,7 @@ def served_without_session(ctx: Context) -> pd.DataFrame:
 def without_session_witness(row: pd.Series, ctx: Context) -> Witness:
     text = (
         f"the proxy removed MCP-Session-Id from a {row['method']} of session {row['session']} after its "
-        f"handshake (conn {row['conn']}, flow {row['flow']}); the server answered {int(row['status'])} "
+        f"handshake (connection {row['conn']}, flow {row['flow']}); the server answered {int(row['status'])} "
         f"{at(row['t'], ctx.origin)}: it served a request that named no session, where the rule is 400"
     )
     fields = row_of(row, ["flow", "conn", "method", "session", "status", "t"])

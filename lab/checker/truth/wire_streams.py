@@ -111,10 +111,10 @@ def _no_priming(ctx: Context) -> tuple[pd.DataFrame, int]:
 
 def no_priming_witness(row: pd.Series, ctx: Context) -> Witness:
     text = (
-        f"the server answered the POST of request {row['jsonrpc_id']} ({row['jsonrpc_method']}, conn "
+        f"the server answered the POST of request {row['jsonrpc_id']} ({row['jsonrpc_method']}, connection "
         f"{row['conn']}, flow {row['flow']}, a 2025-11-25 session) with an SSE stream whose first event, "
         f"{row['event_id']} {at(row['t'], ctx.origin)}, is {'a message' if row['has_data'] else 'not a priming event'}: "
-        "the stream did not start with the priming event (an ID with empty data), so a client cut before "
+        "the stream did not start with the priming event (an event ID with empty data), so a client cut before "
         "the first message has no cursor to resume from"
     )
     fields = row_of(row, ["flow", "conn", "session", "jsonrpc_id", "event_id", "index", "t"])
@@ -166,7 +166,7 @@ def silent_witness(row: pd.Series, ctx: Context) -> Witness:
     silent = float(row["silent_s"])
     then = "and then a message" if pd.notna(row["first_message_at"]) else "and nothing at all while it lasted"
     text = (
-        f"a resumption GET (conn {row['conn']}, flow {row['flow']}) asked for Last-Event-ID "
+        f"a resumption GET (connection {row['conn']}, flow {row['flow']}) asked for Last-Event-ID "
         f"{short(row['last_event_id_out'], 40)}, an ID the server never sent in session {row['session']}; "
         f"the server answered {int(row['status'])} {at(row['answered_at'], ctx.origin)} and sent no message for "
         f"{silent:.3f} s {then} (budget {ctx.budgets.resume_p99_s:g} s): a cursor the server cannot honour "
@@ -256,7 +256,7 @@ def close_witness(row: pd.Series, ctx: Context) -> Witness:
         else ("a resumption GET" if bool(row["resumption"]) else f"a {row['method']} stream")
     )
     text = (
-        f"the server ended the connection of {what} (conn {row['conn']}, flow {row['flow']}, stream "
+        f"the server ended the connection of {what} (connection {row['conn']}, flow {row['flow']}, stream "
         f"{row['logical']}) {at(row['ended_at'], ctx.origin)} ({row['reason']}) while its stream went on (it "
         "sent more of that stream later, on a resumption), without an SSE `retry` field on that connection: "
         "a server-initiated close must advise the reconnect delay"
