@@ -1,13 +1,12 @@
 """Every part's stderr without secrets: `scrub_stderr()` wraps the process's `sys.stderr` so
 that what anyone prints there (its log handlers, gevent's hub printing a crashed
 greenlet with the request it carried, a library's traceback) goes through
-`lab.wire.redact.scrub`. Kept out of lab.wire, which imports no I/O library (logging
-brings threading)."""
+`lab.wire.redact.scrub`. Kept out of lab.wire, which imports no I/O library (`logging`,
+imported only when the wrapper is installed, brings threading)."""
 
 from __future__ import annotations
 
 import io
-import logging
 import sys
 from typing import TextIO
 
@@ -53,6 +52,8 @@ def scrub_stderr() -> None:
     """From now on, everything this process prints to `sys.stderr` (its log handlers, gevent's
     hub printing an exception with the request it was about, a library's traceback) is
     scrubbed of secrets. Idempotent."""
+    import logging  # here, not above: the module stays light for the addons (it brings threading)
+
     if isinstance(sys.stderr, ScrubbingStream) or sys.stderr is None:
         return
     old, new = sys.stderr, ScrubbingStream(sys.stderr)
