@@ -24,6 +24,7 @@ from mcp_faults_io import (
     TapFile,
     announce,
     bound_response_heads,
+    cut_client_connection,
     options_error,
     parse_key,
     parse_origin_patterns,
@@ -239,13 +240,17 @@ class McpTap:
         def stream(chunk: bytes) -> list[bytes]:
             nonlocal pending
             cut()  # the next chunk (or the end) came before the scheduled cut: what we returned is written
-            was_cut = pipe.cut is not None
+            was_cut, was_over = pipe.cut is not None, pipe.over_limit is not None
             out = pipe.feed(chunk)
             if pipe.cut is not None and not was_cut:
                 flow.metadata.setdefault(METADATA_KEY, {})["cut"] = True
                 self._end(flow.id, "cut_by_fault")
                 pending = True
                 asyncio.get_running_loop().call_soon(cut)  # once mitmproxy wrote what we return now
+            elif pipe.over_limit is not None and not was_over:
+                # The target's event outgrew the pipe's bound: its client gets no more of it.
+                self._end(flow.id, "event_over_limit")
+                asyncio.get_running_loop().call_soon(cut_client_connection, flow)
             self.flush()
             return [out] if out else []
 

@@ -49,6 +49,14 @@ class MessageWatch(Protocol):
 
 KEEPALIVE: Final = b":\n\n"
 
+MAX_EVENT_CHARS: Final = 32 * 1024 * 1024
+"""The most of one unfinished SSE event the pipe holds (characters: its data lines and
+its unfinished line). Past it the pipe gives the stream up: an `oversize` record, nothing
+more decoded or forwarded, and the caller closes the client's connection. Above the lab
+client's own bound (16 MiB, `ClientConfig.max_message_bytes`), which acts first on a lab
+client: this one keeps the proxy's memory whatever the client (a target that sends a
+100 MB event must not take mitmdump's)."""
+
 _SAFE = re.compile(r"[A-Za-z0-9_.:#/+=@~-]*")
 
 
@@ -97,6 +105,7 @@ class SsePipe:
         "clock",
         "cut",
         "faults",
+        "over_limit",
         "results",
         "sink",
     )
@@ -120,14 +129,37 @@ class SsePipe:
         self._fwd = 0
         self._ended = False
         self.cut: Fired | None = None
+        self.over_limit: int | None = None
+        """Characters of the unfinished event when the pipe gave the stream up (None: not)."""
         self._flow_js = js(flow)
         self._session_js = js(session)
         self._head_sent = '{"type":"sent","flow":' + self._flow_js + ',"t":'
         self._head_fwd = '{"type":"forwarded","flow":' + self._flow_js + ',"t":'
         self._head_drop = '{"type":"dropped","flow":' + self._flow_js + ',"t":'
 
+    def _give_up(self, held: int) -> None:
+        """An event outgrew MAX_EVENT_CHARS: drop what is held, say so, take nothing more."""
+        self.over_limit = held
+        self._decoder.end_of_stream()
+        self._ended = True
+        flow: str = json.loads(self._flow_js)
+        self.sink.append(
+            {
+                "type": "oversize",
+                "flow": flow,
+                "t": self.clock(),
+                "index": self._sent,
+                "chars": held,
+                "limit": MAX_EVENT_CHARS,
+            }
+        )
+
     def feed(self, chunk: bytes) -> bytes:
         if self._ended:
+            return b""
+        held = self._decoder.pending_chars
+        if held > MAX_EVENT_CHARS:  # (the chunks so far left an event over the bound)
+            self._give_up(held)
             return b""
         if not chunk:
             self._ended = True

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from lab.checker.inputs.tap_forms import expand_all
+from lab.faults import pipeline
 from lab.faults.decisions import Decider
 from lab.faults.events import Armed, EventFaults
 from lab.faults.facts import RequestFacts, RpcFacts
@@ -352,3 +354,33 @@ def test_a_chunk_no_fault_is_due_on_passes_as_it_came_and_is_still_remembered() 
     assert [r.event_id for r in memory.queue("s_x", stream)] == ["a0", "a1", "a2", "a3"]
     sent = [as_record(r) for r in sink if as_record(r)["type"] == "sent"]
     assert [r.get("fwd") for r in sent] == [0, 1, 2, 3]  # each forwarded untouched, in order
+
+
+def test_an_event_past_the_bound_is_given_up_not_held(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A target that sends one event without end: the pipe holds at most the bound (and a
+    # chunk), then says so once, forwards and records nothing more of the stream.
+    monkeypatch.setattr(pipeline, "MAX_EVENT_CHARS", 200_000)
+    sink: list[Record] = []
+    pipe = SsePipe("f1", "s_x", sink, lambda: 5.0)
+    assert pipe.feed(b'id: 1\ndata: {"jsonrpc":"2.0","method":"x"}\n\n') != b""
+    out = [pipe.feed(b"data: " + b"x" * 65536) for _ in range(8)]
+    assert out[:3] == [b"", b"", b""]  # half an event is never passed on
+    assert pipe.over_limit is not None and 200_000 < pipe.over_limit <= 200_000 + 65536 + 6
+    oversize = [as_record(r) for r in sink if as_record(r)["type"] == "oversize"]
+    assert oversize == [
+        {"type": "oversize", "flow": "f1", "t": 5.0, "index": 1, "chars": pipe.over_limit, "limit": 200_000}
+    ]
+    before = len(sink)
+    assert pipe.feed(b"\n\nid: 2\ndata: {}\n\n") == b"" and pipe.feed(b"") == b""
+    assert len(sink) == before  # nothing more recorded
+    assert pipe._decoder.pending_chars == 0  # what was held is let go
+
+
+def test_an_event_within_the_bound_passes_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The control: the same event under a larger bound is held until its end, then passed.
+    monkeypatch.setattr(pipeline, "MAX_EVENT_CHARS", 10_000_000)
+    sink: list[Record] = []
+    pipe = SsePipe("f1", "s_x", sink, lambda: 5.0)
+    for _ in range(8):
+        assert pipe.feed(b"data: " + b"x" * 65536) == b""
+    assert pipe.feed(b"\n\n").count(b"data: ") == 8 and pipe.over_limit is None

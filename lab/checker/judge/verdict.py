@@ -58,6 +58,7 @@ from lab.checker.model import (
 from lab.checker.rules import REGISTRY, Audience, Registry, Rule
 from lab.checker.timeline.capacity import Rejudge, TimedRule
 from lab.checker.truth import liveness
+from lab.checker.truth.bounds import bound_notes
 from lab.checker.truth.faults import configured_faults, count_faults
 from lab.checker.truth.not_applicable import not_applicable
 
@@ -93,7 +94,7 @@ def judge(
     )
     expectations = baseline.apply(gates, client.expected_failures if client is not None else ())
     problems = list(data.problems)
-    sources, notes = list(data.sources), list(data.notes)
+    sources, notes = list(data.sources), list(data.notes) + bound_notes(ctx)
     if under_test and client is not None:
         logs = sut.logs_of(ctx)
         sources += logs.sources
