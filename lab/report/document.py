@@ -210,6 +210,27 @@ def events_text(doc: Mapping[str, Any]) -> str:
     return f"{events:,} events ({by.get(str(source), str(source))})"
 
 
+def basis_text(doc: Mapping[str, Any]) -> str | None:
+    """`judged from the wire alone: <why>` when the target's own ledger did not take part
+    (a run of the reference server whose ledger is missing or unreadable: the verdict
+    then rests on the proxy's record and the clients' ledgers only; a URL target keeps
+    none the lab reads), None when it did. For the verdict line: a PASS without the
+    server's testimony must say so where it is read."""
+    server = next((s for s in doc.get("inputs") or () if s.get("kind") == "server"), None)
+    if server is not None and server.get("status") == "ok":
+        return None
+    if str(doc["run"].get("target") or "").split(" ")[0] != "reference":  # "reference [URL]"
+        return "judged from the wire alone: the target keeps no ledger the lab reads"
+    if server is None or server.get("status") == "missing":
+        why = "the reference server's ledger is missing"
+    else:
+        why = (
+            f"the reference server's ledger could not be read ({server.get('error') or server.get('status')})"
+        )
+    where = server.get("path") if server is not None else "server/ledger.sqlite"
+    return f"judged from the wire alone: {why} ({where})"
+
+
 def overrides_text(doc: Mapping[str, Any]) -> str | None:
     """`overridden: load.users = 50, load.duration = '20s'`, for the headline: the run is
     not the scenario's as written; None when nothing was overridden."""

@@ -27,7 +27,15 @@ from markupsafe import Markup
 from dashboards import asset
 from lab.checker import short_reason
 from lab.report import sections
-from lab.report.document import EXPECTED_TEXT, client_text, events_text, overrides_text, reason, rules_of
+from lab.report.document import (
+    EXPECTED_TEXT,
+    basis_text,
+    client_text,
+    events_text,
+    overrides_text,
+    reason,
+    rules_of,
+)
 
 
 @cache
@@ -123,6 +131,9 @@ def _facts(doc: Mapping[str, Any]) -> list[str]:
     changed = overrides_text(doc)
     if changed:
         facts.append(changed)
+    basis = basis_text(doc)
+    if basis:
+        facts.append(basis)
     return facts
 
 

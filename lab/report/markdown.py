@@ -9,7 +9,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from lab.report import sections
-from lab.report.document import EXPECTED_TEXT, client_text, events_text, overrides_text, reason, rules_of
+from lab.report.document import (
+    EXPECTED_TEXT,
+    basis_text,
+    client_text,
+    events_text,
+    overrides_text,
+    reason,
+    rules_of,
+)
 from lab.report.html import banner, liveness_lines
 from lab.report.table import markdown as blocks_markdown
 from lab.report.table import md_cell
@@ -43,6 +51,7 @@ def render(doc: Mapping[str, Any]) -> str:
         + events_text(doc)
         + (f" · {who}" if (who := client_text(doc)) else "")
         + (f" · **{changed}**" if (changed := overrides_text(doc)) else "")
+        + (f" · **{basis}**" if (basis := basis_text(doc)) else "")
     )
     why = reason(doc)
     if why["lines"]:

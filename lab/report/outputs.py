@@ -133,9 +133,11 @@ def _report_run(
         print(f"lab report: {line}", file=err)
     code: int = report.verdict.exit_code
     verdict: str = report.verdict.upper()
+    basis = document.basis_text(doc)
     summary = (
         f"verdict: {verdict} (exit {code}); "
-        f"checked in {report.check_seconds:.2f} s; wrote {', '.join(written) or 'nothing'} in {run_dir}"
+        + (f"{basis}; " if basis else "")
+        + f"checked in {report.check_seconds:.2f} s; wrote {', '.join(written) or 'nothing'} in {run_dir}"
     )
     _print_verdict(doc, f"{verdict} {run_dir}" if quiet else None, summary, out)
     if unwritten:

@@ -322,6 +322,22 @@ def test_a_run_with_size_flags_says_so_in_the_headline(tmp_path: Path) -> None:
     assert doc["run"]["overrides"] == {"load.users": 50, "load.duration": "20s"}
 
 
+def test_a_verdict_without_the_servers_ledger_says_it_is_judged_from_the_wire_alone(tmp_path: Path) -> None:
+    # With the reference server's ledger the verdict line says nothing of its basis.
+    code, out, _ = _report(clean_run().sim.write(tmp_path / "with"))
+    assert code == 0 and "wire alone" not in out
+    # Without it (deleted), the same run is judged from the wire alone, and says so in
+    # the verdict line, the report's headline and the HTML's facts.
+    run_dir = clean_run().sim.write(tmp_path / "without", server=False)
+    code, out, _ = _report(run_dir)
+    said = "judged from the wire alone: the reference server's ledger is missing (server/ledger.sqlite)"
+    (line,) = [x for x in out.splitlines() if x.startswith("verdict: ")]
+    assert said in line, out
+    headline = (run_dir / "report.md").read_text(encoding="utf-8").splitlines()[2:5]
+    assert any(said in x for x in headline), headline
+    assert said.replace("'", "&#39;") in (run_dir / "report.html").read_text(encoding="utf-8")
+
+
 def _chromium(profile: Path) -> list[str]:
     """Headless Chromium, quiet and offline, with its profile in `profile`."""
     return [
