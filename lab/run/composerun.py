@@ -108,7 +108,8 @@ def watch(
                 record.end(reason, complete=complete)
                 break
             if now - record.run_start >= sc.horizon + 5:
-                record.end("duration", complete=True)
+                short = watcher.shape_not_reached()
+                record.end(short or "duration", complete=short is None)
                 break
     except KeyboardInterrupt:
         record.end("interrupted")

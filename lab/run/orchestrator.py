@@ -467,7 +467,10 @@ class Run:
                 if master.proc.returncode == 0 and (
                     elapsed >= self.sc.horizon - 2 or ended == "load_complete"
                 ):
-                    self.record.end("duration", complete=True)
+                    short = watcher.shape_not_reached()
+                    self.record.end(short or "duration", complete=short is None)
+                    if short is not None:
+                        self.say(f"lab run: {short}", err=True)
                 elif master.proc.returncode == 0 and ended == "stopped_in_ui":
                     self.record.end("stopped from the Locust UI", complete=False)
                 else:

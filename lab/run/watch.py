@@ -221,6 +221,10 @@ class Watcher:
         self.run_start = run_start
         self.progress: dict[str, Any] = {}
         """progress.json as last read (the Locust master's sums)."""
+        self.peak_users = 0
+        """The most clients running at once, as progress.json said them."""
+        self.planned_users = max([scenario.load.users, *(p.users for p in scenario.phases)])
+        """The most the load shape asks for (load.users, or a phase's)."""
 
     def snapshot(self, now: float) -> Snapshot:
         """The counters of the last `tick`, for `lab run --metrics-port`."""
@@ -239,6 +243,18 @@ class Watcher:
             faults=faults,
         )
 
+    def shape_not_reached(self) -> str | None:
+        """For a run whose duration is over: why it is not complete when its load shape never
+        ran (fewer clients than it asks for ever ran at once: the box could not start them,
+        e.g. 21,000 of 50,000), else None. A run that ends on its event target, or a ramp
+        stopped at its knee, is complete whatever it reached: it ended by design."""
+        if self.peak_users >= self.planned_users:
+            return None
+        return (
+            f"load shape not reached: at most {self.peak_users:,} of the {self.planned_users:,} clients "
+            "it asks for ran at once (the box could not start them in time: see the lab's processes)"
+        )
+
     def tick(self, now: float) -> tuple[str, str | None, bool]:
         """(progress line, end reason or None, complete)."""
         self.tap.update()
@@ -250,6 +266,7 @@ class Watcher:
         if failed is not None:
             return text, f"toxic removal failed: {describe_outcome(failed)}", False
         users = int(progress.get("users", 0))
+        self.peak_users = max(self.peak_users, users)
         idle = self.stall.observe(
             now, events=self.tap.events, calls_ok=int(progress.get("calls_ok", 0)), clients=users
         )

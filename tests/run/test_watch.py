@@ -258,3 +258,20 @@ def test_lab_watch_ends_the_run_incomplete_when_a_removal_fails(
     # The removal waits the runner's API timeout (longer than Toxiproxy's own), and once more
     # when the runner cleans up: bounded all the same (the removal is due 25 s in).
     assert time.monotonic() - started < 90
+
+
+def test_a_run_whose_clients_never_all_ran_is_not_complete(tmp_path: Path) -> None:
+    # stall.toml asks for 4 clients. Its duration is over: with 4 running at some second
+    # it is complete; with at most 3 (a box that could not start them) it is not, and says
+    # how many ran.
+    sc = load_scenario(HERE.parent / "robustness" / "stall.toml")
+    t0 = 1000.0
+    watcher = Watcher(tmp_path, sc, t0, ToxicOutcomes(JsonLines(tmp_path / "nemesis.jsonl")))
+    for i, users in enumerate((1, 3, 2)):
+        (tmp_path / "progress.json").write_text(json.dumps({"users": users, "calls_ok": i}))
+        watcher.tick(t0 + i)
+    short = watcher.shape_not_reached()
+    assert short is not None and short.startswith("load shape not reached: at most 3 of the 4 clients")
+    (tmp_path / "progress.json").write_text(json.dumps({"users": 4, "calls_ok": 9}))
+    watcher.tick(t0 + 5)
+    assert watcher.shape_not_reached() is None
