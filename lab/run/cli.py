@@ -73,6 +73,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse (exit 3) a run this box cannot be expected to hold (clients per core, open "
+        "files, memory: measured figures), instead of warning",
+    )
+    p.add_argument(
         "--metrics-port",
         type=_port,
         metavar="PORT",
@@ -186,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
         baseline=args.baseline,
         metrics_port=args.metrics_port,
         metrics_file=args.metrics_file,
+        strict=args.strict,
     )
     try:
         return Run(opts).execute()

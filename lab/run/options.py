@@ -47,6 +47,8 @@ class RunOptions:
     """Known failures of the client (`--baseline FILE`); None: the scenario's `[expected_failures]`."""
     metrics_port: int | None = None
     """`--metrics-port`: serve the run's counters as Prometheus text there (0: a free port)."""
+    strict: bool = False
+    """`--strict`: refuse a run this box cannot be expected to hold (lab.run.boxfit)."""
     metrics_file: Path | None = None
     """`--metrics-file`: append the run's counters there, one JSON line a second."""
 

@@ -129,6 +129,17 @@ class Run:
             except UnsafeSetting as e:
                 raise RunError(f"{self.sc.path}: {e}") from None
 
+    def check_box(self) -> None:
+        """What this box cannot be expected to hold (lab.run.boxfit): warned about, or with
+        `--strict` refused (RunError), before anything starts."""
+        from lab.run.boxfit import misfits, this_box
+
+        found = misfits(self.sc, this_box())
+        if found and self.opts.strict:
+            raise RunError(f"{self.sc.path}: this box cannot hold the run (--strict): " + "; ".join(found))
+        for line in found:
+            self.say(f"lab run: warning: {line} (--strict refuses such a run)", err=True)
+
     def preflight(self) -> None:
         """`--target URL`: the target's revision and tools, before any load (RunError)."""
         from lab.run.preflight import PreflightRefused, check_target
@@ -168,6 +179,7 @@ class Run:
         for folder in mark_abandoned_runs(root):
             self.say(f"marked abandoned (its lab run died without finishing): {folder}", err=True)
         self.check()
+        self.check_box()
         self.preflight()
         self.dir = create_run_folder(root, self.sc.name)
         self.record.start(self.dir)
