@@ -53,6 +53,7 @@ from lab.inbox import InboxDatabase
 from lab.load import sut_user
 from lab.load.clock import start_the_clock
 from lab.load.locust_spawn import cache_default_args
+from lab.load.overload import OverloadWatch
 from lab.load.resolver import install_numeric_first_resolver
 from lab.load.settings import LoadSettings, ledger_key, split_budget
 from lab.load.user import WORKER, McpUser, WorkerContext
@@ -290,13 +291,24 @@ def _init_worker(
         runner.register_message("lab_budget", on_budget)
         runner.register_message(QUIT_MESSAGE, on_quit)
 
+    overload = OverloadWatch()
+
     def loop() -> None:
+        worst_lag = 0.0
         for tick in range(1 << 62):
+            slept_at = time.monotonic()
             gevent.sleep(0.2)
+            worst_lag = max(worst_lag, time.monotonic() - slept_at - 0.2)
             db.flush()
             if tick % 5 == 4 and isinstance(runner, WorkerRunner):
                 ctx.counters["accepted"] = db.commits
                 ctx.counters["budget_qps"] = int(budget.rate)
+                # A worker that cannot keep up says so (lab.load.overload): the run ends
+                # limited by the lab, not with the target blamed for the worker's delays.
+                if overload.look(time.monotonic(), time.process_time(), db.commits, worst_lag):
+                    ctx.counters["overloaded"] = 1
+                    ctx.counters["overload_events_per_s"] = int(overload.events_per_s)
+                worst_lag = 0.0
                 runner.send_message("lab_progress", dict(ctx.counters))
 
     gevent.spawn(loop)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
+from lab.load.overload import LATE_S, STRIKES
 from lab.run.progress import JsonLines, NemesisCounter, ProgressLine, TapCounter, read_progress
 from lab.scenario import Scenario
 
@@ -265,6 +266,17 @@ class Watcher:
         failed = self.outcomes.failed_removal()
         if failed is not None:
             return text, f"toxic removal failed: {describe_outcome(failed)}", False
+        overloaded = int(progress.get("overloaded", 0))
+        if overloaded:
+            rate = int(progress.get("overload_events_per_s", 0))
+            return (
+                text,
+                f"limited by the lab: {overloaded} Locust worker(s) could not keep up with the target "
+                f"(their loop {LATE_S:g} s late or more at a full core for {STRIKES} s, accepting "
+                f"{rate:,} events/s): the target sends faster than the lab's workers can read; "
+                "give the run more workers (--workers) or fewer clients",
+                False,
+            )
         users = int(progress.get("users", 0))
         self.peak_users = max(self.peak_users, users)
         idle = self.stall.observe(
