@@ -228,11 +228,18 @@ class SyncDriver(DriverBase):
             # Read a few frames deep where httpx allows it (lab.drivers.body): an idle
             # stream's blocked reader then keeps a smaller stack.
             read = _walled(body_reader(resp) or _next_of(resp.iter_raw()))
+            chunks = 0
             while (chunk := read()) is not None:
                 with self._lock:
                     if not self._feed(self.core.response_data, conn_id, chunk):
                         draining = conn_id in self._draining
                         break
+                chunks += 1
+                if not chunks & YIELD_EVERY:
+                    # A read that always finds data never blocks, and so never lets another
+                    # greenlet run: a target that floods starved the worker's heartbeats and
+                    # its flush loop until the master dropped it (lab.load.overload).
+                    time.sleep(0)
             else:
                 draining = False
                 with self._lock:
@@ -285,6 +292,10 @@ def _drain(resp: httpx.Response) -> None:
             left -= len(chunk)
     except Exception:  # whatever it was (lab.drivers.causes' wall): the caller closes
         pass  # the connection is not reusable then: closing it is all that is left
+
+
+YIELD_EVERY = 31
+"""A reader gives the others their turn every 32 chunks (a mask: `chunks & 31 == 0`)."""
 
 
 def _walled(read: Callable[[], bytes | None]) -> Callable[[], bytes | None]:

@@ -294,21 +294,27 @@ def _init_worker(
     overload = OverloadWatch()
 
     def loop() -> None:
-        worst_lag = 0.0
+        worst_lag, looked = 0.0, time.monotonic()
         for tick in range(1 << 62):
             slept_at = time.monotonic()
             gevent.sleep(0.2)
-            worst_lag = max(worst_lag, time.monotonic() - slept_at - 0.2)
+            now = time.monotonic()
+            worst_lag = max(worst_lag, now - slept_at - 0.2)
             db.flush()
-            if tick % 5 == 4 and isinstance(runner, WorkerRunner):
-                ctx.counters["accepted"] = db.commits
-                ctx.counters["budget_qps"] = int(budget.rate)
-                # A worker that cannot keep up says so (lab.load.overload): the run ends
-                # limited by the lab, not with the target blamed for the worker's delays.
-                if overload.look(time.monotonic(), time.process_time(), db.commits, worst_lag):
+            if not isinstance(runner, WorkerRunner):
+                continue
+            if now - looked >= 1.0:
+                # A worker that cannot keep up says so at once (lab.load.overload): the run
+                # ends limited by the lab, not with the target blamed for its delays.
+                was = overload.overloaded
+                if overload.look(now, time.process_time(), db.commits, worst_lag) and not was:
                     ctx.counters["overloaded"] = 1
                     ctx.counters["overload_events_per_s"] = int(overload.events_per_s)
-                worst_lag = 0.0
+                    runner.send_message("lab_progress", dict(ctx.counters))
+                worst_lag, looked = 0.0, now
+            if tick % 5 == 4:
+                ctx.counters["accepted"] = db.commits
+                ctx.counters["budget_qps"] = int(budget.rate)
                 runner.send_message("lab_progress", dict(ctx.counters))
 
     gevent.spawn(loop)

@@ -62,6 +62,7 @@ from lab.run.watch import (
     ToxicOutcomes,
     Watcher,
     describe_outcome,
+    lab_limits,
     start_schedule,
 )
 from lab.runfolder import (
@@ -486,7 +487,21 @@ class Run:
                 elif master.proc.returncode == 0 and ended == "stopped_in_ui":
                     self.record.end("stopped from the Locust UI", complete=False)
                 else:
-                    self.record.end(f"part died: master exited with {master.proc.returncode}", died="master")
+                    reason = f"part died: master exited with {master.proc.returncode}"
+                    # A master that quits early with 0 has usually lost its workers (their
+                    # heartbeats late): say so when the lab's own processes were at their
+                    # limits, so the report does not read as a target's failure.
+                    limits = (
+                        lab_limits(self.dir, self.record.run_start, now)
+                        if master.proc.returncode == 0
+                        else []
+                    )
+                    if limits:
+                        reason = (
+                            f"limited by the lab: the Locust master ended the load early ({reason}; it lost "
+                            f"its workers), the lab's own processes at their limits: {'; '.join(limits)}"
+                        )
+                    self.record.end(reason, died="master")
                     self.say(master.tail(), err=True)
                 return
             if ui_stop is not None and ui_stop.observe(now, int(watcher.progress.get("users", 0))):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from lab.load.overload import LATE_S, STRIKES
+from lab.load.overload import LATE_S, OVERLOAD_S
 from lab.run.progress import JsonLines, NemesisCounter, ProgressLine, TapCounter, read_progress
 from lab.scenario import Scenario
 
@@ -226,6 +226,9 @@ class Watcher:
         """The most clients running at once, as progress.json said them."""
         self.planned_users = max([scenario.load.users, *(p.users for p in scenario.phases)])
         """The most the load shape asks for (load.users, or a phase's)."""
+        self.users_seen = False
+        """Whether progress.json ever said how many clients ran (it may never, e.g. when a
+        watcher runs without the Locust master's sums): unknown is not "not reached"."""
 
     def snapshot(self, now: float) -> Snapshot:
         """The counters of the last `tick`, for `lab run --metrics-port`."""
@@ -249,7 +252,7 @@ class Watcher:
         ran (fewer clients than it asks for ever ran at once: the box could not start them,
         e.g. 21,000 of 50,000), else None. A run that ends on its event target, or a ramp
         stopped at its knee, is complete whatever it reached: it ended by design."""
-        if self.peak_users >= self.planned_users:
+        if not self.users_seen or self.peak_users >= self.planned_users:
             return None
         return (
             f"load shape not reached: at most {self.peak_users:,} of the {self.planned_users:,} clients "
@@ -272,12 +275,14 @@ class Watcher:
             return (
                 text,
                 f"limited by the lab: {overloaded} Locust worker(s) could not keep up with the target "
-                f"(their loop {LATE_S:g} s late or more at a full core for {STRIKES} s, accepting "
+                f"(their loop {LATE_S:g} s late or more at a full core for {OVERLOAD_S:g} s, accepting "
                 f"{rate:,} events/s): the target sends faster than the lab's workers can read; "
                 "give the run more workers (--workers) or fewer clients",
                 False,
             )
         users = int(progress.get("users", 0))
+        if "users" in progress:
+            self.users_seen = True
         self.peak_users = max(self.peak_users, users)
         idle = self.stall.observe(
             now, events=self.tap.events, calls_ok=int(progress.get("calls_ok", 0)), clients=users

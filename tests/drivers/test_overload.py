@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from lab.load.overload import STRIKES, OverloadWatch
+from lab.load.overload import OVERLOAD_S, OverloadWatch
 from lab.run.progress import JsonLines
 from lab.run.watch import ToxicOutcomes, Watcher
 from lab.scenario import load_scenario
 from tests.livesrv import ROOT
+
+STRIKES = int(OVERLOAD_S)
+"""Looks a second apart that make an overload."""
 
 
 def run(watch: OverloadWatch, seconds: int, *, cores: float, lag: float, rate: int = 5000) -> bool:
@@ -30,6 +33,14 @@ def test_late_at_a_full_core_for_long_enough_is_an_overload() -> None:
     assert not run(watch, STRIKES, cores=1.0, lag=1.2)  # the first look only sets the start
     assert run(watch, 1, cores=1.0, lag=1.2)
     assert watch.events_per_s == 5000
+
+
+def test_a_starved_loop_that_looks_seldom_counts_the_seconds_between() -> None:
+    # Looks 3 s apart (the loop itself starved): two such late, busy looks are 6 s.
+    watch = OverloadWatch()
+    watch.look(100.0, 10.0, 0, 0.0)
+    assert not watch.look(103.0, 13.0, 300, 2.5)
+    assert watch.look(106.0, 16.0, 600, 2.5) and watch.events_per_s == 100
 
 
 def test_late_but_idle_or_busy_but_on_time_is_not() -> None:
