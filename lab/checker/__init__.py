@@ -45,6 +45,7 @@ from lab.checker.timeline.capacity import Step as CapacityStep
 from lab.checker.timeline.capacity import step_misses
 from lab.checker.timeline.capacity import steps as capacity_steps
 from lab.checker.timeline.phases import measure_frames
+from lab.checker.truth.fault_outcomes import section_of as fault_outcomes_of
 from lab.checker.truth.faults import configured_faults, count_faults
 from lab.checker.truth.liveness import active_clients
 from lab.checker.truth.reconnects import over_budget, per_second
@@ -72,6 +73,7 @@ __all__ = [
     "client_ends",
     "configured_faults",
     "count_faults",
+    "fault_outcomes_of",
     "gate_check",
     "judge",
     "judge_dir",

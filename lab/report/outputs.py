@@ -109,8 +109,10 @@ def _report_run(
         from lab.report.figures import draw_all
 
         drawn, figure_errors, figures_unwritten = figures_drawn()
-        # The figures that depend on the verdict's sections (a capacity ramp's knee).
-        more, more_errors, more_unwritten = draw_all(data, run_dir, specs=(), sections=report.sections)
+        # The figures that depend on the verdict's sections (a capacity ramp's knee; what
+        # each fault did, unless the child drew it: lab.report.aside).
+        sections = {k: v for k, v in report.sections.items() if k not in {d["name"] for d in drawn}}
+        more, more_errors, more_unwritten = draw_all(data, run_dir, specs=(), sections=sections)
         drawn += more
         warnings += figure_errors + more_errors
         unwritten += figures_unwritten + more_unwritten

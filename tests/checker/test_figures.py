@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
+from lab.checker import fault_outcomes_of
 from lab.checker.context import Budgets
 from lab.checker.inputs.load import RunData, load_run
 from lab.report.figures import FIGURES, FigureSpec, draw_all
@@ -86,7 +87,9 @@ def test_figures_drawn_beside_the_judging_are_the_figures(
     here, aside_dir = tmp_path / "here", tmp_path / "aside"
     here.mkdir()
     aside_dir.mkdir()
-    expected = draw_all(data, here)
+    # Every run's figures, and what each fault did (its section computed in the child).
+    expected = draw_all(data, here, sections={"fault_outcomes": fault_outcomes_of(data)})
+    assert "fig-fault-outcomes.png" in [f["file"] for f in expected[0]]
     assert draw_beside(data, aside_dir)() == expected
     assert len(forks) == 1, "drawn by a child"
     assert sorted(p.name for p in aside_dir.iterdir()) == sorted(p.name for p in here.iterdir())

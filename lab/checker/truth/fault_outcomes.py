@@ -533,6 +533,14 @@ def text(o: FaultOutcomes) -> str:
     )
 
 
+def section_of(data: RunData) -> dict[str, JsonValue]:
+    """`section` of loaded ledgers, without a judging's Context (the report's figures are
+    drawn beside the judging, in a process of their own: lab.report.aside)."""
+    from lab.checker.context import parse_budgets
+
+    return section(Context(data, parse_budgets(data.run), 0))
+
+
 def section(ctx: Context) -> dict[str, JsonValue]:
     """report.json `fault_outcomes` (docs/report.md)."""
     o = fault_outcomes(ctx)
