@@ -55,13 +55,32 @@ def test_a_kind_counts_only_where_it_says_it_leaves_evidence(tmp_path: Path) -> 
             "rule": "c",
             "decision": "d_c",
         },
+        # One cut drops every event after it: one firing (its decision), not one per event.
+        {
+            "type": "dropped",
+            "flow": "f3",
+            "t": 1.1,
+            "index": 1,
+            "fault": "cut_stream",
+            "rule": "c",
+            "decision": "d_c",
+        },
+        {
+            "type": "dropped",
+            "flow": "f5",
+            "t": 1.2,
+            "index": 4,
+            "fault": "cut_stream",
+            "rule": "c",
+            "decision": "d_e",
+        },
         # A kind the registry does not know (another proxy's) is counted from every source.
         flow("f4", [{"fault": "someone_elses", "rule": "x", "decision": "d_d"}]),
     ]
     counts, never = count_faults(load_run(run_folder(tmp_path, records, ["rewrite_origin", "expiry_race"])))
     totals = {c.fault: (c.total, dict(c.by_source)) for c in counts}
     assert totals["rewrite_origin"] == (1, {"tap_flow": 1})
-    assert totals["cut_stream"] == (1, {"tap_dropped": 1})
+    assert totals["cut_stream"] == (2, {"tap_dropped": 2})  # two cuts, three events dropped
     assert totals["someone_elses"] == (1, {"tap_flow": 1})
     assert totals["expiry_race"] == (0, {}) and never == ["expiry_race"]
 

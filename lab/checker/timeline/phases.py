@@ -51,7 +51,7 @@ from lab.checker.health import processes
 from lab.checker.inputs.load import MissingInput, RunData
 from lab.checker.inputs.phase_specs import PhaseSpec, number, phase_specs
 from lab.checker.model import JsonValue
-from lab.checker.truth.faults import SOURCE_OF
+from lab.checker.truth.faults import SOURCE_OF, firings
 from lab.checker.truth.liveness import active_clients, never_finished_latencies
 from lab.checker.truth.reconnects import per_second
 from lab.checker.truth.recoveries import PERCENTILE, client_ends, latencies, nearest_rank
@@ -140,8 +140,9 @@ def _client(data: RunData, table: str) -> pd.DataFrame | None:
 
 
 def fault_times(data: RunData) -> pd.DataFrame:
-    """t, fault: one row per firing, from the sources `lab.checker.truth.faults` counts (each
-    kind from the tap sources its registry entry declares)."""
+    """t, fault: one row per firing (the first record of each decision), from the sources
+    `lab.checker.truth.faults` counts (each kind from the tap sources its registry entry
+    declares)."""
     rows: list[tuple[float, str, str]] = []
     if data.tap is not None:
         for t, faults in zip(data.tap["flow"]["t"], data.tap["flow"]["faults"], strict=True):
@@ -152,8 +153,8 @@ def fault_times(data: RunData) -> pd.DataFrame:
             ("dropped", "tap_dropped"),
             ("fault", "tap_fault"),
         ):
-            frame = data.tap[kind]
-            hit = frame[frame["fault"].notna()]
+            hit = firings(data.tap[kind]) if kind != "fault" else data.tap[kind]
+            hit = hit[hit["fault"].notna()]
             rows += [(t, str(f), source) for t, f in zip(hit["t"], hit["fault"], strict=True)]
     if data.nemesis is not None and len(data.nemesis):
         added = data.nemesis[data.nemesis["type"] == "toxic_added"]

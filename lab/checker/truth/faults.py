@@ -133,6 +133,19 @@ def configured_faults(run: dict[str, object] | None) -> list[tuple[str, float, f
     return out
 
 
+def firings(records: pd.DataFrame) -> pd.DataFrame:
+    """The tap's `forwarded` or `dropped` records of faults, one per firing: the first record
+    of each (fault, decision). One decision can act on many events (a cut drops every
+    event after it, a replay re-sends several): counted per event, a gate run's cut_stream
+    "fired" 5,490 times for 92 cuts. A record without a decision counts alone."""
+    hit = records[records["fault"].notna()]
+    if not len(hit) or "decision" not in hit.columns:
+        return hit
+    decided = hit["decision"].notna()
+    first = ~hit.duplicated(["fault", "decision"], keep="first")
+    return hit[~decided | first]
+
+
 def _count(values: Iterable[object]) -> Counter[str]:
     return Counter(str(v) for v in values if v is not None and not (isinstance(v, float) and pd.isna(v)))
 
@@ -148,8 +161,8 @@ def _counts_by_source(data: RunData) -> dict[str, Counter[str]]:
             if isinstance(f, dict)
         )
         by_source["tap_flow"] = _count(flow_faults)
-        by_source["tap_forwarded"] = _count(data.tap["forwarded"]["fault"])
-        by_source["tap_dropped"] = _count(data.tap["dropped"]["fault"])
+        by_source["tap_forwarded"] = _count(firings(data.tap["forwarded"])["fault"])
+        by_source["tap_dropped"] = _count(firings(data.tap["dropped"])["fault"])
         by_source["tap_fault"] = _count(data.tap["fault"]["fault"])
     if data.nemesis is not None and len(data.nemesis):
         added = data.nemesis[data.nemesis["type"] == "toxic_added"]
