@@ -57,7 +57,7 @@ _SECRET_HEADER = re.compile(
     r"(?i)((?:mcp-session-id|authorization|proxy-authorization|set-cookie|cookie)['\"]?\s*[:=,]\s*b?['\"]?)"
     r"[^'\"\r\n]+"
 )
-_SECRET_HINT = re.compile(r"(?i)session-id|authorization|cookie")
+_SECRET_HINT = re.compile(r"(?i)bearer|session-id|authorization|cookie")
 REDACTED = "[redacted]"
 
 
@@ -67,6 +67,6 @@ def scrub(text: str) -> str:
     value`, `('name', 'value')`, `(b'name', b'value')`, `"name": "value"`). For text the lab
     does not write itself (a third party's traceback repr of a request): what the lab
     writes carries pseudonyms (`Redactor`) and never a raw value."""
-    if "earer" not in text and "EARER" not in text and not _SECRET_HINT.search(text):
-        return text  # (most lines: one cheap look)
+    if not _SECRET_HINT.search(text):
+        return text  # (most lines: one look)
     return _SECRET_HEADER.sub(r"\1" + REDACTED, _BEARER.sub(r"\1" + REDACTED, text))

@@ -27,6 +27,7 @@ SID = "c0ffee0123456789abcdef"
         f'{{"mcp-session-id": "{SID}", "cookie": "a={TOKEN}"}}',
         f"Mcp-Session-Id: {SID}\r\nSet-Cookie: sid={TOKEN}; HttpOnly",
         f"headers={{'Authorization': 'bearer {TOKEN}'}}",
+        f"retrying with BeArEr {TOKEN} after 401",
     ],
 )
 def test_every_printed_form_of_a_secret_header_is_scrubbed(text: str) -> None:
