@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from lab.scenario import Scenario
+from lab.scenario.size import peak_clients
 
 CLIENTS_PER_CORE: Final = 3_000
 CONNECTIONS_PER_CLIENT: Final = 1.4
@@ -57,10 +58,6 @@ def this_box() -> Box:
         available = None
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     return Box(os.cpu_count() or 1, available, 1 << 20 if hard == resource.RLIM_INFINITY else hard)
-
-
-def peak_clients(sc: Scenario) -> int:
-    return max([sc.load.users, *(p.users for p in sc.phases)])
 
 
 def misfits(sc: Scenario, box: Box) -> list[str]:

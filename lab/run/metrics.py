@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -134,8 +135,6 @@ class MetricsFile:
         self._f = path.open("a", encoding="utf-8", buffering=1)
 
     def update(self, snap: Snapshot, now: float | None = None) -> None:
-        import time
-
         row = {"schema": METRICS_SCHEMA, "t": round(time.time() if now is None else now, 3), **asdict(snap)}
         self._f.write(json.dumps(row, separators=(",", ":")) + "\n")
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Final
 from lab.load.overload import LATE_S, OVERLOAD_S
 from lab.run.progress import JsonLines, NemesisCounter, ProgressLine, TapCounter, read_progress
 from lab.scenario import Scenario
+from lab.scenario.size import peak_clients
 
 if TYPE_CHECKING:  # prometheus_client loads only for a run that serves metrics
     from lab.run.metrics import Snapshot
@@ -224,7 +225,7 @@ class Watcher:
         """progress.json as last read (the Locust master's sums)."""
         self.peak_users = 0
         """The most clients running at once, as progress.json said them."""
-        self.planned_users = max([scenario.load.users, *(p.users for p in scenario.phases)])
+        self.planned_users = peak_clients(scenario)
         """The most the load shape asks for (load.users, or a phase's)."""
         self.users_seen = False
         """Whether progress.json ever said how many clients ran (it may never, e.g. when a

@@ -43,9 +43,14 @@ class Size:
         return ", ".join(parts) + ("; " + ", ".join(warnings) if warnings else "")
 
 
+def peak_clients(sc: Scenario) -> int:
+    """The most clients the load shape asks for at once: load.users, or a phase's."""
+    return max([sc.load.users, *(p.users for p in sc.phases)])
+
+
 def size_of(sc: Scenario) -> Size:
     lo = sc.load
-    peak = max([lo.users, *(p.users for p in sc.phases)])
+    peak = peak_clients(sc)
     if lo.event_target is not None:
         bound = lo.duration if lo.duration is not None else lo.hard_timeout
         length = f"until {lo.event_target:,} events (at most {_span(bound)})"
