@@ -278,22 +278,21 @@ def test_damaged_inner_pages_give_one_line_and_exit_2_never_a_traceback(tmp_path
     assert line.startswith(f"lab report: evidence unreadable: {ledger}: ")
 
 
-def test_a_sqlite_error_raised_by_pandas_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # pandas wraps sqlite3's errors in its own DatabaseError, with the whole query in the
-    # text; whatever depth raises it, the file is refused with SQLite's own one line.
-    import pandas as pd
+def test_a_sqlite_error_raised_while_rows_are_read_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A page that turns out damaged only when its rows are fetched (after quick_check
+    # passed): the file is refused with SQLite's own one line, the run is inconclusive.
+    import sqlite3
+
+    from lab.checker.inputs import columns
 
     run_dir = _run(tmp_path)
 
     def broken(*args: object, **kwargs: object) -> None:
-        import sqlite3
+        raise sqlite3.DatabaseError("database disk image is malformed")
 
-        try:
-            raise sqlite3.DatabaseError("database disk image is malformed")
-        except sqlite3.DatabaseError as e:
-            raise pd.errors.DatabaseError("Execution failed on sql 'SELECT ...': boom") from e
-
-    monkeypatch.setattr(pd, "read_sql_query", broken)
+    monkeypatch.setattr(columns.ColumnParts, "add_tuples", broken)
     _, report = judge_dir(run_dir)
     messages = {p.path: p.message for p in report.problems}
     assert messages["clients/worker-1.sqlite"] == (

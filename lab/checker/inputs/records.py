@@ -132,10 +132,22 @@ def _jsonl(
         if rows is not None:
             row = {**record, LINE: number}
             rows.append(row)
-            extra = tap_forms.expand(row) if what == "tap" else None  # (as read_jsonl does)
+            if what != "tap":
+                continue
+            # As read_jsonl reads them: short forms expanded, `source` in two columns.
+            if row["type"] == "forwarded":
+                tap_forms.flatten_source(row)
+            extra = tap_forms.expand(row)
             if extra is not None:
-                grouped["forwarded"].append({**extra, LINE: number})
-    frames = {kind: _frame(rows, kinds[kind], f"{what} {kind}") for kind, rows in grouped.items()}
+                extra[LINE] = number
+                tap_forms.flatten_source(extra)
+                grouped["forwarded"].append(extra)
+    frames = {
+        kind: _frame(
+            rows, tuple(c for name in kinds[kind] for c in tap_forms.columns_of(kind, name)), f"{what} {kind}"
+        )
+        for kind, rows in grouped.items()
+    }
     check_numeric(frames, what)
     return frames
 

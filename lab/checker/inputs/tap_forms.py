@@ -6,6 +6,10 @@ the events forwarded on the flow) and stands for both (docs/ledgers.md, *Proxy t
 Every reader of the tap (the checker's `read_jsonl` and `run_data_from_records`, tests
 reading a tap file) expands it here into exactly the `forwarded` record the proxy wrote
 before the short form existed, on the same line of the file.
+
+The checker reads a `forwarded` record's `source` (`{"flow", "index"}`: the sent event
+it carries) as two columns, `src_flow` and `src_index` (`flatten_source`): a dict per
+row cost more memory than the rest of the row together.
 """
 
 from __future__ import annotations
@@ -14,6 +18,9 @@ from typing import Any, Final
 
 SHORT_FORWARD: Final = "fwd"
 """The field of a `sent` record that stands for its untouched `forwarded` record."""
+SOURCE: Final = "source"
+SOURCE_COLUMNS: Final = ("src_flow", "src_index")
+"""The columns a `forwarded` record's `source` is read into."""
 
 
 def expand(record: dict[str, Any]) -> dict[str, Any] | None:
@@ -38,6 +45,24 @@ def expand(record: dict[str, Any]) -> dict[str, Any] | None:
         "rule": None,
         "decision": None,
     }
+
+
+def flatten_source(record: dict[str, Any]) -> None:
+    """A `forwarded` record's `source` as `src_flow` and `src_index` (in place). A record
+    without `source` keeps lacking it (the contract check then names the field)."""
+    if SOURCE not in record:
+        return
+    source = record.pop(SOURCE)
+    if isinstance(source, dict):
+        record["src_flow"] = source.get("flow")
+        record["src_index"] = source.get("index")
+    else:
+        record["src_flow"] = record["src_index"] = None
+
+
+def columns_of(kind: str, field: str) -> tuple[str, ...]:
+    """The frame columns a contract field of a tap record of type `kind` is read into."""
+    return SOURCE_COLUMNS if (kind, field) == ("forwarded", SOURCE) else (field,)
 
 
 def expand_all(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

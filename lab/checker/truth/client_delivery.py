@@ -63,7 +63,6 @@ def _forwarded(ctx: Context, flows: pd.DataFrame) -> pd.DataFrame:
     fwd = ctx.data.tap_records("forwarded")
     fwd = fwd[fwd["flow"].isin(set(flows["flow"].tolist()))]
     by_flow = flows.set_index("flow")
-    source = fwd["source"].map(lambda s: s if isinstance(s, dict) else None)
     out = pd.DataFrame(
         {
             "flow": fwd["flow"].astype("object").to_numpy(),
@@ -73,8 +72,8 @@ def _forwarded(ctx: Context, flows: pd.DataFrame) -> pd.DataFrame:
             "digest": fwd["digest"].astype("object").to_numpy(),
             "fault": fwd["fault"].astype("object").to_numpy(),
             "decision": fwd["decision"].astype("object").to_numpy(),
-            "src_flow": source.map(lambda s: None if s is None else s.get("flow")).to_numpy(dtype=object),
-            "src_index": source.map(lambda s: None if s is None else s.get("index")).to_numpy(dtype=object),
+            "src_flow": fwd["src_flow"].to_numpy(dtype=object),
+            "src_index": fwd["src_index"].to_numpy(dtype=object),
             "fwd_line": fwd[LINE].to_numpy() if LINE in fwd.columns else None,
         }
     )

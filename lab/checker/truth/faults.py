@@ -60,11 +60,7 @@ def faulted_forwards(ctx: Context) -> pd.DataFrame:
 
     def make() -> pd.DataFrame:
         fwd = ctx.data.tap_records("forwarded")
-        f = fwd[fwd["fault"].notna()].copy()
-        sources = f["source"].tolist()
-        f["src_flow"] = [s.get("flow") if isinstance(s, dict) else None for s in sources]
-        f["src_index"] = [s.get("index") if isinstance(s, dict) else None for s in sources]
-        return f.reset_index(drop=True)
+        return fwd[fwd["fault"].notna()].reset_index(drop=True)
 
     return ctx.cached("faulted_forwards", make)
 
