@@ -12,7 +12,7 @@ the gates: no evidence is never a pass ("0 of 0" is inconclusive, whatever the s
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -183,6 +183,33 @@ def text_key(*columns: pd.Series) -> pd.Series:
         parts.append(values.tolist() if _all_text(column) else list(map(str, values)))
     joined = parts[0] if len(parts) == 1 else [KEY_SEP.join(row) for row in zip(*parts, strict=True)]
     return pd.Series(joined, index=columns[0].index, dtype="object")
+
+
+def group_codes(*columns: pd.Series) -> np.ndarray:
+    """One integer per row, the same for rows whose values are equal in every column (a
+    null equals a null, and no value). Sorting and grouping on these is several times
+    faster than on text keys or on object columns; they say nothing across two calls."""
+    key = np.zeros(len(columns[0]), dtype="int64")
+    for column in columns:
+        codes, uniques = pd.factorize(column.to_numpy(dtype=object), use_na_sentinel=True)
+        # Re-coded after each column, so the product stays below rows x uniques (no overflow).
+        key = pd.factorize(key * (len(uniques) + 1) + (codes + 1))[0].astype("int64")
+    return key
+
+
+def rows_in(left: Sequence[pd.Series], right: Sequence[pd.Series]) -> np.ndarray:
+    """For each row of the `left` columns, whether a row of the `right` columns holds the
+    same values, column for column (a null matches a null). The test `in_keys` makes on
+    `text_key`s, without building a text per row: for large frames several times faster."""
+    n = len(left[0])
+    if n == 0 or len(right[0]) == 0:
+        return np.zeros(n, dtype=bool)
+    joint = [
+        pd.Series(np.concatenate([a.to_numpy(dtype=object), b.to_numpy(dtype=object)]))
+        for a, b in zip(left, right, strict=True)
+    ]
+    key = group_codes(*joint)
+    return np.isin(key[:n], key[n:])
 
 
 def _all_text(column: pd.Series) -> bool:

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lab.checker.context import Context, in_keys, text_ids, text_key
+from lab.checker.context import Context, in_keys, rows_in, text_ids, text_key
 from lab.checker.explain import at, client_ref, present, row_of, short, spread_head
 from lab.checker.inputs.load import ROWID, SOURCE
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
@@ -286,11 +286,17 @@ def _classify(r: pd.DataFrame, truth: StreamTruth, ctx: Context) -> pd.Series:
     )
     with_id = sent["event_id"].notna()
     ids, no_ids = sent[with_id], sent[~with_id]
-    truth_id = set(text_key(ids["session"], ids["home"], ids["event_id"], ids["digest"]).tolist())
-    truth_noid = set(text_key(no_ids["session"], no_ids["home"], no_ids["digest"]).tolist())
-    key_id = text_key(cand["session"], cand["logical"], cand["event_id"], cand["message_digest"])
-    key_noid = text_key(cand["session"], cand["logical"], cand["message_digest"])
-    ok = np.where(cand["synthetic"], in_keys(key_noid, truth_noid), in_keys(key_id, truth_id))
+    synthetic = np.asarray(cand["synthetic"].to_numpy(), dtype=bool)
+    c_syn, c_id = cand[synthetic], cand[~synthetic]
+    ok = np.zeros(len(cand), dtype=bool)
+    ok[synthetic] = rows_in(
+        [c_syn["session"], c_syn["logical"], c_syn["message_digest"]],
+        [no_ids["session"], no_ids["home"], no_ids["digest"]],
+    )
+    ok[~synthetic] = rows_in(
+        [c_id["session"], c_id["logical"], c_id["event_id"], c_id["message_digest"]],
+        [ids["session"], ids["home"], ids["event_id"], ids["digest"]],
+    )
     verified = set(cand.loc[ok, "receipt"])
     mapped = set(cand["receipt"])
 
@@ -306,12 +312,10 @@ def _classify(r: pd.DataFrame, truth: StreamTruth, ctx: Context) -> pd.Series:
     # Not the digest alone: the same message (a progress tick) goes to many sessions.
     suspects = r[status == "not_sent_on_stream"]  # usually none: only they need the test
     if len(suspects):
-        ids_sent = set(text_key(ids["session"], ids["event_id"]).tolist())
-        digests_sent = set(text_key(sent["session"], sent["digest"]).tolist())
         unseen = np.where(
             suspects["synthetic"],
-            ~in_keys(text_key(suspects["session"], suspects["message_digest"]), digests_sent),
-            ~in_keys(text_key(suspects["session"], suspects["event_id"]), ids_sent),
+            ~rows_in([suspects["session"], suspects["message_digest"]], [sent["session"], sent["digest"]]),
+            ~rows_in([suspects["session"], suspects["event_id"]], [ids["session"], ids["event_id"]]),
         )
         never_seen = pd.Series(False, index=r.index)
         never_seen[suspects.index] = unseen

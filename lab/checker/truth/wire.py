@@ -51,7 +51,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from lab.checker.context import Context, text_ids, text_key
+from lab.checker.context import Context, group_codes, text_ids, text_key
 from lab.checker.explain import at, present, row_of, short, tap_ref
 from lab.checker.model import Attribution, Witness
 from lab.checker.truth.rejections import explained_rejections
@@ -288,19 +288,27 @@ def _broadcasts(truth: StreamTruth, candidates: np.ndarray) -> tuple[np.ndarray,
     copies = np.zeros(len(sent), dtype=bool)
     previous = np.full(len(sent), np.nan)
     live = _live(truth, candidates) & sent["digest"].notna().to_numpy()
-    rows = sent[live][["session", "digest", "on_logical", "t", "order"]]
-    if not len(rows):
+    at = np.flatnonzero(live)  # positions in `sent`, whose index is 0..n-1
+    if not len(at):
         return copies, previous
-    rows = rows.sort_values(["session", "digest", "t", "order"], kind="stable")
-    group = [rows["session"], rows["digest"]]
-    before_logical = rows.groupby(group, sort=False)["on_logical"].shift()
-    before_t = rows.groupby(group, sort=False)["t"].shift()
-    before_order = rows.groupby(group, sort=False)["order"].shift()
-    copy = before_logical.notna() & (before_logical != rows["on_logical"])
-    copy &= (rows["t"] - before_t) <= BROADCAST_WINDOW_S
-    at = rows.index[copy.to_numpy(dtype=bool)].to_numpy()
-    copies[at] = True
-    previous[at] = before_order[copy].to_numpy(dtype="float64")
+    rows = sent.iloc[at]
+    group = group_codes(rows["session"], rows["digest"])
+    t = rows["t"].to_numpy(dtype="float64")
+    order = rows["order"].to_numpy(dtype="int64")
+    # By (session, digest), then as sent: each send next to the one before it in its group.
+    ranked = np.lexsort((order, t, group))
+    at, group, t, order = at[ranked], group[ranked], t[ranked], order[ranked]
+    logical = rows["on_logical"].to_numpy(dtype=object)[ranked]
+    copy = np.zeros(len(at), dtype=bool)
+    before = slice(None, -1)
+    copy[1:] = (
+        (group[1:] == group[before])
+        & ~pd.isna(logical[before])
+        & (logical[before] != logical[1:])
+        & ((t[1:] - t[before]) <= BROADCAST_WINDOW_S)
+    )
+    copies[at[copy]] = True
+    previous[at[copy]] = order[np.flatnonzero(copy) - 1]
     return copies, previous
 
 
@@ -313,17 +321,24 @@ def _reused_ids(truth: StreamTruth, candidates: np.ndarray) -> tuple[np.ndarray,
     reused = np.zeros(len(sent), dtype=bool)
     earlier = np.full(len(sent), np.nan)
     live = _live(truth, candidates)
-    rows = sent[live][["session", "event_id", "on_logical", "order"]]
-    if not len(rows):
+    at = np.flatnonzero(live)  # positions in `sent`, whose index is 0..n-1
+    if not len(at):
         return reused, earlier
-    rows = rows.sort_values("order", kind="stable")
-    group = [rows["session"], rows["event_id"]]
-    first_logical = rows.groupby(group, sort=False)["on_logical"].transform("first")
-    first_order = rows.groupby(group, sort=False)["order"].transform("first")
-    again = (rows["on_logical"] != first_logical).to_numpy(dtype=bool)
-    at = rows.index[again].to_numpy()
-    reused[at] = True
-    earlier[at] = first_order.to_numpy(dtype="float64")[again]
+    rows = sent.iloc[at]
+    order = rows["order"].to_numpy(dtype="int64")
+    ranked = np.argsort(order, kind="stable")
+    at, order = at[ranked], order[ranked]
+    logical = rows["on_logical"].to_numpy(dtype=object)[ranked]
+    # The first send of each (session, event ID) in `order`: live rows have both.
+    _, first, inverse = np.unique(
+        group_codes(rows["session"].iloc[ranked], rows["event_id"].iloc[ranked]),
+        return_index=True,
+        return_inverse=True,
+    )
+    first_of_row = first[inverse.reshape(-1)]
+    again = (logical != logical[first_of_row]) | pd.isna(logical)  # (pandas' `!=`: null differs)
+    reused[at[again]] = True
+    earlier[at[again]] = order[first_of_row[again]]
     return reused, earlier
 
 
