@@ -36,8 +36,15 @@ SAMPLE = 2048
 """The first values of a piece's column that decide whether it repeats."""
 
 
-def column_array(values: Sequence[Any]) -> np.ndarray:
-    """One column of a piece, inferred as pandas infers a column of records."""
+TextPool = dict[str, str]
+"""One object per distinct text across every ledger of a run (an event ID is in the tap,
+the inbox and the outbox: without it, each holds its own copy). Lives while a run is
+read; the frames keep the strings, not the pool."""
+
+
+def column_array(values: Sequence[Any], pool: TextPool | None = None) -> np.ndarray:
+    """One column of a piece, inferred as pandas infers a column of records; its text
+    taken from `pool` when one is given."""
     n = len(values)
     arr = np.fromiter(values, dtype=object, count=n)
     kind = pd.api.types.infer_dtype(arr, skipna=True)
@@ -53,19 +60,27 @@ def column_array(values: Sequence[Any]) -> np.ndarray:
     if kind == "boolean":
         return arr.astype(np.bool_) if not pd.isna(arr).any() else arr
     if kind == "string":
-        return shared_strings(arr)
+        return shared_strings(arr, pool)
     return arr
 
 
-def shared_strings(arr: np.ndarray) -> np.ndarray:
-    """`arr` (text and nulls) with every repeated text pointing at one object."""
+def shared_strings(arr: np.ndarray, pool: TextPool | None = None) -> np.ndarray:
+    """`arr` (text and nulls) with every repeated text pointing at one object (and, with a
+    pool, at the pool's object for that text)."""
     sample = arr[:SAMPLE]
     if len(set(sample.tolist())) * SHARE_MIN_REPEAT > len(sample):
-        return arr  # mostly distinct (event IDs, digests): a lookup would cost, not save
+        # Mostly distinct (event IDs, digests): a lookup table within the piece would cost
+        # without saving; the pool, if any, is asked value by value.
+        if pool is None:
+            return arr
+        values = arr.tolist()
+        return np.fromiter(map(pool.setdefault, values, values), dtype=object, count=len(values))
     codes, uniques = pd.factorize(arr, use_na_sentinel=True)
-    if len(uniques) * SHARE_MIN_REPEAT > len(arr):
-        return arr
-    out = np.asarray(uniques, dtype=object).take(codes)
+    texts = np.asarray(uniques, dtype=object)
+    if pool is not None:
+        names = texts.tolist()
+        texts = np.fromiter(map(pool.setdefault, names, names), dtype=object, count=len(names))
+    out = texts.take(codes)
     missing = codes < 0
     if missing.any():
         out[missing] = arr[missing]  # None stays None, NaN stays NaN
@@ -75,10 +90,11 @@ def shared_strings(arr: np.ndarray) -> np.ndarray:
 class ColumnParts:
     """The columns of one record type (or table), gathered piece by piece."""
 
-    __slots__ = ("_parts", "rows")
+    __slots__ = ("_parts", "pool", "rows")
 
-    def __init__(self) -> None:
+    def __init__(self, pool: TextPool | None = None) -> None:
         self._parts: list[tuple[int, dict[str, np.ndarray]]] = []
+        self.pool = pool
         self.rows = 0
 
     def add_dicts(self, rows: list[dict[str, Any]]) -> None:
@@ -92,7 +108,8 @@ class ColumnParts:
         else:
             columns = ([row.get(name) for row in rows] for name in names)
         self._add(
-            len(rows), {name: column_array(values) for name, values in zip(names, columns, strict=True)}
+            len(rows),
+            {name: column_array(values, self.pool) for name, values in zip(names, columns, strict=True)},
         )
 
     def add_tuples(self, rows: list[tuple[Any, ...]], names: Sequence[str]) -> None:
@@ -101,7 +118,8 @@ class ColumnParts:
             return
         columns = zip(*rows, strict=True)
         self._add(
-            len(rows), {name: column_array(values) for name, values in zip(names, columns, strict=True)}
+            len(rows),
+            {name: column_array(values, self.pool) for name, values in zip(names, columns, strict=True)},
         )
 
     def add_columns(self, columns: dict[str, np.ndarray]) -> None:
@@ -130,12 +148,14 @@ class ColumnParts:
 
 
 def _concat(pieces: list[tuple[int, np.ndarray | None]]) -> np.ndarray:
-    """One column from its pieces; a piece without the column reads as nulls."""
-    present = [a for _, a in pieces if a is not None]
-    numeric = all(a.dtype.kind in "iuf" for a in present)
+    """One column from its pieces, inferred as if it had been read whole: a piece without
+    the column, or with only nulls in it, takes the type of the others (NaN beside
+    numbers, as pandas infers [1, None] as float64)."""
+    present = [a for _, a in pieces if a is not None and not _all_null(a)]
+    numeric = bool(present) and all(a.dtype.kind in "iuf" for a in present)
     arrays: list[np.ndarray] = []
     for n, a in pieces:
-        if a is None:
+        if a is None or (numeric and _all_null(a)):
             a = np.full(n, np.nan) if numeric else np.full(n, None, dtype=object)
         arrays.append(a)
     if len(arrays) == 1:
@@ -146,3 +166,7 @@ def _concat(pieces: list[tuple[int, np.ndarray | None]]) -> np.ndarray:
         # turn True into 1.0.
         arrays = [a.astype(object) for a in arrays]
     return np.concatenate(arrays)
+
+
+def _all_null(a: np.ndarray) -> bool:
+    return a.dtype == object and bool(pd.isna(a).all())

@@ -31,7 +31,7 @@ import msgspec
 import pandas as pd
 
 from lab.checker.inputs import jsonl_fast, tap_forms
-from lab.checker.inputs.columns import ColumnParts
+from lab.checker.inputs.columns import ColumnParts, TextPool
 from lab.checker.inputs.schemas import TAP_SCHEMA
 
 PIECE_BYTES = 8 << 20
@@ -61,10 +61,15 @@ class JsonlFrames:
 
 
 def read_jsonl(
-    path: Path, rel: str, record_fields: Mapping[str, tuple[str, ...]], schema: str
+    path: Path,
+    rel: str,
+    record_fields: Mapping[str, tuple[str, ...]],
+    schema: str,
+    pool: TextPool | None = None,
 ) -> JsonlFrames:
-    """Read `path` into frames by `type`; raise `LedgerError` naming `rel` if it is bad."""
-    reader = _Reader(rel, record_fields, schema)
+    """Read `path` into frames by `type`; raise `LedgerError` naming `rel` if it is bad.
+    Text is taken from `pool` (`lab.checker.inputs.columns.TextPool`) when one is given."""
+    reader = _Reader(rel, record_fields, schema, pool)
     try:
         with path.open("rb") as f:
             carry = b""
@@ -93,11 +98,14 @@ def read_jsonl(
 class _Reader:
     """The pieces of one file, as they are read: their columns by record type."""
 
-    def __init__(self, rel: str, record_fields: Mapping[str, tuple[str, ...]], schema: str) -> None:
+    def __init__(
+        self, rel: str, record_fields: Mapping[str, tuple[str, ...]], schema: str, pool: TextPool | None
+    ) -> None:
         self.rel = rel
         self.record_fields = record_fields
         self.schema = schema
-        self.parts = {kind: ColumnParts() for kind in record_fields}
+        self.pool = pool
+        self.parts = {kind: ColumnParts(pool) for kind in record_fields}
         self.skipped: Counter[str] = Counter()
         self.records = 0
         self.line = 1
@@ -130,6 +138,7 @@ class _Reader:
             self.schema,
             self.schema == TAP_SCHEMA,
             LINE,
+            self.pool,
         )
         if decoded is None:
             return False

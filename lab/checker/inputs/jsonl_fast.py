@@ -22,7 +22,7 @@ import msgspec
 import numpy as np
 
 from lab.checker.inputs import tap_forms
-from lab.checker.inputs.columns import column_array
+from lab.checker.inputs.columns import TextPool, column_array
 
 KNOWN_EXTRA_FIELDS: dict[str, tuple[str, ...]] = {
     "flow": (
@@ -77,6 +77,7 @@ def decode_piece(
     schema: str,
     short_forms: bool,
     line_column: str,
+    pool: TextPool | None = None,
 ) -> tuple[dict[str, dict[str, np.ndarray]], int] | None:
     """(the piece's columns by record type, with the 1-based line of each row in
     `line_column`; its number of records), or None when the piece needs the general path.
@@ -114,21 +115,23 @@ def decode_piece(
             if name == tap_forms.SHORT_FORWARD:
                 columns[name] = np.fromiter(values, dtype=object, count=len(values))  # as written
             else:
-                columns[name] = column_array(values)
+                columns[name] = column_array(values, pool)
         columns[line_column] = np.asarray(lines[kind], dtype=np.int64)
         out[kind] = columns
     if short_forms:
-        _short_forms(out, line_column)
+        _short_forms(out, line_column, pool)
     return out, count
 
 
-def _short_forms(out: dict[str, dict[str, np.ndarray]], line: str) -> None:
+def _short_forms(out: dict[str, dict[str, np.ndarray]], line: str, pool: TextPool | None) -> None:
     """Expand `sent` records' short forms into `forwarded` rows, and read `source` as
     `src_flow`/`src_index` (what `tap_forms` does record by record)."""
     fwd = out.get("forwarded")
     if fwd is not None and tap_forms.SOURCE in fwd:
         sources = fwd.pop(tap_forms.SOURCE).tolist()
-        fwd["src_flow"] = column_array([s.get("flow") if isinstance(s, dict) else None for s in sources])
+        fwd["src_flow"] = column_array(
+            [s.get("flow") if isinstance(s, dict) else None for s in sources], pool
+        )
         fwd["src_index"] = column_array([s.get("index") if isinstance(s, dict) else None for s in sources])
     sent = out.get("sent")
     if sent is None or tap_forms.SHORT_FORWARD not in sent:

@@ -37,7 +37,7 @@ from typing import Any
 import pandas as pd
 
 from lab.checker.inputs import schemas
-from lab.checker.inputs.columns import ColumnParts
+from lab.checker.inputs.columns import ColumnParts, TextPool
 from lab.checker.inputs.jsonl import LedgerError, read_jsonl
 from lab.checker.model import Problem, SourceInfo
 
@@ -111,11 +111,12 @@ def as_object_strings(frame: pd.DataFrame) -> pd.DataFrame:
 
 def load_run(run_dir: Path) -> RunData:
     data = RunData(run_dir=run_dir)
+    pool: TextPool = {}  # one object per distinct text across the ledgers (freed on return)
     _load_run_json(data)
-    _load_clients(data)
-    _load_server(data)
-    _load_tap(data)
-    _load_nemesis(data)
+    _load_clients(data, pool)
+    _load_server(data, pool)
+    _load_tap(data, pool)
+    _load_nemesis(data, pool)
     return data
 
 
@@ -206,7 +207,7 @@ def _check_meta(db: sqlite3.Connection, rel: str, known: frozenset[str]) -> str 
 
 
 def _read_tables(
-    db: sqlite3.Connection, rel: str, tables: Mapping[str, tuple[str, ...]]
+    db: sqlite3.Connection, rel: str, tables: Mapping[str, tuple[str, ...]], pool: TextPool | None
 ) -> tuple[dict[str, pd.DataFrame], list[str]]:
     """Read the contract's columns of every table; (frames, absent table names)."""
     master = {
@@ -226,7 +227,7 @@ def _read_tables(
         cols = ", ".join(f'"{c}"' for c in (*columns, *extra))
         if "WITHOUT ROWID" not in master[table].upper() and ROWID not in have:
             cols = f'rowid AS "{ROWID}", {cols}'
-        frames[table] = _read_table(db, f'SELECT {cols} FROM "{table}"')
+        frames[table] = _read_table(db, f'SELECT {cols} FROM "{table}"', pool)
     return frames, absent
 
 
@@ -234,19 +235,19 @@ SQLITE_PIECE_ROWS = 50_000
 """Rows turned into columns at once (their tuples are the transient cost of reading)."""
 
 
-def _read_table(db: sqlite3.Connection, query: str) -> pd.DataFrame:
+def _read_table(db: sqlite3.Connection, query: str, pool: TextPool | None = None) -> pd.DataFrame:
     """A table's rows as a frame, read in pieces (`lab.checker.inputs.columns`): about
     three times quicker than `pandas.read_sql_query`, and its repeated text held once."""
     cursor = db.execute(query)
     names = [d[0] for d in cursor.description]
-    parts = ColumnParts()
+    parts = ColumnParts(pool)
     while rows := cursor.fetchmany(SQLITE_PIECE_ROWS):
         parts.add_tuples(rows, names)
     return parts.frame(names)
 
 
 def _read_sqlite(
-    path: Path, rel: str, kind: str, tables: Mapping[str, tuple[str, ...]]
+    path: Path, rel: str, kind: str, tables: Mapping[str, tuple[str, ...]], pool: TextPool | None = None
 ) -> tuple[dict[str, pd.DataFrame], list[str], str | None]:
     try:
         db = _open_ro(path)
@@ -255,7 +256,7 @@ def _read_sqlite(
     try:
         _quick_check(db, rel)
         declared = _check_meta(db, rel, schemas.KNOWN_META_SCHEMAS[kind])
-        frames, absent = _read_tables(db, rel, tables)
+        frames, absent = _read_tables(db, rel, tables, pool)
         if kind == "client" and ("inbox" in absent or "outbox" in absent):
             # lab.inbox creates both when it opens the file: without them it is not ours.
             raise LedgerError(rel, "has no inbox/outbox tables: not a client ledger")
@@ -276,7 +277,7 @@ def _why(e: BaseException) -> str:
     return " ".join(text.split())[:200] or type(e).__name__
 
 
-def _load_clients(data: RunData) -> None:
+def _load_clients(data: RunData, pool: TextPool | None = None) -> None:
     paths = sorted(data.run_dir.glob(schemas.CLIENTS_GLOB))
     if not paths:
         data.sources.append(SourceInfo(schemas.CLIENTS_GLOB, "client", schemas.CLIENT_SCHEMA, "missing"))
@@ -287,7 +288,7 @@ def _load_clients(data: RunData) -> None:
     for path in paths:
         rel = str(path.relative_to(data.run_dir))
         try:
-            frames, absent, declared = _read_sqlite(path, rel, "client", schemas.CLIENT_TABLES)
+            frames, absent, declared = _read_sqlite(path, rel, "client", schemas.CLIENT_TABLES, pool)
         except LedgerError as e:
             _fail(data, rel, "client", schemas.CLIENT_SCHEMA, e.message)
             continue
@@ -316,14 +317,14 @@ def _load_clients(data: RunData) -> None:
     data.client_tables_absent = absent_everywhere
 
 
-def _load_server(data: RunData) -> None:
+def _load_server(data: RunData, pool: TextPool | None = None) -> None:
     rel = schemas.SERVER_FILE
     path = data.run_dir / rel
     if not path.exists():
         data.sources.append(SourceInfo(rel, "server", schemas.SERVER_SCHEMA, "missing"))
         return
     try:
-        frames, absent, declared = _read_sqlite(path, rel, "server", schemas.SERVER_TABLES)
+        frames, absent, declared = _read_sqlite(path, rel, "server", schemas.SERVER_TABLES, pool)
     except LedgerError as e:
         _fail(data, rel, "server", schemas.SERVER_SCHEMA, e.message)
         return
@@ -360,7 +361,7 @@ def check_numeric(frames: Mapping[str, pd.DataFrame], rel: str) -> None:
 
 
 def _read_jsonl_source(
-    data: RunData, rel: str, kind: str, records: Any, schema: str
+    data: RunData, rel: str, kind: str, records: Any, schema: str, pool: TextPool | None = None
 ) -> dict[str, pd.DataFrame] | None:
     """Read one JSON-lines ledger of the run; None (and the reason in `data`) if it is
     missing or refused."""
@@ -369,7 +370,7 @@ def _read_jsonl_source(
         data.sources.append(SourceInfo(rel, kind, schema, "missing"))
         return None
     try:
-        read = read_jsonl(path, rel, records, schema)
+        read = read_jsonl(path, rel, records, schema, pool)
         check_numeric(read.frames, rel)
     except LedgerError as e:
         _fail(data, rel, kind, schema, e.message)
@@ -380,13 +381,15 @@ def _read_jsonl_source(
     return read.frames
 
 
-def _load_tap(data: RunData) -> None:
-    data.tap = _read_jsonl_source(data, schemas.TAP_FILE, "tap", schemas.TAP_RECORDS, schemas.TAP_SCHEMA)
+def _load_tap(data: RunData, pool: TextPool | None = None) -> None:
+    data.tap = _read_jsonl_source(
+        data, schemas.TAP_FILE, "tap", schemas.TAP_RECORDS, schemas.TAP_SCHEMA, pool
+    )
 
 
-def _load_nemesis(data: RunData) -> None:
+def _load_nemesis(data: RunData, pool: TextPool | None = None) -> None:
     frames = _read_jsonl_source(
-        data, schemas.NEMESIS_FILE, "nemesis", schemas.NEMESIS_RECORDS, schemas.NEMESIS_SCHEMA
+        data, schemas.NEMESIS_FILE, "nemesis", schemas.NEMESIS_RECORDS, schemas.NEMESIS_SCHEMA, pool
     )
     if frames is None:
         return
