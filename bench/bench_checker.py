@@ -1,25 +1,32 @@
-"""Time of `lab report`'s check on 1,000,000 synthetic ledger records, next to the time
-pandas needs just to read the same files.
+"""Time and peak memory of `lab report`'s check on millions of synthetic ledger records,
+next to pandas just reading the same files, and (with `--before REV`) next to REV's checker.
 
-    python bench/bench_checker.py [--records 1000000] [--clients 1000] [--server-events] [--keep DIR]
+    python bench/bench_checker.py [--records 1000000 | --events N] [--clients 1000]
+        [--server-events] [--long-form] [--before REV] [--mem-limit-gib 16]
+        [--keep DIR | --reuse DIR]
 
 The run folder is generated first (not timed): every SSE event the server sends leaves
 four records, as in a real run — a tap `sent` and a tap `forwarded` record
-(proxy/tap.jsonl), an inbox receipt and an outbox dispatch (clients/worker-{1,2}.sqlite)
-— so 1,000,000 records are 250,000 events (with `--server-events`, a fifth record per
+(proxy/tap.jsonl: one line, as the proxy writes an untouched event; two with
+`--long-form`), an inbox receipt and an outbox dispatch (clients/worker-{1,2}.sqlite) —
+so 1,000,000 records are 250,000 events (with `--server-events`, a fifth record per
 event in the server ledger's `events_sent`: 200,000 events), spread over `--clients`
-clients with one
-standalone GET and four POST streams each; a tenth of the POST streams are cut and
-resumed with GET + Last-Event-ID (so the resumption join is exercised), with reconnects
-and recoveries; the server ledger holds sessions, streams, dispatches and requests.
+clients with one standalone GET and four POST streams each; a tenth of the POST streams
+are cut and resumed with GET + Last-Event-ID (so the resumption join is exercised), with
+reconnects and recoveries; the server ledger holds sessions, streams, dispatches and
+requests.
 
-Then, side by side:
-- read only: `pandas.read_json(lines=True)` of the tap and `pandas.read_sql_query` of
-  every table of every SQLite file (what "pandas reading the ledgers" costs);
-- check: `lab.checker.judge_dir` — the checker's own loading (with `PRAGMA quick_check` of every
-  SQLite ledger) plus every rule that applies to the run, the wire checks and liveness
-  (no figures, no files written), with the time per gate.
-Prints figures; asserts nothing (machines are noisy).
+Then each measurement runs in a child process of its own (its peak RSS is its own
+`ru_maxrss`; its address space is capped at `--mem-limit-gib`, so a reader that needs
+more fails alone, said as such):
+- pandas read only: `pandas.read_json(lines=True)` of the tap and `pandas.read_sql_query`
+  of every table of every SQLite file (what "pandas reading the ledgers" costs);
+- check: the checker's own loading (with `PRAGMA quick_check` of every SQLite ledger)
+  plus every rule that applies to the run, the wire checks and liveness (no figures, no
+  files written), with the time per gate; by REV's `lab/` (exported with `git archive`)
+  and by this tree's, on the same folder.
+Prints figures, and each peak RSS over the largest ledger file; asserts nothing
+(machines are noisy).
 """
 
 from __future__ import annotations
@@ -27,24 +34,24 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import resource
 import shutil
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-from lab.checker.context import Context, parse_budgets  # noqa: E402
-from lab.checker.inputs.load import load_run  # noqa: E402
-from lab.checker.judge.verdict import judge, run_rule  # noqa: E402
-from lab.checker.rules import REGISTRY  # noqa: E402
+from _labrun import export_tree  # noqa: E402
+
 from lab.inbox import connect  # noqa: E402
 from lab.wire.client_ledger import RECORD_TYPES  # noqa: E402
 
@@ -64,13 +71,33 @@ def _event_id(tag: str, stream_id: str, seq: int, digest: str) -> str:
     return f"e1.{tag}.0.{stream_id}.{seq}.{digest[:12]}.{'M' * 16}"
 
 
+class _Lines:
+    """The tap, written line by line as it is generated (10M events would not fit as a list)."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = path.open("w", encoding="utf-8")
+        self.lines = 0
+
+    def append(self, line: str) -> None:
+        self._file.write(line)
+        self._file.write("\n")
+        self.lines += 1
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class Generator:
-    def __init__(self, run_dir: Path, records: int, clients: int, server_events: bool) -> None:
+    def __init__(
+        self, run_dir: Path, events: int, clients: int, server_events: bool, long_form: bool
+    ) -> None:
         self.run_dir = run_dir
         self.server_events = server_events
-        self.events = records // (5 if server_events else 4)
+        self.long_form = long_form
+        self.events = events
         self.clients = clients
-        self.tap: list[str] = []
+        (run_dir / "proxy").mkdir(parents=True)
+        self.tap = _Lines(run_dir / "proxy" / "tap.jsonl")
         self.inbox: dict[int, list[tuple[Any, ...]]] = {w: [] for w in range(WORKERS)}
         self.outbox: dict[int, list[tuple[Any, ...]]] = {w: [] for w in range(WORKERS)}
         self.ledger: dict[int, dict[str, list[tuple[Any, ...]]]] = {w: {} for w in range(WORKERS)}
@@ -263,38 +290,38 @@ class Generator:
                     )
                     digest = _digest(data)
                     event_id = _event_id(tag, stream_id, seq, digest)
-                    self.tap.append(
-                        json.dumps(
-                            {
-                                "type": "sent",
-                                "flow": flow,
-                                "t": self.t,
-                                "index": index,
-                                "event_id": event_id,
-                                "digest": digest,
-                                "has_data": True,
-                                "priming": False,
-                                "stream_id": stream_id,
-                                "session": session,
-                            }
+                    sent_record: dict[str, Any] = {
+                        "type": "sent",
+                        "flow": flow,
+                        "t": self.t,
+                        "index": index,
+                        "event_id": event_id,
+                        "digest": digest,
+                        "has_data": True,
+                        "priming": False,
+                        "stream_id": stream_id,
+                        "session": session,
+                    }
+                    if self.long_form:
+                        self.tap.append(json.dumps(sent_record))
+                        self.tap.append(
+                            json.dumps(
+                                {
+                                    "type": "forwarded",
+                                    "flow": flow,
+                                    "t": self.t,
+                                    "index": index,
+                                    "event_id": event_id,
+                                    "digest": digest,
+                                    "source": {"flow": flow, "index": index},
+                                    "fault": None,
+                                    "rule": None,
+                                    "decision": None,
+                                }
+                            )
                         )
-                    )
-                    self.tap.append(
-                        json.dumps(
-                            {
-                                "type": "forwarded",
-                                "flow": flow,
-                                "t": self.t,
-                                "index": index,
-                                "event_id": event_id,
-                                "digest": digest,
-                                "source": {"flow": flow, "index": index},
-                                "fault": None,
-                                "rule": None,
-                                "decision": None,
-                            }
-                        )
-                    )
+                    else:  # as the proxy writes an untouched event: one line for both
+                        self.tap.append(json.dumps({**sent_record, "retry": None, "fwd": index}))
                     self.inbox[worker].append(
                         (
                             client,
@@ -325,10 +352,9 @@ class Generator:
         self.sent = sent
 
     def write(self) -> None:
+        self.tap.close()
         (self.run_dir / "clients").mkdir(parents=True)
-        (self.run_dir / "proxy").mkdir()
         (self.run_dir / "server").mkdir()
-        (self.run_dir / "proxy" / "tap.jsonl").write_text("\n".join(self.tap) + "\n", encoding="utf-8")
         for w in range(WORKERS):
             db = connect(self.run_dir / "clients" / f"worker-{w + 1}.sqlite")
             db.execute("BEGIN")
@@ -393,83 +419,203 @@ class Generator:
             "inbox receipts": sum(len(v) for v in self.inbox.values()),
             "outbox dispatches": sum(len(v) for v in self.outbox.values()),
             "server events_sent": len(self.server.get("events_sent", [])),
+            "tap lines": self.tap.lines,
             "tap flows": flows,
             "other client rows": sum(len(r) for w in self.ledger.values() for r in w.values()),
         }
 
 
-def read_only(run_dir: Path) -> float:
-    started = time.perf_counter()
-    pd.read_json(run_dir / "proxy" / "tap.jsonl", lines=True)
-    for path in [*sorted((run_dir / "clients").glob("*.sqlite")), run_dir / "server" / "ledger.sqlite"]:
-        db = sqlite3.connect(path)
-        tables = [r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-        for table in tables:
-            pd.read_sql_query(f'SELECT * FROM "{table}"', db)
-        db.close()
-    return time.perf_counter() - started
+READ_ONLY = """
+import sqlite3, sys, time
+from pathlib import Path
+import pandas as pd
+run_dir = Path(sys.argv[1])
+started = time.perf_counter()
+pd.read_json(run_dir / "proxy" / "tap.jsonl", lines=True)
+for path in [*sorted((run_dir / "clients").glob("*.sqlite")), run_dir / "server" / "ledger.sqlite"]:
+    db = sqlite3.connect(path)
+    for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall():
+        pd.read_sql_query(f'SELECT * FROM "{table}"', db)
+    db.close()
+print(json.dumps({"total_s": time.perf_counter() - started}))
+"""
+"""pandas just reading the ledgers: `read_json(lines=True)` of the tap, `read_sql_query`
+of every table of every SQLite file."""
+
+CHECK = """
+import sys, time
+from pathlib import Path
+from lab.checker.context import Context, parse_budgets
+from lab.checker.inputs.load import load_run
+from lab.checker.judge.verdict import run_rule
+from lab.checker.rules import REGISTRY
+started = time.perf_counter()
+data = load_run(Path(sys.argv[1]))
+loaded = time.perf_counter()
+ctx = Context(data, parse_budgets(data.run))
+per_gate, errors = {}, {}
+for rule in REGISTRY.core():
+    t = time.perf_counter()
+    result = run_rule(rule, ctx)
+    per_gate[rule.id] = time.perf_counter() - t
+    if result.error is not None:
+        errors[rule.id] = str(result.error)
+print(json.dumps({"load_s": loaded - started, "total_s": time.perf_counter() - started,
+                  "per_gate": per_gate, "errors": errors}))
+"""
+"""The checker's own loading (with `PRAGMA quick_check` of every SQLite ledger) plus
+every rule that applies to the run, the wire checks and liveness (no figures, no files)."""
 
 
-def check(run_dir: Path) -> tuple[float, float, dict[str, float], str]:
-    started = time.perf_counter()
-    data = load_run(run_dir)
-    loaded = time.perf_counter()
-    ctx = Context(data, parse_budgets(data.run))
-    per_gate: dict[str, float] = {}
-    for rule in REGISTRY.core():
-        t = time.perf_counter()
-        result = run_rule(rule, ctx)
-        per_gate[rule.id] = time.perf_counter() - t
-        if result.error is not None:
-            # A gate that crashed is fast: its time would mean nothing. Say so loudly.
-            print(f"GATE {rule.id} FAILED TO RUN: {result.error}", file=sys.stderr)
-    total = time.perf_counter() - started
-    # The verdicts as `lab report` gives them (the joins are cached in ctx above, so
-    # this is timed apart and not added).
-    verdict = judge(data).verdict
-    return loaded - started, total, per_gate, str(verdict)
+@dataclass
+class Measured:
+    label: str
+    figures: dict[str, Any] | None
+    peak_rss: int
+    """Bytes (the child's ru_maxrss)."""
+    failure: str | None = None
+
+
+def measure(label: str, code: str, run_dir: Path, tree: Path, mem_limit: int) -> Measured:
+    """Run `code` in a child Python with `tree` first on its path; its figures (a JSON line
+    on stdout) and its peak RSS. The child's address space is capped at `mem_limit`
+    bytes, so a reader that needs too much fails alone instead of taking the box down."""
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (mem_limit, mem_limit))
+
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    with tempfile.TemporaryFile() as errors:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "import json\n" + code, str(run_dir)],
+            env=env,
+            cwd=tree,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            preexec_fn=cap,
+        )
+        assert proc.stdout is not None
+        out = proc.stdout.read()
+        proc.stdout.close()
+        # wait4, not Popen.wait: the child's own rusage (its peak RSS), not the children's max.
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        errors.seek(0)
+        err = errors.read().decode(errors="replace")
+    peak = usage.ru_maxrss * 1024
+    if proc.returncode != 0:
+        last = (err.strip().splitlines() or ["(no output)"])[-1]
+        if "MemoryError" in err or proc.returncode < 0:
+            last = f"out of memory at the cap of {mem_limit / GIB:.0f} GiB ({last[:80]})"
+        return Measured(label, None, peak, last)
+    return Measured(label, json.loads(out.decode().strip().splitlines()[-1]), peak)
+
+
+GIB = 1 << 30
+
+
+def _mb(n: int) -> str:
+    return f"{n / (1 << 20):,.0f} MiB"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=1_000_000)
+    size = parser.add_mutually_exclusive_group()
+    size.add_argument("--records", type=int, default=1_000_000, help="ledger records (4 per event)")
+    size.add_argument("--events", type=int, help="SSE events the tap records (instead of --records)")
     parser.add_argument("--clients", type=int, default=1000)
     parser.add_argument(
         "--server-events",
         action="store_true",
         help="also write the server ledger's events_sent (one more record per event)",
     )
-    parser.add_argument("--keep", type=Path, help="write the run folder here and keep it")
-    args = parser.parse_args()
-    root = args.keep or Path(tempfile.mkdtemp(prefix="bench-checker-"))
-    run_dir = root / "run"
-    t = time.perf_counter()
-    gen = Generator(run_dir, args.records, args.clients, args.server_events)
-    gen.generate()
-    gen.write()
-    counts = gen.counts()
-    total_records = sum(
-        counts[k]
-        for k in ("tap sent", "tap forwarded", "inbox receipts", "outbox dispatches", "server events_sent")
+    parser.add_argument(
+        "--long-form",
+        action="store_true",
+        help="write every forwarded record on its own line (the tap before its short form)",
     )
-    print(f"generated {total_records:,} ledger records in {time.perf_counter() - t:.1f} s ({run_dir})")
-    for name, n in counts.items():
-        print(f"  {name:>18}: {n:,}")
-    size = sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file())
-    print(f"  {'on disk':>18}: {size / 1e6:.0f} MB")
+    parser.add_argument("--before", metavar="REV", help="also check with REV's lab/, side by side")
+    parser.add_argument("--mem-limit-gib", type=float, default=16.0, help="address-space cap of each child")
+    parser.add_argument("--keep", type=Path, help="write the run folder here and keep it")
+    parser.add_argument("--reuse", type=Path, help="check this folder (made by --keep) instead of generating")
+    args = parser.parse_args()
+    if args.reuse:
+        run_dir = args.reuse / "run"
+        root = None
+        print(f"reusing {run_dir}")
+    else:
+        root = args.keep or Path(tempfile.mkdtemp(prefix="bench-checker-"))
+        run_dir = root / "run"
+        events = args.events or args.records // (5 if args.server_events else 4)
+        t = time.perf_counter()
+        gen = Generator(run_dir, events, args.clients, args.server_events, args.long_form)
+        gen.generate()
+        gen.write()
+        counts = gen.counts()
+        del gen
+        total_records = sum(
+            counts[k]
+            for k in (
+                "tap sent",
+                "tap forwarded",
+                "inbox receipts",
+                "outbox dispatches",
+                "server events_sent",
+            )
+        )
+        print(f"generated {total_records:,} ledger records in {time.perf_counter() - t:.1f} s ({run_dir})")
+        for name, n in counts.items():
+            print(f"  {name:>18}: {n:,}")
+    files = [p for p in run_dir.rglob("*") if p.is_file()]
+    largest = max(files, key=lambda p: p.stat().st_size)
+    print(
+        f"  {'on disk':>18}: {_mb(sum(p.stat().st_size for p in files))}, largest ledger "
+        f"{largest.relative_to(run_dir)} {_mb(largest.stat().st_size)}"
+    )
 
-    read_s = read_only(run_dir)
-    load_s, check_s, per_gate, verdict = check(run_dir)
-    print()
-    print(f"{'pandas read only':<34}{read_s:8.2f} s   (read_json of the tap + read_sql_query of every table)")
-    print(f"{'check: load + every rule':<34}{check_s:8.2f} s   (lab.checker; aim <= 10 s)")
-    print(f"{'  of which loading':<34}{load_s:8.2f} s")
-    for gate, seconds in per_gate.items():
-        print(f"{'  gate ' + gate:<34}{seconds:8.2f} s")
-    print(f"{'ratio check / read only':<34}{check_s / read_s:8.2f}")
-    print(f"verdict of the synthetic run: {verdict} (no faults were generated: inconclusive is expected)")
-    if args.keep is None:
+    mem_limit = int(args.mem_limit_gib * GIB)
+    trees: list[tuple[str, Path]] = []
+    tmp = Path(tempfile.mkdtemp(prefix="bench-checker-trees-"))
+    if args.before:
+        trees.append(
+            (f"check, {args.before[:9]}", export_tree(args.before, tmp / "before", "lab", "dashboards"))
+        )
+    trees.append(("check, this tree", ROOT))
+    results = [measure("pandas read only", READ_ONLY, run_dir, ROOT, mem_limit)]
+    for label, tree in trees:
+        results.append(measure(label, CHECK, run_dir, tree, mem_limit))
+    shutil.rmtree(tmp, ignore_errors=True)
+    _print(results, largest.stat().st_size)
+    if root is not None and args.keep is None:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _print(results: list[Measured], largest: int) -> None:
+    print()
+    print(f"{'':<26}{'time':>10}{'peak RSS':>14}{'RSS/largest':>13}{'time/read':>11}")
+    read = results[0].figures["total_s"] if results[0].figures else None
+    for m in results:
+        if m.figures is None:
+            print(f"{m.label:<26}{'failed':>10}{_mb(m.peak_rss):>14}   {m.failure}")
+            continue
+        total = m.figures["total_s"]
+        ratio = f"{total / read:.2f}" if read else "-"
+        print(f"{m.label:<26}{total:>8.2f} s{_mb(m.peak_rss):>14}{m.peak_rss / largest:>12.2f}x{ratio:>11}")
+    checks = [m for m in results[1:] if m.figures is not None]
+    if checks:
+        print()
+        print(f"{'':<26}" + "".join(f"{m.label[7:]:>18}" for m in checks))
+        print(f"{'  loading':<26}" + "".join(f"{m.figures['load_s']:>16.2f} s" for m in checks if m.figures))
+        for gate in checks[-1].figures["per_gate"] if checks[-1].figures else {}:
+            row = "".join(
+                f"{m.figures['per_gate'].get(gate, float('nan')):>16.2f} s" for m in checks if m.figures
+            )
+            print(f"{'  gate ' + gate:<26}{row}")
+        for m in checks:
+            for gate, error in (m.figures or {}).get("errors", {}).items():
+                print(f"GATE {gate} FAILED TO RUN in {m.label}: {error}", file=sys.stderr)
+    print("RSS/largest: the peak RSS over the largest ledger file of the run folder (aim <= 1.5).")
+    print("(no faults were generated: the verdict would be inconclusive; it is not computed)")
 
 
 if __name__ == "__main__":
