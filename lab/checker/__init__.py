@@ -50,8 +50,11 @@ from lab.checker.truth.faults import configured_faults, count_faults
 from lab.checker.truth.liveness import active_clients
 from lab.checker.truth.reconnects import over_budget, per_second
 from lab.checker.truth.recoveries import PERCENTILE, client_ends, latencies, nearest_rank
+from lab.checker.truth.triggers import FILE as FAULT_TRIGGERS_FILE
+from lab.checker.truth.triggers import jsonl_of as fault_triggers_jsonl
 
 __all__ = [
+    "FAULT_TRIGGERS_FILE",
     "PERCENTILE",
     # judging
     "REGISTRY",
@@ -74,6 +77,7 @@ __all__ = [
     "configured_faults",
     "count_faults",
     "fault_outcomes_of",
+    "fault_triggers_jsonl",
     "gate_check",
     "judge",
     "judge_dir",

@@ -3,6 +3,7 @@
 `report_run(run_dir)` is the one entry point, for `lab report RUN_DIR` and for `lab run`
 (which calls it when its run ends): the verdict comes from `lab.checker.judge` and
 nothing else. Outputs (in RUN_DIR): report.json (mcpLabReport.v2, docs/report.md),
+fault_triggers.jsonl (every fault firing by its logical trigger, mcpLabTriggers.v1),
 report.md, junit.xml, fig-*.png and report.html. Each is written on its own (to a
 temporary file renamed into place, so a half-written report never stands): a figure that
 fails is reported and the others are still written.
@@ -77,7 +78,7 @@ def _write_text(path: Path, text: str) -> None:
 def _report_run(
     run_dir: Path, *, witness_limit: int, figures: bool, quiet: bool, out: TextIO, err: TextIO
 ) -> int:
-    from lab.checker import judge, load_run
+    from lab.checker import fault_triggers_jsonl, judge, load_run
     from lab.report import document
     from lab.report.evidence import raw_rows
 
@@ -126,7 +127,12 @@ def _report_run(
     problems = doc["problems"]
     assert isinstance(problems, list)
     problems += [{"path": "report", "message": w} for w in warnings]
-    written, not_written = _write_outputs(run_dir, doc, drawn, evidence)
+    try:
+        triggers = fault_triggers_jsonl(data)
+    except Exception as e:  # the file is for a later replay: the report stands without it
+        triggers = ""
+        warnings.append(f"fault_triggers.jsonl not written: {type(e).__name__}: {e}")
+    written, not_written = _write_outputs(run_dir, doc, drawn, evidence, triggers)
     unwritten += not_written
     unreadable = {s.path for s in report.sources if s.status == "error"}
     said = [f"{'evidence unreadable: ' if p.path in unreadable else ''}{p}" for p in report.problems]
@@ -153,10 +159,15 @@ def _report_run(
 
 
 def _write_outputs(
-    run_dir: Path, doc: Mapping[str, Any], drawn: list[dict[str, str]], evidence: Mapping[str, str]
+    run_dir: Path,
+    doc: Mapping[str, Any],
+    drawn: list[dict[str, str]],
+    evidence: Mapping[str, str],
+    triggers: str = "",
 ) -> tuple[list[str], list[str]]:
-    """Write report.json, report.md, junit.xml and report.html, each on its own: (the
-    names written, why each of the others was not)."""
+    """Write report.json, fault_triggers.jsonl (`triggers`), report.md, junit.xml and
+    report.html, each on its own: (the names written, why each of the others was not)."""
+    from lab.checker import FAULT_TRIGGERS_FILE
     from lab.report import document, junit, markdown
     from lab.report.html import render
 
@@ -168,6 +179,7 @@ def _write_outputs(
 
     writers: list[tuple[str, Callable[[], Any]]] = [
         ("report.json", lambda: _write_text(run_dir / "report.json", document.dumps(doc))),
+        (FAULT_TRIGGERS_FILE, lambda: _write_text(run_dir / FAULT_TRIGGERS_FILE, triggers)),
         ("report.md", lambda: _write_text(run_dir / "report.md", markdown.render(doc))),
         ("junit.xml", lambda: _write_text(run_dir / "junit.xml", junit.render(doc))),
         ("report.html", html),

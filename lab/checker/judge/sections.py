@@ -9,7 +9,7 @@ sections beside the rules.
                                 and requests gone unanswered on the lab's hops while a
                                 lab part was saturated (`lab_limits.qualify_unanswered`);
                                 report.json's sections (`unanswered`, `fault_outcomes`,
-                                `lab_latency`, `phases`, `capacity`, `rollout`, `processes`);
+                                `fault_triggers`, `lab_latency`, `phases`, `capacity`, `rollout`, `processes`);
                                 and, in a
                                 capacity ramp that passed its knee, the rules judged to the
                                 knee (5 and 6) judged up to the first step past it (the steps
@@ -28,7 +28,7 @@ from lab.checker.health import lab_latency, lab_limits, processes, unanswered
 from lab.checker.model import GateResult, JsonValue
 from lab.checker.rules import resume, rollout
 from lab.checker.timeline import capacity, phases
-from lab.checker.truth import fault_outcomes
+from lab.checker.truth import fault_outcomes, triggers
 
 
 def finish(
@@ -78,7 +78,7 @@ def sections(
     ctx: Context, gates: tuple[GateResult, ...], timed: Sequence[capacity.TimedRule] = ()
 ) -> tuple[dict[str, JsonValue], list[str]]:
     """(report.json sections, problems in computing them): `unanswered`, `fault_outcomes`,
-    `lab_latency`, `phases`, `capacity` (null without ramp phases), `rollout` (null without
+    `fault_triggers`, `lab_latency`, `phases`, `capacity` (null without ramp phases), `rollout` (null without
     rollout knobs), `processes`."""
     out: dict[str, JsonValue] = {}
     problems: list[str] = []
@@ -92,6 +92,7 @@ def sections(
             ),
         ),
         ("fault_outcomes", lambda: fault_outcomes.section(ctx)),
+        ("fault_triggers", lambda: triggers.section(ctx)),
         ("lab_latency", lambda: lab_latency.section(ctx)),
         ("phases", lambda: list(phases.section(ctx))),
         ("capacity", lambda: capacity.section(ctx, gates, timed)),
