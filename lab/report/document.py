@@ -278,3 +278,25 @@ def rules_of(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
         return [dict(r, gate=k) for k, r in rules.items() if isinstance(r, Mapping)]
     gates = doc.get("gates")
     return [g for g in gates if isinstance(g, dict)] if isinstance(gates, list) else []
+
+
+def triggers_text(doc: Mapping[str, Any]) -> str | None:
+    """One line on report.json `fault_triggers` (None without firings)."""
+    section = doc.get("fault_triggers")
+    if not isinstance(section, Mapping) or not section.get("firings"):
+        return None
+    by = section.get("by")
+    by = by if isinstance(by, Mapping) else {}
+    return (
+        f"{section['firings']} firings, each named by what a later run can meet again "
+        f"(in {section.get('file')}): {by.get('event', 0)} at an event of a client's request, "
+        f"{by.get('request', 0)} on a request, {by.get('time', 0)} by time only (toxics; "
+        "requests of no lab client)."
+    )
+
+
+def trigger_examples(doc: Mapping[str, Any], n: int = 3) -> list[str]:
+    """The first firings of report.json `fault_triggers`, in words."""
+    section = doc.get("fault_triggers")
+    examples = section.get("examples") if isinstance(section, Mapping) else None
+    return [str(e) for e in examples[:n]] if isinstance(examples, list) else []

@@ -35,6 +35,8 @@ from lab.report.document import (
     overrides_text,
     reason,
     rules_of,
+    trigger_examples,
+    triggers_text,
 )
 
 
@@ -92,6 +94,8 @@ def render(
             for f in faults["counts"]
         ],
         "never_fired": faults["never_fired"],
+        "triggers": triggers_text(doc),
+        "trigger_examples": trigger_examples(doc),
         "not_applicable": [f"{n['fault']}: {n['reason']}" for n in faults.get("not_applicable", [])],
         "inputs": [
             {

@@ -17,6 +17,8 @@ from lab.report.document import (
     overrides_text,
     reason,
     rules_of,
+    trigger_examples,
+    triggers_text,
 )
 from lab.report.html import banner, liveness_lines
 from lab.report.table import markdown as blocks_markdown
@@ -101,10 +103,9 @@ def render(doc: Mapping[str, Any]) -> str:
                 f"| {md_cell(f['fault'])} | {f['total']} | {'yes' if f['configured'] else 'no'} | {seen} |"
             )
         out.append("")
-    said = triggers_text(doc.get("fault_triggers"))
+    said = triggers_text(doc)
     if said:
-        examples = doc["fault_triggers"].get("examples") or []
-        out += [said, "", *(f"- {md_cell(e)}" for e in examples[:3]), ""]
+        out += [said, "", *(f"- {md_cell(e)}" for e in trigger_examples(doc)), ""]
     if faults["never_fired"]:
         out += [f"Configured but never fired: {', '.join(faults['never_fired'])}", ""]
     for n in faults.get("not_applicable", []):
@@ -114,17 +115,3 @@ def render(doc: Mapping[str, Any]) -> str:
     if doc["notes"]:
         out += ["## Notes", ""] + [f"- {n}" for n in doc["notes"]] + [""]
     return "\n".join(out).rstrip() + "\n"
-
-
-def triggers_text(section: Any) -> str | None:
-    """One line on report.json `fault_triggers` (None without firings)."""
-    if not isinstance(section, Mapping) or not section.get("firings"):
-        return None
-    by = section.get("by")
-    by = by if isinstance(by, Mapping) else {}
-    return (
-        f"{section['firings']} firings, each named by what a later run can meet again "
-        f"(`{section.get('file')}`): {by.get('event', 0)} at an event of a client's request, "
-        f"{by.get('request', 0)} on a request, {by.get('time', 0)} by time only (toxics; "
-        "requests of no lab client)."
-    )

@@ -119,5 +119,6 @@ def test_lab_report_writes_every_firing_to_fault_triggers_jsonl(tmp_path: Path) 
     assert Counter(r["fault"] for r in rows) == Counter(fired)
     assert doc["fault_triggers"]["firings"] == len(rows)
     assert all(r["schema"] == SCHEMA and set(r) >= {*Trigger.__slots__, "sentence"} for r in rows)
-    said = (run_dir / "report.md").read_text(encoding="utf-8")
-    assert f"{len(rows)} firings, each named by what a later run can meet again" in said
+    for page in ("report.md", "report.html"):
+        said = (run_dir / page).read_text(encoding="utf-8")
+        assert f"{len(rows)} firings, each named by what a later run can meet again" in said, page
