@@ -242,9 +242,13 @@ def text_ids(values: pd.Series) -> pd.Series:
 def split_conn(conn: pd.Series) -> tuple[pd.Series, pd.Series]:
     """`x-lab-conn` = "<client-id>:<conn-id>" -> (client_id, conn_id as a nullable int).
     The client ID may itself contain ':' so the split is at the last one."""
-    if not len(conn):  # str.rpartition of nothing has no columns at all
-        return pd.Series([], index=conn.index, dtype="object"), pd.Series([], index=conn.index, dtype="Int64")
-    parts = conn.astype("object").where(conn.notna(), "").astype(str).str.rpartition(":")
-    client = parts[0].where(parts[1] == ":")
-    number = pd.to_numeric(parts[2].where(parts[1] == ":"), errors="coerce").astype("Int64")
-    return client.astype("object"), number
+    # A list comprehension: pandas' `.str.rpartition` took a tenth of a gate run's report.
+    missing = pd.isna(conn.to_numpy(dtype=object))
+    parts = [
+        ("", "", "") if gone else str(value).rpartition(":")
+        for value, gone in zip(conn.tolist(), missing.tolist(), strict=True)
+    ]
+    client = pd.Series([head if sep else np.nan for head, sep, _ in parts], index=conn.index, dtype="object")
+    tails = pd.Series([tail if sep else np.nan for _, sep, tail in parts], index=conn.index, dtype="object")
+    number = pd.to_numeric(tails, errors="coerce").astype("Int64")
+    return client, number
