@@ -13,6 +13,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -291,3 +292,29 @@ def test_lab_run_help() -> None:
         [sys.executable, "-m", "lab.cli", "run", "--help"], cwd=ROOT, capture_output=True, text=True
     )
     assert out.returncode == 0 and "exit with the verdict" in out.stdout.replace("\n", " ")
+
+
+def test_the_ledgers_the_lab_writes_are_read_on_the_fast_path(
+    short_run: tuple[Path, subprocess.CompletedProcess[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every record type and field the lab's own writers put in the tap and the nemesis log
+    # is known to the checker's fast reader (lab.checker.inputs.jsonl_fast): a field it does
+    # not know sends its whole piece down the general path, which is right but slower.
+    from lab.checker.inputs import jsonl_fast
+    from lab.checker.inputs.jsonl import read_jsonl
+    from lab.checker.inputs.schemas import NEMESIS_RECORDS, NEMESIS_SCHEMA, TAP_RECORDS, TAP_SCHEMA
+
+    folder, _ = short_run
+    decode = jsonl_fast.decode_piece
+    outcomes: list[bool] = []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        out = decode(*args, **kwargs)
+        outcomes.append(out is not None)
+        return out
+
+    monkeypatch.setattr(jsonl_fast, "decode_piece", counted)
+    tap = read_jsonl(folder / "proxy" / "tap.jsonl", "tap", TAP_RECORDS, TAP_SCHEMA)
+    nemesis = read_jsonl(folder / "nemesis.jsonl", "nemesis", NEMESIS_RECORDS, NEMESIS_SCHEMA)
+    assert outcomes and all(outcomes), f"{outcomes.count(False)} piece(s) read by the general path"
+    assert len(tap.frames["sent"]) > 0 and tap.notes == [] and nemesis.notes == []

@@ -40,6 +40,12 @@ KNOWN_EXTRA_FIELDS: dict[str, tuple[str, ...]] = {
     "sent": ("retry", "method", tap_forms.SHORT_FORWARD),
     "plan": ("version", "seed", "run_start", "rules"),
     "result": ("index",),
+    # The nemesis log (lab.nemesis.log): every change record has the same fields.
+    **dict.fromkeys(
+        ("proxy_created", "proxy_deleted", "toxic_added", "toxic_removed"),
+        ("listen", "upstream", "toxic", "kind", "stream", "toxicity", "attributes"),
+    ),
+    "toxic_outcome": ("detail",),
 }
 """Fields beyond the contract's that the lab's own writers put in records (read as
 columns when present). A field not listed sends its piece to the general path."""
