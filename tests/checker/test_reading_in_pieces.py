@@ -16,6 +16,7 @@ from lab.checker.inputs.jsonl import LINE, LedgerError, read_jsonl
 from lab.checker.inputs.load import load_run
 from lab.checker.inputs.schemas import TAP_RECORDS, TAP_SCHEMA
 from tests.checker.builders import clean_run
+from tests.helpers.fast_path import fast_path_outcomes
 
 
 def _varied_tap() -> list[dict[str, Any]]:
@@ -101,15 +102,7 @@ def test_the_fast_and_the_general_path_give_the_same_frames(
 ) -> None:
     tap = _write(tmp_path / "tap.jsonl", _varied_tap())
     monkeypatch.setattr(jsonl, "PIECE_BYTES", 4096)
-    decode = jsonl_fast.decode_piece
-    outcomes: list[bool] = []
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        out = decode(*args, **kwargs)
-        outcomes.append(out is not None)
-        return out
-
-    monkeypatch.setattr(jsonl_fast, "decode_piece", counted)
+    outcomes = fast_path_outcomes(monkeypatch)
     mixed = read_jsonl(tap, "tap", TAP_RECORDS, TAP_SCHEMA)
     # Both paths were taken: the unknown type and the unknown field sent their pieces the
     # general way, the others went the fast way.

@@ -13,10 +13,10 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.helpers.fast_path import fast_path_outcomes
 from tests.livesrv import LAB, ROOT
 
 pytestmark = pytest.mark.live
@@ -300,20 +300,11 @@ def test_the_ledgers_the_lab_writes_are_read_on_the_fast_path(
     # Every record type and field the lab's own writers put in the tap and the nemesis log
     # is known to the checker's fast reader (lab.checker.inputs.jsonl_fast): a field it does
     # not know sends its whole piece down the general path, which is right but slower.
-    from lab.checker.inputs import jsonl_fast
     from lab.checker.inputs.jsonl import read_jsonl
     from lab.checker.inputs.schemas import NEMESIS_RECORDS, NEMESIS_SCHEMA, TAP_RECORDS, TAP_SCHEMA
 
     folder, _ = short_run
-    decode = jsonl_fast.decode_piece
-    outcomes: list[bool] = []
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        out = decode(*args, **kwargs)
-        outcomes.append(out is not None)
-        return out
-
-    monkeypatch.setattr(jsonl_fast, "decode_piece", counted)
+    outcomes = fast_path_outcomes(monkeypatch)
     tap = read_jsonl(folder / "proxy" / "tap.jsonl", "tap", TAP_RECORDS, TAP_SCHEMA)
     nemesis = read_jsonl(folder / "nemesis.jsonl", "nemesis", NEMESIS_RECORDS, NEMESIS_SCHEMA)
     assert outcomes and all(outcomes), f"{outcomes.count(False)} piece(s) read by the general path"

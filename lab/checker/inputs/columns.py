@@ -140,14 +140,14 @@ class ColumnParts:
         out: dict[str, pd.Series] = {}
         for name in names:
             pieces = [(n, part.pop(name, None)) for n, part in self._parts]
-            column = _concat(pieces)
+            column = concat_pieces(pieces)
             # The dtype said, or pandas 3 would make text columns its `str` dtype.
             out[name] = pd.Series(column, dtype=column.dtype, copy=False)
         self._parts.clear()
         return pd.DataFrame(out, copy=False)
 
 
-def _concat(pieces: list[tuple[int, np.ndarray | None]]) -> np.ndarray:
+def concat_pieces(pieces: list[tuple[int, np.ndarray | None]]) -> np.ndarray:
     """One column from its pieces, inferred as if it had been read whole: a piece without
     the column, or with only nulls in it, takes the type of the others (NaN beside
     numbers, as pandas infers [1, None] as float64)."""

@@ -114,26 +114,22 @@ class _Reader:
 
     def piece(self, body: bytes) -> None:
         """Whole lines (ending with a newline)."""
-        if self._fast(body):
-            self.line += body.count(b"\n")
-            return
-        objects, first_line = _parse(body, self.rel, self.line)
-        self.records += len(objects)
-        by_type, skipped = _group(objects, self.rel, self.record_fields, self.schema, first_line)
-        del objects
-        self.skipped.update(skipped)
-        for kind, rows in by_type.items():
-            self.parts[kind].add_dicts(rows)
+        if not self._fast(body):
+            objects, first_line = _parse(body, self.rel, self.line)
+            self.records += len(objects)
+            by_type, skipped = _group(objects, self.rel, self.record_fields, self.schema, first_line)
+            del objects
+            self.skipped.update(skipped)
+            for kind, rows in by_type.items():
+                self.parts[kind].add_dicts(rows)
         self.line += body.count(b"\n")
 
     def _fast(self, body: bytes) -> bool:
-        stripped = body.strip()
-        if not stripped:
+        array = _as_array(body, self.line)
+        if array is None:
             return True
-        leading = body[: len(body) - len(body.lstrip())].count(b"\n")
         decoded = jsonl_fast.decode_piece(
-            b"[" + stripped.replace(b"\n", b",") + b"]",
-            self.line + leading,
+            *array,
             self.record_fields,
             self.schema,
             self.schema == TAP_SCHEMA,
@@ -172,19 +168,28 @@ class _Reader:
 def _parse(body: bytes, rel: str, first: int = 1) -> tuple[list[Any], int]:
     """(the records, the line number of the first one when they are not `_Numbered`);
     `first` is the number of the first line of `body` in its file."""
-    stripped = body.strip()
-    if not stripped:
+    array = _as_array(body, first)
+    if array is None:
         return [], first
     try:
-        # JSON strings cannot hold a raw newline, so every newline separates records (a
-        # blank line inside makes ",," and falls back to the line-by-line path).
-        parsed = msgspec.json.decode(b"[" + stripped.replace(b"\n", b",") + b"]")
+        parsed = msgspec.json.decode(array[0])
         if isinstance(parsed, list):
-            leading = body[: len(body) - len(body.lstrip())]
-            return parsed, first + leading.count(b"\n")
+            return parsed, array[1]
     except (msgspec.DecodeError, RecursionError):
         pass  # named line by line, with the standard library's words
     return _parse_lines(body, rel, first), first
+
+
+def _as_array(body: bytes, first: int) -> tuple[bytes, int] | None:
+    """(the lines of `body` as one JSON array, the number of its first record's line);
+    None for blank lines only. `first`: the number of `body`'s first line in its file.
+    JSON strings cannot hold a raw newline, so every newline separates records (a blank
+    line inside makes ",,", which does not parse: such a piece is read line by line)."""
+    stripped = body.strip()
+    if not stripped:
+        return None
+    leading = body[: len(body) - len(body.lstrip())].count(b"\n")
+    return b"[" + stripped.replace(b"\n", b",") + b"]", first + leading
 
 
 def _parse_lines(body: bytes, rel: str, first: int = 1) -> list[Any]:
@@ -238,11 +243,8 @@ def _group(
         obj[LINE] = number
         rows.append(obj)
         if short_forms:
-            if kind == "forwarded":
-                tap_forms.flatten_source(obj)
-            extra = tap_forms.expand(obj)  # a `sent` record that also stands for its `forwarded` one
+            extra = tap_forms.as_read(obj)  # a `sent` record that also stands for its `forwarded` one
             if extra is not None:
                 extra[LINE] = number
-                tap_forms.flatten_source(extra)
                 by_type["forwarded"].append(extra)
     return by_type, skipped

@@ -20,9 +20,10 @@ from typing import Any
 
 import msgspec
 import numpy as np
+import pandas as pd
 
 from lab.checker.inputs import tap_forms
-from lab.checker.inputs.columns import TextPool, column_array
+from lab.checker.inputs.columns import TextPool, column_array, concat_pieces
 
 KNOWN_EXTRA_FIELDS: dict[str, tuple[str, ...]] = {
     "flow": (
@@ -143,7 +144,7 @@ def _short_forms(out: dict[str, dict[str, np.ndarray]], line: str, pool: TextPoo
     if sent is None or tap_forms.SHORT_FORWARD not in sent:
         return
     index = sent.pop(tap_forms.SHORT_FORWARD)
-    short = ~_isnull(index)
+    short = ~pd.isna(index)
     if not short.any():
         return
     n = int(short.sum())
@@ -165,21 +166,9 @@ def _short_forms(out: dict[str, dict[str, np.ndarray]], line: str, pool: TextPoo
     if fwd is None:
         out["forwarded"] = expanded
         return
-    # Rows in line order, as the general path gives them.
+    # Rows in line order, as the general path gives them; each column typed as if read whole.
     order = np.argsort(np.concatenate([fwd[line], expanded[line]]), kind="stable")
-    merged: dict[str, np.ndarray] = {}
-    for name in dict.fromkeys([*fwd, *expanded]):
-        a = fwd.get(name, np.full(len(fwd[line]), None, dtype=object))
-        b = expanded.get(name, np.full(n, None, dtype=object))
-        if a.dtype != b.dtype and not (a.dtype.kind in "iuf" and b.dtype.kind in "iuf"):
-            a, b = a.astype(object), b.astype(object)
-        merged[name] = np.concatenate([a, b])[order]
-    out["forwarded"] = merged
-
-
-def _isnull(values: np.ndarray) -> np.ndarray:
-    if values.dtype.kind == "f":
-        return np.isnan(values)
-    if values.dtype.kind in "iub":
-        return np.zeros(len(values), dtype=bool)
-    return np.fromiter((v is None for v in values.tolist()), dtype=bool, count=len(values))
+    out["forwarded"] = {
+        name: concat_pieces([(len(fwd[line]), fwd.get(name)), (n, expanded.get(name))])[order]
+        for name in dict.fromkeys([*fwd, *expanded])
+    }

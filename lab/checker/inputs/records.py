@@ -135,12 +135,9 @@ def _jsonl(
             if what != "tap":
                 continue
             # As read_jsonl reads them: short forms expanded, `source` in two columns.
-            if row["type"] == "forwarded":
-                tap_forms.flatten_source(row)
-            extra = tap_forms.expand(row)
+            extra = tap_forms.as_read(row)
             if extra is not None:
                 extra[LINE] = number
-                tap_forms.flatten_source(extra)
                 grouped["forwarded"].append(extra)
     frames = {
         kind: _frame(

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from lab.checker.context import Context, split_conn
+from lab.checker.explain import present
 from lab.checker.inputs.jsonl import LINE
 from lab.checker.inputs.load import RunData
 from lab.checker.inputs.phase_specs import PhaseSpec, number, phase_specs
@@ -144,12 +145,12 @@ def _requests(flows: pd.DataFrame) -> dict[object, Request]:
 
 
 def _kind(method: object, rpc: object, tool: object, cursor: object) -> str:
-    method = str(method) if _present(method) else "?"
+    method = str(method) if present(method) else "?"
     if method == "POST":
-        words = [method, *(str(v) for v in (rpc, tool) if _present(v))]
+        words = [method, *(str(v) for v in (rpc, tool) if present(v))]
         return " ".join(words)
     if method == "GET":
-        return "GET resume" if _present(cursor) else "GET"
+        return "GET resume" if present(cursor) else "GET"
     return method
 
 
@@ -169,7 +170,7 @@ def _tap_firings(
         t: object, fault: object, rule: object, decision: object, flow: object, index: object, line: object
     ) -> None:
         client, conn, request, ordinal = requests.get(flow, (None, None, None, None))
-        by = ("event" if _present(index) else "request") if client is not None else "time"
+        by = ("event" if present(index) else "request") if client is not None else "time"
         trigger = Trigger(
             str(fault),
             _text(rule),
@@ -190,7 +191,7 @@ def _tap_firings(
     flows = tap["flow"]
     for flow, t, faults, line in zip(flows["flow"], flows["t"], flows["faults"], _lines(flows), strict=True):
         for f in faults if isinstance(faults, list) else ():
-            if isinstance(f, dict) and _present(f.get("fault")):
+            if isinstance(f, dict) and present(f.get("fault")):
                 add(t, f.get("fault"), f.get("rule"), f.get("decision"), flow, None, line)
     for kind in ("forwarded", "dropped"):
         hit = firings(tap[kind])
@@ -232,17 +233,13 @@ def _since(t: object, started: float | None) -> float | None:
     return None if value is None or started is None else round(value - started, 3)
 
 
-def _present(value: object) -> bool:
-    return value is not None and not (isinstance(value, float) and np.isnan(value))
-
-
 def _int(value: object) -> int | None:
     number_ = number(value)
     return None if number_ is None else int(number_)
 
 
 def _text(value: object) -> str | None:
-    return str(value) if _present(value) else None
+    return str(value) if present(value) else None
 
 
 def _nth(n: int | None) -> str:
