@@ -20,10 +20,12 @@ from mcp_tap import McpTap
 from mitmproxy import ctx, http
 from mitmproxy.addonmanager import Loader
 
+from lab.faults.balance import Balancer
 from lab.faults.events import Armed, EventFaults
 from lab.faults.flows import FlowFaults
 from lab.faults.kinds import base as k
 from lab.faults.memory import Memory
+from lab.faults.pins import Ordinals
 from lab.faults.plan import ActivePlan, Plan, PlanHolder
 from lab.faults.records import METADATA_KEY, plan_error_record, plan_record
 from lab.wire.extensions import LAB_FAULT_HEADER
@@ -37,6 +39,16 @@ OPTIONS = (  # name, default, help; numbers are strings: mitmproxy's --set parse
     ("mcpfaults_admin_url", "", "Expire control URL; empty = the upstream's /lab-admin/expire."),
     ("mcpfaults_admin_timeout", "2", "Seconds a side call (expire control, DELETE) may take."),
     ("mcpfaults_poll", "1", "Seconds between checks of the plan file for changes."),
+    (
+        "mcpfaults_replicas",
+        "",
+        "Comma-separated host:port upstreams to balance over; empty = the one upstream.",
+    ),
+    (
+        "mcpfaults_affinity",
+        "none",
+        "none: round-robin per request; session: a session's requests to its replica.",
+    ),
 )
 
 
@@ -44,6 +56,9 @@ class McpFaults:
     def __init__(self, tap: McpTap) -> None:
         self.tap, tap.layer = tap, self
         self.holder, self.memory, self.env = PlanHolder(), Memory(), k.ProxyEnv()
+        self.ordinals = Ordinals()  # each client's requests by kind, for pinned faults
+        self.balancer: Balancer | None = None
+        """The replicas a request is routed to (`mcpfaults_replicas`); None: the one upstream."""
         self.flows: dict[str, FlowFaults] = {}
         self.clock: Callable[[], float] = time.time
         self.cutter: Callable[[http.HTTPFlow], None] = proxy_io.cut_client_connection
@@ -61,6 +76,8 @@ class McpFaults:
         except ValueError as e:
             raise proxy_io.options_error(str(e)) from None
         self.env, self.run_start, self.plan_file.poll = opts.env, opts.run_start, opts.poll
+        if {"mcpfaults_replicas", "mcpfaults_affinity"} & updated:  # else keep what it learnt
+            self.balancer = Balancer(opts.replicas, opts.affinity) if opts.replicas else None
         if {"mcpfaults_plan", "mcpfaults_run_start"} & updated:
             self.plan_file = proxy_io.PlanFile(opts.path, opts.poll)
             self._activate(opts.plan, str(opts.path) if opts.path else "option")
@@ -98,12 +115,31 @@ class McpFaults:
         ff = self.flows[flow.id] = FlowFaults(self.tap.facts(flow))  # facts: before any rewrite
         flow.metadata[METADATA_KEY] = ff.meta
         answer = ff.on_request(
-            self.holder.active, self.env, flow.request.headers, self.memory, self.tap.redactor.token, now
+            self.holder.active,
+            self.env,
+            flow.request.headers,
+            self.memory,
+            self.tap.redactor.token,
+            now,
+            self.ordinals,
         )
-        if answer is not None:
+        if answer is not None:  # the proxy answers itself: no replica
             flow.response = http.Response.make(answer.status, answer.body, dict(answer.headers))
             flow.response.headers[LAB_FAULT_HEADER] = ff.fault_tag() or ""
+        elif self.balancer is not None:  # replicas off: this one test is all they cost a request
+            self._route(flow, ff, self.balancer)
         self.tap.flush()
+
+    def _route(self, flow: http.HTTPFlow, ff: FlowFaults, balancer: Balancer) -> None:
+        """Send the request to a replica. It routes what goes upstream, after the request
+        faults: a request whose session ID a fault removed is routed as one without."""
+        req = flow.request
+        k = balancer.route(req.headers.get(SESSION_HEADER) if balancer.by_session else None)
+        replica = balancer.replicas[k]
+        # Setting host and port also rewrites the Host header (mitmproxy), as reverse mode
+        # does for its one upstream; mitmproxy opens (or reuses) a connection to it.
+        req.host, req.port = replica.host, replica.port
+        ff.meta["replica"] = k
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         ff, resp = self.flows.get(flow.id), flow.response
@@ -113,8 +149,12 @@ class McpFaults:
         if tag is not None:  # the client may tell the lab's doing from the target's failures
             resp.headers[LAB_FAULT_HEADER] = tag
         sid_out = resp.headers.get(SESSION_HEADER)
-        if sid_out and ff.facts.token:
-            self.memory.remember_token(self.tap.redactor.session(sid_out) or "", ff.facts.token)
+        if sid_out:  # only an initialize's answer carries one: other answers cost no more than before
+            if ff.facts.token:
+                self.memory.remember_token(self.tap.redactor.session(sid_out) or "", ff.facts.token)
+            replica = ff.meta.get("replica")
+            if replica is not None and self.balancer is not None:
+                self.balancer.learn(sid_out, replica)  # this replica holds the session now
         sse = resp.headers.get("content-type", "").lower().startswith("text/event-stream")
         if ff.on_head(resp.status_code, sse) is not None:
             proxy_io.kill(flow)
@@ -163,15 +203,38 @@ class McpFaults:
     def _race(self, flow: http.HTTPFlow, ff: FlowFaults, a: Armed) -> Awaitable[None] | None:
         """A race's side call, then its tap `fault` record (None: it cannot be made)."""
         req = flow.request
-        call = ff.side_call(a, k.Upstream(req.host, req.port, req.path, req.headers), self.env)
+        upstream, replica = k.Upstream(req.host, req.port, req.path, req.headers), None
+        if self.balancer is not None:
+            upstream, replica = self._home_upstream(flow, ff, self.balancer)
+        call = ff.side_call(a, upstream, self.env)
         if call is None:
             return None
 
         async def run() -> None:
-            self.tap.emit(ff.fault_record(a, await self.caller(call), self.clock()))
+            record = ff.fault_record(a, await self.caller(call), self.clock())
+            if replica is not None and (call.host, call.port) == (upstream.host, upstream.port):
+                record["replica"] = replica  # where it went (not to an mcpfaults_admin_url elsewhere)
+            self.tap.emit(record)
             self.tap.flush()
 
         return run()
+
+    @staticmethod
+    def _home_upstream(flow: http.HTTPFlow, ff: FlowFaults, balancer: Balancer) -> tuple[k.Upstream, int]:
+        """The upstream of a side call when balancing, and its replica index.
+
+        A call about a session (kill_session's DELETE, expiry_race's admin call) goes to the
+        session's replica when the balancer knows it, else to the replica that answered
+        the request being raced (it just served the session), else the first replica
+        (`Balancer.home`): ending the session anywhere else would end nothing."""
+        req = flow.request
+        home = balancer.home(ff.facts.session_id, ff.meta.get("replica"))
+        replica = balancer.replicas[home]
+        headers = req.headers
+        if (replica.host, replica.port) != (req.host, req.port):
+            headers = req.headers.copy()  # the call names its own upstream in its Host header
+            headers["host"] = replica.authority
+        return k.Upstream(replica.host, replica.port, req.path, headers), home
 
     def _race_soon(self, flow: http.HTTPFlow, ff: FlowFaults, a: Armed) -> None:
         self._start(self._race(flow, ff, a))

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from mitmproxy import ctx, exceptions, http
 
+from lab.faults.balance import Affinity, Replica, parse_affinity, parse_replicas
 from lab.faults.kinds.base import HttpCall, ProxyEnv
 from lab.faults.plan import EMPTY_PLAN, Plan, parse_plan
 
@@ -71,6 +72,9 @@ class FaultOptions:
     run_start: float
     poll: float
     env: ProxyEnv
+    replicas: tuple[Replica, ...] = ()
+    """The upstreams to balance over (`mcpfaults_replicas`); empty = the one upstream."""
+    affinity: Affinity = "none"
 
 
 def parse_fault_options(o: Mapping[str, str]) -> FaultOptions:
@@ -83,7 +87,9 @@ def parse_fault_options(o: Mapping[str, str]) -> FaultOptions:
     start = parse_seconds("mcpfaults_run_start", o["mcpfaults_run_start"], default=0.0)
     poll = parse_seconds("mcpfaults_poll", o["mcpfaults_poll"], default=1.0, positive=True)
     plan, path = read_plan(o["mcpfaults_plan"])
-    return FaultOptions(plan, path, start, poll, env)
+    replicas = parse_replicas(o.get("mcpfaults_replicas", ""))
+    affinity = parse_affinity(o.get("mcpfaults_affinity", ""))
+    return FaultOptions(plan, path, start, poll, env, replicas, affinity)
 
 
 class PlanFile:

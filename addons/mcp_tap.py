@@ -32,7 +32,7 @@ from mcp_faults_io import (
 from mitmproxy import ctx, http
 from mitmproxy.addonmanager import Loader
 
-from lab.faults.declarations import InitializeWatch, client_declaration
+from lab.faults.declarations import InitializeWatch, ToolsWatch, client_declaration
 from lab.faults.events import EventFaults
 from lab.faults.facts import RequestFacts, bearer_token, read_request
 from lab.faults.pipeline import MessageWatch, Record, SsePipe
@@ -215,9 +215,14 @@ class McpTap:
             resp = flow.response
             sid = resp.headers.get(SESSION_HEADER) if resp is not None else None
             return InitializeWatch(flow.id, self.redactor.session(sid), st.declared)
-        if st.write or (f.session and not body):
-            return ResultWatch(flow.id, f.session, st.write, self.writes)
-        return None
+        inner = (
+            ResultWatch(flow.id, f.session, st.write, self.writes)
+            if st.write or (f.session and not body)
+            else None
+        )
+        if f.rpc.method == "tools/list":  # the tools' annotations: the retry rule's
+            return ToolsWatch(flow.id, f.session, inner)
+        return inner
 
     def _pipe(self, flow: http.HTTPFlow, st: TapFlow) -> SsePipe:
         f = st.facts

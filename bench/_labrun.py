@@ -10,9 +10,11 @@ logs, the nemesis's `proxy_created` record in nemesis.jsonl.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tarfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -50,6 +52,32 @@ def export_tree(rev: str, into: Path, *paths: str) -> Path:
     with tarfile.open(into / "tree.tar") as t:
         t.extractall(into, filter="data")
     return into
+
+
+def export_lab(rev: str, into: Path) -> Path:
+    """REV's lab/, dashboards/ (its report's template: REV's report code with this tree's
+    template failed) and addons/ (as the data package `lab_addons`) under `into`: put
+    first on a run's PYTHONPATH, every part the run starts runs REV's code."""
+    export_tree(rev, into, "lab", "dashboards", "addons")
+    (into / "addons").rename(into / "lab_addons")
+    return into
+
+
+def run_in_tree(scenario: Path, out: Path, tree: Path | None = None) -> tuple[Path, float, float]:
+    """`lab run SCENARIO --out OUT` to its end, by this tree or, given `tree`
+    (`export_lab`), by that tree's code (first on every part's PYTHONPATH): the run
+    folder, and when the run was launched and when it ended (epoch seconds). SystemExit
+    if it wrote no report."""
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    launched = time.time()
+    code = start_run(scenario, out, env=env).wait()
+    ended = time.time()
+    folder = run_folder(out)
+    if folder is None or not (folder / "report.json").is_file():
+        raise SystemExit(f"lab run exited {code} without a report under {out}")
+    return folder, launched, ended
 
 
 def run_folder(out: Path) -> Path | None:

@@ -33,17 +33,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import subprocess
 import sys
 import tempfile
-import time
 from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _labrun import ROOT, export_tree, run_folder, start_run
+from _labrun import ROOT, export_lab, run_in_tree
 
 GROUPS = (
     ("clients", ("worker-", "master")),
@@ -154,27 +152,9 @@ def write_variants(text: str, tmp: Path, prefix: str) -> dict[str, Path]:
     return variants
 
 
-def export_lab(rev: str, into: Path) -> Path:
-    """REV's lab/, dashboards/ (its report's template: REV's report code with this tree's
-    template failed) and addons/ (as the data package `lab_addons`) under `into`."""
-    export_tree(rev, into, "lab", "dashboards", "addons")
-    (into / "addons").rename(into / "lab_addons")
-    return into
-
-
 def run_one(scenario: Path, tmp: Path, name: str, tree: Path | None = None) -> tuple[Path, float]:
-    out = tmp / f"results-{name}"
-    env = None
-    if tree is not None:
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    t0 = time.monotonic()
-    code = start_run(scenario, out, env=env).wait()
-    wall = time.monotonic() - t0
-    folder = run_folder(out)
-    if folder is None or not (folder / "report.json").is_file():
-        raise SystemExit(f"lab run exited {code} without a report under {out}")
-    return folder, wall
+    folder, launched, ended = run_in_tree(scenario, tmp / f"results-{name}", tree)
+    return folder, ended - launched
 
 
 def main() -> None:

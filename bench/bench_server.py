@@ -2,6 +2,7 @@
 
     python bench/bench_server.py [--clients 200] [--events 500] [--hold 2000]
     python bench/bench_server.py --before REV [--clients 50] [--events 1000] [--rounds 5]
+    python bench/bench_server.py --store [--clients 50] [--events 1000] [--rounds 5]
 
 Both servers run as processes of their own under uvicorn (uvloop, httptools) on
 127.0.0.1; one load client (raw asyncio sockets, bench/sse_load.py) drives each in turn:
@@ -15,6 +16,10 @@ REV's (its `lab/` taken out with `git archive`, first on the server's PYTHONPATH
 writing their ledgers, each round driving each with the same throughput load, alternated;
 CPU is the server process's own (utime + stime from /proc, threads included) over the
 load, divided by the events the load client received. Medians of the rounds.
+
+With `--store`: the same figure for this tree's server in memory and with `--store FILE`
+(lab/server/store.py: sessions, streams and every event kept for a restart), side by side
+in one run.
 """
 
 from __future__ import annotations
@@ -84,34 +89,60 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_rounds(
+    servers: dict[str, tuple[list[str], Path | None]], clients: int, events: int, rounds: int
+) -> dict[str, list[float]]:
+    """Each server's CPU per event (µs) in each round: each round drives every server in
+    turn with the same throughput load."""
+    started = {name: start(argv, "lab-serve listening on ", tree) for name, (argv, tree) in servers.items()}
+    load_args: dict[str, object] = {"count": events, "interval_ms": 0}
+    per: dict[str, list[float]] = {name: [] for name in servers}
+    try:
+        for _ in range(rounds):
+            for name, (proc, url) in started.items():
+                spent = cpu_seconds(proc.pid)
+                r = load(url, clients, load_args)
+                time.sleep(0.2)  # the ledger's (and the store's) last batch
+                per[name].append((cpu_seconds(proc.pid) - spent) / max(1, r.events) * 1e6)
+    finally:
+        for proc, _ in started.values():
+            stop(proc)
+    return per
+
+
+def print_rounds(per: dict[str, list[float]], labels: dict[str, str]) -> None:
+    base = statistics.median(next(iter(per.values())))
+    for name, values in per.items():
+        m = statistics.median(values)
+        rounds_txt = ", ".join(f"{v:.1f}" for v in values)
+        print(f"  {labels[name]:<24} {m:7.1f} µs ({m / base:.2f})   rounds: {rounds_txt}")
+
+
 def cpu_per_event(rev: str, clients: int, events: int, rounds: int) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench-server-"))
     before = export_tree(rev, tmp / "before", "lab")
-    servers = {}
-    for name, tree in (("before", before), ("after", None)):
-        # The `lab` script, not `python -c`: a -c program has the work tree (its cwd) first
-        # on sys.path, ahead of REV's tree on PYTHONPATH.
-        argv = [LAB, "serve", "--port", "0", "--ledger", str(tmp / f"{name}.sqlite")]
-        servers[name] = start(argv, "lab-serve listening on ", tree)
-    load_args: dict[str, object] = {"count": events, "interval_ms": 0}
-    per: dict[str, list[float]] = {"before": [], "after": []}
-    try:
-        for _ in range(rounds):
-            for name, (proc, url) in servers.items():
-                spent = cpu_seconds(proc.pid)
-                r = load(url, clients, load_args)
-                time.sleep(0.2)  # the ledger's last batch
-                per[name].append((cpu_seconds(proc.pid) - spent) / max(1, r.events) * 1e6)
-    finally:
-        for proc, _ in servers.values():
-            stop(proc)
+    # The `lab` script, not `python -c`: a -c program has the work tree (its cwd) first
+    # on sys.path, ahead of REV's tree on PYTHONPATH.
+    servers = {
+        name: ([LAB, "serve", "--port", "0", "--ledger", str(tmp / f"{name}.sqlite")], tree)
+        for name, tree in (("before", before), ("after", None))
+    }
+    per = cpu_rounds(servers, clients, events, rounds)
     print(f"reference server CPU per event: {clients} streams x {events} events, {rounds} rounds, ledger on")
-    b = statistics.median(per["before"])
-    for name in ("before", "after"):
-        m = statistics.median(per[name])
-        label = f"{name} ({rev})" if name == "before" else f"{name} (this tree)"
-        rounds_txt = ", ".join(f"{v:.1f}" for v in per[name])
-        print(f"  {label:<24} {m:7.1f} µs ({m / b:.2f})   rounds: {rounds_txt}")
+    print_rounds(per, {"before": f"before ({rev})", "after": "after (this tree)"})
+
+
+def cpu_per_event_store(clients: int, events: int, rounds: int) -> None:
+    """This tree's server without and with `--store`, both writing their ledgers."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench-server-"))
+    memory = [LAB, "serve", "--port", "0", "--ledger", str(tmp / "memory-ledger.sqlite")]
+    stored = [LAB, "serve", "--port", "0", "--ledger", str(tmp / "store-ledger.sqlite")]
+    stored += ["--store", str(tmp / "store.sqlite")]
+    per = cpu_rounds({"memory": (memory, None), "store": (stored, None)}, clients, events, rounds)
+    print(f"reference server CPU per event: {clients} streams x {events} events, {rounds} rounds, ledger on")
+    print_rounds(per, {"memory": "in memory", "store": "with --store"})
+    size = sum(p.stat().st_size for p in tmp.glob("store.sqlite*"))
+    print(f"  store file at the end: {size / 1e6:.1f} MB (sessions stay until they expire)")
 
 
 def main() -> None:
@@ -120,10 +151,14 @@ def main() -> None:
     ap.add_argument("--events", type=int, default=500)
     ap.add_argument("--hold", type=int, default=2000)
     ap.add_argument("--before", metavar="REV", help="CPU per event, this tree against REV's server")
+    ap.add_argument("--store", action="store_true", help="CPU per event, in memory and with --store")
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
     if a.before:
         cpu_per_event(a.before, a.clients, a.events, a.rounds)
+        return
+    if a.store:
+        cpu_per_event_store(a.clients, a.events, a.rounds)
         return
     fast: dict[str, object] = {"count": a.events, "interval_ms": 0}
     tmp = Path(tempfile.mkdtemp(prefix="bench-server-"))

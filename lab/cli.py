@@ -92,6 +92,8 @@ SUBCOMMAND_MODULES: list[str] = [
     "lab.run.cli",
     "lab.report.cli",
     "lab.selftest.cli",
+    "lab.replay.cli",
+    "lab.replay.shrink_cli",
 ]
 """Modules with a `register(subparsers)` function adding their subcommand. They must not
 import anything heavy at module level (the work happens in the function they register)."""

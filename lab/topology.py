@@ -122,11 +122,15 @@ def file_probe(path: str) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- the parts
 
 
-def server(site: Site, run_dir: str, settings: Sequence[str]) -> Part:
-    """The reference server. `settings`: its options (a `--config FILE`, or flags)."""
+def server(
+    site: Site, run_dir: str, settings: Sequence[str], *, name: str = "server", ledger: bool = True
+) -> Part:
+    """The reference server. `settings`: its options (a `--config FILE`, or flags).
+    `ledger`: False for replicas each with a state of their own (one ledger file is one
+    server's account; the wire is the truth then)."""
     port = site.ports["server"]
     return Part(
-        name="server",
+        name=name,
         argv=(
             site.program("lab"),
             "serve",
@@ -134,8 +138,7 @@ def server(site: Site, run_dir: str, settings: Sequence[str]) -> Part:
             site.bind,
             "--port",
             str(port),
-            "--ledger",
-            f"{run_dir}/server/ledger.sqlite",
+            *(("--ledger", f"{run_dir}/server/ledger.sqlite") if ledger else ()),
             *settings,
         ),
         ready_line=SERVE_READY,

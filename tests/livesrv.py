@@ -73,3 +73,22 @@ def reference_server(tmp: Path, *args: str, ledger: bool = True) -> Iterator[Liv
         yield LiveProcess(proc, url, log)
     finally:
         stop(proc)
+
+
+def run_scenario(
+    tmp: Path, name: str, text: str, *extra: str, timeout: float = 150
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`lab run` of the scenario `text` (written as `<tmp>/<name>.toml`), quiet and without
+    figures, into `<tmp>/runs-<name>`: what it printed, and its one run folder."""
+    path = tmp / f"{name}.toml"
+    path.write_text(text)
+    out = tmp / f"runs-{name}"
+    done = subprocess.run(
+        [LAB, "run", str(path), "--out", str(out), "--quiet", "--no-figures", *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    (folder,) = [p for p in out.iterdir() if p.is_dir()]
+    return done, folder

@@ -25,6 +25,8 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"lab.report"}),
     frozenset({"lab.topology"}),
     frozenset({"lab.run", "lab.selftest"}),
+    # Runs again what a run did (lab.run), from what the checker read of it.
+    frozenset({"lab.replay"}),
     frozenset({"lab.cli"}),
 )
 ROOT_PACKAGE = "lab"

@@ -45,6 +45,7 @@ from lab.checker.timeline.capacity import Step as CapacityStep
 from lab.checker.timeline.capacity import step_misses
 from lab.checker.timeline.capacity import steps as capacity_steps
 from lab.checker.timeline.phases import measure_frames
+from lab.checker.timeline.restarts import records as restart_records
 from lab.checker.truth.fault_outcomes import section_of as fault_outcomes_of
 from lab.checker.truth.faults import configured_faults, count_faults
 from lab.checker.truth.liveness import active_clients
@@ -91,6 +92,7 @@ __all__ = [
     "parse_budgets",
     "per_second",
     "phase_specs",
+    "restart_records",
     "run_data_from_records",
     "saturation_phrases",
     "short_reason",

@@ -59,13 +59,16 @@ class Attribution(enum.StrEnum):
     client: the client did it, or failed to reject what a proxy fault showed it;
     proxy_fault_rejected: a proxy fault the client correctly rejected (counted, never a
         violation);
-    unattributed: the ledgers do not say whose it is (e.g. a slow recovery).
+    unattributed: the ledgers do not say whose it is (e.g. a slow recovery);
+    topology: the deployment in front of the server (a balancer's routing over replicas),
+        not the server's rules nor the client.
     """
 
     SERVER = "server"
     CLIENT = "client"
     PROXY_FAULT_REJECTED = "proxy_fault_rejected"
     UNATTRIBUTED = "unattributed"
+    TOPOLOGY = "topology"
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from lab.client._model import Call, Conn
 from lab.client._reconnector import EndPath, Handler, Kind, Loss, Reconnector, Target
 from lab.client._states import State, Trigger
 from lab.client._stream_table import StreamTable
+from lab.client._tools import ToolHints
 from lab.wire import jsonrpc
 from lab.wire.client_ledger import OperationRecord
 from lab.wire.errors import LocalProtocolError
@@ -40,7 +41,7 @@ class Calling:
     `StreamTable`; what comes on them is `Streaming`'s (which is above, and ends a call
     here with `finish` or `lost`)."""
 
-    __slots__ = ("config", "http", "reconnector", "state", "table")
+    __slots__ = ("config", "http", "reconnector", "state", "table", "tools")
 
     def __init__(
         self,
@@ -50,8 +51,10 @@ class Calling:
         http: Connections,
         reconnector: Reconnector,
         table: StreamTable,
+        tools: ToolHints,
     ) -> None:
         self.state = state
+        self.tools = tools
         self.config = config
         self.http = http
         self.reconnector = reconnector
@@ -163,6 +166,14 @@ class Calling:
         call = c.calls[loss.name]
         if call.done or c.leave_requested or c.stopped:
             loss.at = None
+            return False
+        if self.config.retry_rule and not self.tools.may_resend(call.handle.tool, loss.cause):
+            # The retry rule: the call may have run and the server did not say a repeat is
+            # safe: its outcome is reported unknown, not re-sent.
+            loss.at = None
+            self.finish(
+                call, CallOutcome.UNKNOWN, now, reason=f"not_resent_{loss.cause}", path=EndPath.ABANDONED
+            )
             return False
         if c.session.state is not State.SESSION_ACTIVE:
             loss.at = None  # sent by the next handshake, still the same recovery

@@ -46,6 +46,9 @@ class ClientState:
     """Where every part puts its commands, records and notices during one public call."""
     next_request: int = 1
     """The next JSON-RPC request ID (a per-client counter, as real clients use)."""
+    resend_safe: frozenset[str] | None = None
+    """The tools the server said may be re-sent after an unknown outcome (`_tools.py`);
+    None until its `tools/list` answer came."""
 
     @property
     def session_pseudonym(self) -> str | None:

@@ -29,6 +29,7 @@ class Purpose(enum.StrEnum):
     RESUME = "resume"
     CANCEL = "cancel"
     DELETE = "delete"
+    TOOLS_LIST = "tools_list"
 
 
 type Headers = tuple[tuple[str, str], ...]

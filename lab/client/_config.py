@@ -44,6 +44,12 @@ class ClientConfig:
     checks: frozenset[Check] = ALL_CHECKS
     """Acceptance checks; only tests switch some off to show what they stop."""
     client_name: str = "mcp-lab-client"
+    retry_rule: bool = False
+    """Re-send a call whose outcome is unknown only if the server said it is safe (the
+    tool annotated read-only or idempotent, or the server honouring its idempotency key:
+    `_tools.py`, which lists the tools once); else end it UNKNOWN. Off, every such call is
+    re-sent with its key (the core alone, as its unit tests drive it); the lab's load
+    turns it on."""
 
     def __post_init__(self) -> None:
         revision(self.protocol_version)  # KeyError naming what is supported

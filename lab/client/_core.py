@@ -29,6 +29,7 @@ no circle (tests/client/test_parts.py walks them):
                    only place Recovery rows are built; each kind's `Handler` comes from
                    the part that owns what it reconnects (`reconnect_handlers` below)
     _stream_table  StreamTable: streams made, their connections closed, silence deadlines
+    _tools         ToolHints: the server's tools/list, what may be re-sent (the retry rule)
     _calls         Calling: tool calls, their attempts and their one outcome
     _streams       Streaming: the one door, losses, resumption, the standalone stream
     _leaving       Leaving: DELETE and stopping
@@ -57,6 +58,7 @@ from lab.client._reconnector import Handler, Kind, Reconnector, Target
 from lab.client._states import State
 from lab.client._stream_table import StreamTable
 from lab.client._streams import Streaming
+from lab.client._tools import ToolHints
 from lab.wire import jsonrpc
 from lab.wire.errors import LocalProtocolError
 from lab.wire.redact import Redactor
@@ -90,7 +92,8 @@ class ClientCore:
             s, config, budget=budget, rng=rng, handlers=self.reconnect_handlers
         )
         self.table = table = StreamTable(s, http)
-        self.calling = calling = Calling(s, config, http=http, reconnector=rc, table=table)
+        self.tools = tools = ToolHints(s, http)
+        self.calling = calling = Calling(s, config, http=http, reconnector=rc, table=table, tools=tools)
         self.streaming = streaming = Streaming(
             s, config, inbox=inbox, http=http, reconnector=rc, table=table, calling=calling
         )
@@ -104,6 +107,7 @@ class ClientCore:
             calling=calling,
             streaming=streaming,
             leaving=leaving,
+            tools=tools,
         )
 
     # ------------------------------------------------------------------ what the application does
@@ -243,6 +247,8 @@ class ClientCore:
             self.streaming.resume_head(conn, now)
         elif conn.purpose is Purpose.DELETE:
             self.leaving.delete_head(conn, now)
+        elif conn.purpose is Purpose.TOOLS_LIST:
+            self.tools.head(conn, now)
         else:  # initialized / cancel notifications: 202 expected, nothing to do
             self.http.end(conn, now, "")
         return self.fx.take()
@@ -264,6 +270,8 @@ class ClientCore:
                 break
             if conn.purpose is Purpose.INITIALIZE:
                 self.handshake.event(conn, ev, now)  # no session yet: not the session's door
+            elif conn.purpose is Purpose.TOOLS_LIST:
+                self.tools.event(conn, ev, now)  # the client's own question, not a call's stream
             else:
                 self.streaming.on_event(conn, ev, now)
         if conn.decoder.pending_chars > limit and conn_id in self.http.live:
@@ -291,6 +299,8 @@ class ClientCore:
             self.handshake.body(conn, now)
         elif conn.purpose is Purpose.CALL and conn.status == 200:
             self.streaming.json_body(conn, now)
+        elif conn.purpose is Purpose.TOOLS_LIST:
+            self.tools.body(conn, now)
         else:
             self.http.end(conn, now, "")
         return self.fx.take()
@@ -316,6 +326,8 @@ class ClientCore:
         elif conn.purpose is Purpose.DELETE:
             self.http.over(conn, now, cause)
             self.leaving.unanswered(now, cause)
+        elif conn.purpose is Purpose.TOOLS_LIST:
+            self.http.over(conn, now, cause)  # not told: nothing is safe to re-send
         else:
             self.streaming.connection_over(conn, now, cause)
 

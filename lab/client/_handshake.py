@@ -30,6 +30,7 @@ from lab.client._reconnector import EndPath, Handler, Kind, Loss, Reconnector, T
 from lab.client._states import State, Trigger
 from lab.client._stream_table import StreamTable
 from lab.client._streams import Streaming
+from lab.client._tools import ToolHints
 from lab.wire import jsonrpc
 from lab.wire.client_ledger import SessionEvent
 from lab.wire.errors import LocalProtocolError, RemoteProtocolError
@@ -54,6 +55,7 @@ class Handshake:
         "state",
         "streaming",
         "table",
+        "tools",
     )
 
     def __init__(
@@ -67,6 +69,7 @@ class Handshake:
         calling: Calling,
         streaming: Streaming,
         leaving: Leaving,
+        tools: ToolHints,
     ) -> None:
         self.state = state
         self.config = config
@@ -76,6 +79,7 @@ class Handshake:
         self.calling = calling
         self.streaming = streaming
         self.leaving = leaving
+        self.tools = tools
         self.pending_session_id: str | None = None
         """The session ID of the initialize response in progress, until its result is read."""
 
@@ -157,6 +161,8 @@ class Handshake:
         c.session_event("established", now, version=c.protocol_version)
         c.fx.notices.append(SessionEstablished(c.generation, c.protocol_version, now))
         self.http.open(Purpose.INITIALIZED, "POST", now, body=jsonrpc.notification(jsonrpc.INITIALIZED))
+        if self.config.retry_rule:
+            self.tools.send(now)  # once per client: what may be re-sent after an unknown outcome
         if self.config.open_standalone_stream and not c.leave_requested:
             self.streaming.open_standalone(now)
         for call in c.calls.values():

@@ -54,14 +54,17 @@ connection, its GET stream (bench/bench_worker_capacity.py)."""
 
 
 def default_client(
-    verify: ssl.SSLContext | bool = True, pool: int = 32, keepalive: float = KEEPALIVE_S
+    verify: ssl.SSLContext | bool = True,
+    pool: int = 32,
+    keepalive: float = KEEPALIVE_S,
+    read_timeout: float = READ_IDLE_TIMEOUT,
 ) -> httpx.Client:
     """One client's HTTP pool: small (httpcore scans its pool on every request, so one pool
     shared by thousands of open streams would make each request cost more); pass one TLS
     context shared by the process as `verify`, building one per client is slow."""
     return httpx.Client(
         verify=verify,
-        timeout=httpx.Timeout(connect=5.0, read=READ_IDLE_TIMEOUT, write=10.0, pool=60.0),
+        timeout=httpx.Timeout(connect=5.0, read=read_timeout, write=10.0, pool=60.0),
         limits=httpx.Limits(max_connections=pool, max_keepalive_connections=4, keepalive_expiry=keepalive),
     )
 

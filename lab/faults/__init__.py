@@ -17,5 +17,6 @@ Modules:
     records    the tap's flow-level records
     facts      what a request says; checks: typed reads that name every problem
     docs       docs/faults.md's generated sections (`python -m lab.faults.docs --check`)
+    balance    the proxy as a load balancer: which replica gets a request
     launch     the mitmdump command line
 """

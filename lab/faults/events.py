@@ -5,7 +5,8 @@ per event the server sent, it returns None (forward it untouched: almost always)
 `EventOutcome` (copies to forward first, a new ID, a drop or a cut), each effect with the
 fault that caused it. It runs two sorts of hooks, in the kinds' `event_order`:
 - event-level rules of the active plan that match the flow, sampled per event index
-  (`Decider.sampler`; a plan change takes effect from the next event);
+  (`Decider.sampler`; a plan change takes effect from the next event), or, for a rule
+  pinned to triggers (`lab.faults.pins`), at the indexes its pins give this request;
 - flow-level kinds armed when the request passed (drop the priming event, lose the
   response, race the session's end), until they say they are done.
 It also feeds the proxy's `Memory` with the events it forwarded, when the plan needs it.
@@ -23,6 +24,7 @@ from lab.faults.facts import RequestFacts
 from lab.faults.kinds import FaultKind, Need
 from lab.faults.kinds.base import EventScope, Fired
 from lab.faults.memory import Memory, Remembered
+from lab.faults.pins import FixedIndexes, Place
 from lab.faults.plan import PlanHolder, Rule
 from lab.wire.sse import SseEvent
 
@@ -58,8 +60,9 @@ class EventOutcome:
 class _Hook:
     kind: FaultKind[Any]
     rule: Rule
-    sampler: EventSampler | None
-    """An event-level rule's sampler; None for an armed flow-level kind."""
+    sampler: EventSampler | FixedIndexes | None
+    """An event-level rule's sampler (its pins' indexes, if pinned); None for an armed
+    flow-level kind."""
     armed: Armed | None = None
     message_only: bool = False
 
@@ -84,6 +87,7 @@ class EventFaults:
         "armed",
         "facts",
         "on_race",
+        "place",
     )
 
     def __init__(
@@ -95,8 +99,11 @@ class EventFaults:
         *,
         last_event_id: str | None = None,
         on_race: Callable[[Armed], None] | None = None,
+        place: Place | None = None,
     ) -> None:
         self.facts = facts
+        self.place = place
+        """The request's place among its client's requests (pinned rules need it)."""
         self._holder = holder
         self._memory = memory
         self.armed = [a for a in armed if _has_event_hook(a.kind)]
@@ -104,7 +111,7 @@ class EventFaults:
         """Called when an armed race's moment comes (the response passes): start its side call."""
         self._version = -1
         self._hooks: list[_Hook] = []
-        self._samplers: list[EventSampler] = []
+        self._samplers: list[EventSampler | FixedIndexes] = []
         self._next_hit = 0
         """No event-level rule fires before this index (most events skip the rules)."""
         self._queues: dict[str, deque[Remembered]] = {}
@@ -136,16 +143,11 @@ class EventFaults:
         active = self._holder.active
         if active.version != self._version:
             self._version = active.version
-            target, key = self.facts.target, self.facts.key
+            target = self.facts.target
             hooks = [
-                _Hook(
-                    r.spec,
-                    r,
-                    active.decider.sampler(r.id, r.rate, key),
-                    message_only=Need.MEMORY in r.spec.needs,
-                )
+                _Hook(r.spec, r, sampler, message_only=Need.MEMORY in r.spec.needs)
                 for r in active.event_rules
-                if r.match.matches(target)
+                if r.match.matches(target) and (sampler := self._sampler(r)) is not None
             ]
             self._samplers = [h.sampler for h in hooks if h.sampler is not None]
             hooks += [_Hook(a.kind, a.rule, None, a) for a in self.armed]
@@ -153,6 +155,15 @@ class EventFaults:
             self._hooks = hooks
             self._next_hit = 0
         return self._hooks
+
+    def _sampler(self, rule: Rule) -> EventSampler | FixedIndexes | None:
+        """Where `rule` may fire on this flow: its sampler, or its pins' indexes for this
+        request (None: a pinned rule with no pin here)."""
+        active = self._holder.active
+        if not rule.pins:
+            return active.decider.sampler(rule.id, rule.rate, self.facts.key)
+        indexes = active.pins_by_rule[rule.id].get(self.place) if self.place is not None else None
+        return FixedIndexes(indexes) if indexes else None
 
     def __call__(
         self, index: int, ev: SseEvent, stream_id: str | None, digest: str, now: float
@@ -178,8 +189,10 @@ class EventFaults:
                     if not kind.event_applies(index, h.rule.params):
                         continue
                     assert h.sampler is not None
-                    if not h.sampler.hits(index) or h.rule.probability(since) <= 0.0:
+                    if not h.sampler.hits(index):
                         continue
+                    if not h.rule.pins and h.rule.probability(since) <= 0.0:
+                        continue  # (a pinned rule fires at its pins, whatever its window)
                     d = active.decider.draw(h.rule.id, f"{self.facts.key}#{index}")
                     fired = Fired(kind.name, h.rule.id, d.id)
                 if scope is None:

@@ -26,11 +26,12 @@ from lab.faults.kinds.base import (
     Upstream,
 )
 from lab.faults.memory import Memory
+from lab.faults.pins import Ordinals, Place
 from lab.faults.plan import ActivePlan, PlanHolder
 
 
 class FlowFaults:
-    __slots__ = ("armed", "events", "facts", "faults", "meta")
+    __slots__ = ("armed", "events", "facts", "faults", "meta", "place")
 
     def __init__(self, facts: RequestFacts) -> None:
         self.facts = facts
@@ -38,6 +39,8 @@ class FlowFaults:
         """The request and response faults applied (the tap's `flow.faults`)."""
         self.armed: list[Armed] = []
         self.events: EventFaults | None = None
+        self.place: Place | None = None
+        """Where the request stands among its client's requests, when the plan has pins."""
         self.meta: dict[str, Any] = {
             "key": facts.key,
             "stream": facts.stream,
@@ -53,15 +56,19 @@ class FlowFaults:
         memory: Memory,
         token_name: Callable[[str | None], str | None],
         now: float,
+        ordinals: Ordinals | None = None,
     ) -> Answer | None:
         """Try every flow-level rule on the request (changing `headers`); an answer of the
-        proxy's own ends it (a storm answers alone)."""
+        proxy's own ends it (a storm answers alone). `ordinals` counts the requests for
+        pinned rules (the proxy's one counter)."""
         facts = self.facts
+        if active.pinned and ordinals is not None:
+            self.place = ordinals.place(facts)
         for rule in active.flow_rules:
             kind = rule.spec
             if not rule.match.matches(facts.target) or not kind.applies(facts, env):
                 continue
-            d = active.decide(rule, facts.key, now)
+            d = active.decide(rule, facts.key, now, self.place)
             if d is None:
                 continue
             fired = Fired(kind.name, rule.id, d.id)
@@ -99,7 +106,13 @@ class FlowFaults:
     ) -> EventFaults:
         """The event faults of an SSE answer (the tap's pipe runs them on every event)."""
         self.events = EventFaults(
-            self.facts, holder, memory, self.armed, last_event_id=last_event_id, on_race=on_race
+            self.facts,
+            holder,
+            memory,
+            self.armed,
+            last_event_id=last_event_id,
+            on_race=on_race,
+            place=self.place,
         )
         return self.events
 

@@ -9,7 +9,9 @@ answers the addon makes itself (storms) open no upstream connection.
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from lab.resources import addon_dir
 
@@ -42,6 +44,15 @@ def mitmdump_argv(
     for name, value in (options or {}).items():
         argv += ["--set", f"{name}={value}"]
     return argv
+
+
+def balancer_options(upstreams: Sequence[str], affinity: str = "none") -> dict[str, str]:
+    """The fault addon's options that make the proxy a balancer over `upstreams` (their
+    `http://host:port` URLs; lab.faults.balance): `affinity` none or session. Give the first
+    as `mitmdump_argv`'s upstream too: reverse mode needs one, and the addon routes every
+    request it forwards anyway."""
+    authorities = [urlsplit(u).netloc or u for u in upstreams]
+    return {"mcpfaults_replicas": ",".join(authorities), "mcpfaults_affinity": affinity}
 
 
 def ready_prefix(script: Path = FAULT_ADDON) -> str:

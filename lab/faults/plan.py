@@ -20,6 +20,9 @@ A plan is JSON (schema `mcpLabFaultPlan.v1`). `lab run` writes it from the scena
   resume = GET with it).
 - `params` are per kind (each kind's `params_type` in `lab.faults.kinds`); every one has a
   default.
+- `at` (optional) pins the rule to logical triggers (`lab.faults.pins`): a list of
+  `{"client", "request", "ordinal"[, "attempt"][, "event"]}`; the rule then fires there
+  and nowhere else, whatever its rate (which may be left out) and window.
 
 What each kind is and does lives in its plug-in (`lab.faults.kinds`); how decisions are
 derived from the seed in `lab.faults.decisions`.
@@ -40,6 +43,7 @@ from lab.faults.decisions import Decider, Decision, Window
 from lab.faults.facts import Target
 from lab.faults.kinds import NAMES, REGISTRY, FaultKind, Need, Unit, kind_of
 from lab.faults.kinds.base import NoParams
+from lab.faults.pins import Pin, Place
 
 PLAN_SCHEMA: Final = "mcpLabFaultPlan.v1"
 HTTP_METHODS: Final = ("POST", "GET", "DELETE")
@@ -89,6 +93,8 @@ class Rule:
     match: Match = field(default_factory=Match)
     params: Any = field(default_factory=NoParams)
     """An instance of the kind's `params_type`."""
+    pins: tuple[Pin, ...] = ()
+    """Where it fires, if pinned (`lab.faults.pins`): then only there, rate and window aside."""
 
     @property
     def spec(self) -> FaultKind[Any]:
@@ -113,6 +119,7 @@ class Rule:
             "window": None if self.window is None else self.window.to_dict(),
             "match": self.match.to_dict(),
             "params": asdict(self.params),
+            **({"at": [p.to_dict() for p in self.pins]} if self.pins else {}),
         }
 
 
@@ -169,9 +176,10 @@ def read_rule(
     rule_id = f.string(
         "id", f"{raw_kind}#{index}", pattern=_RULE_ID, what="an ID of letters, digits and _.#:/- (1..64)"
     )
-    if not f.has("rate"):
-        f.problem("rate", "required: a number in 0..1 (probability per flow or per event)")
-    rate = f.rate("rate", 0.0)
+    pins = read_pins(f, kind)
+    if not f.has("rate") and not pins:
+        f.problem("rate", "required: a number in 0..1 (probability per flow or per event), or `at`")
+    rate = f.rate("rate", 1.0 if pins else 0.0)
     if f.has("window"):
         window = read_window(f.table("window"))
     match = read_match(f.table("match"))
@@ -180,7 +188,37 @@ def read_rule(
     if kind is None:
         return None
     params = kind.read_params(params_table, window, rate)
-    return Rule(rule_id, kind.name, rate, window, match, params)
+    return Rule(rule_id, kind.name, rate, window, match, params, pins)
+
+
+def read_pins(f: Fields, kind: FaultKind[Any] | None) -> tuple[Pin, ...]:
+    """The rule's `at` list (lab.faults.pins); an event-level kind's pins need `event`, a
+    flow-level kind's must not have one."""
+    pins: list[Pin] = []
+    tables = f.tables("at")  # (once: each read reports a wrong type again)
+    if f.has("at") and not tables:
+        f.problem("at", "expected a non-empty list of {client, request, ordinal[, attempt][, event]} tables")
+    for pf in tables:
+        client = pf.string("client", "", what="a client ID (x-lab-conn before its last ':')")
+        request = pf.string(
+            "request", "", what="a request kind like 'POST tools/call ticker' or 'GET resume'"
+        )
+        for name, value in (("client", client), ("request", request)):
+            if not value and not pf.has(name):
+                pf.problem(name, "required")
+        if not pf.has("ordinal"):
+            pf.problem("ordinal", "required: an integer >= 1")
+        ordinal = pf.integer("ordinal", 1, lo=1)
+        attempt = pf.integer("attempt", 1, lo=1)
+        event = pf.optional_integer("event", lo=0)
+        pf.done()
+        if kind is not None and kind.unit is Unit.EVENT and event is None:
+            pf.problem("event", f"required: {kind.name} fires on an event (its index in the stream, >= 0)")
+        elif kind is not None and kind.unit is not Unit.EVENT and event is not None:
+            pf.problem("event", f"{kind.name} fires on a request, not on an event: leave `event` out")
+            event = None
+        pins.append(Pin(client, request, ordinal, event, attempt))
+    return tuple(pins)
 
 
 def contradictions(rules: Sequence[Rule], keys: Sequence[str]) -> list[Issue]:
@@ -197,8 +235,8 @@ def contradictions(rules: Sequence[Rule], keys: Sequence[str]) -> list[Issue]:
         seen.setdefault(r.id, j)
         for i in range(j):
             q = rules[i]
-            if q.kind != r.kind or q.match != r.match:
-                continue
+            if q.kind != r.kind or q.match != r.match or (q.pins and r.pins):
+                continue  # (pins name exact triggers: two pinned rules fire at their union)
             if (q.window or Window()).overlaps(r.window or Window()):
                 out.append(
                     Issue(
@@ -313,7 +351,27 @@ class ActivePlan:
     def needs_memory(self) -> bool:
         return any(Need.MEMORY in r.spec.needs for r in self.plan.rules)
 
-    def decide(self, rule: Rule, key: str, now: float) -> Decision | None:
+    @cached_property
+    def pinned(self) -> bool:
+        """Whether a rule is pinned: then the proxy counts each client's requests by kind."""
+        return any(r.pins for r in self.plan.rules)
+
+    @cached_property
+    def pins_by_rule(self) -> dict[str, dict[Place, tuple[int, ...]]]:
+        """A pinned rule's places, each with its event indexes (none for a flow-level rule)."""
+        out: dict[str, dict[Place, tuple[int, ...]]] = {}
+        for r in self.plan.rules:
+            if r.pins:
+                places: dict[Place, list[int]] = {}
+                for p in r.pins:
+                    places.setdefault(p.place, []).extend(() if p.event is None else (p.event,))
+                out[r.id] = {k: tuple(v) for k, v in places.items()}
+        return out
+
+    def decide(self, rule: Rule, key: str, now: float, place: Place | None = None) -> Decision | None:
+        if rule.pins:  # fires at its pins, and only there
+            pinned = place is not None and place in self.pins_by_rule[rule.id]
+            return self.decider.draw(rule.id, key) if pinned else None
         return self.decider.decide(rule.id, rule.probability(now - self.run_start), key)
 
 

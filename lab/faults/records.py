@@ -17,7 +17,8 @@ from lab.wire.revisions import LAST_EVENT_ID_HEADER, PROTOCOL_VERSION_HEADER
 METADATA_KEY = "mcp_lab"
 """`flow.metadata[METADATA_KEY]`: what the fault addon did to a flow, for the tap and other
 addons: `{"key", "stream", "faults": [{"fault", "rule", "decision", "detail"?}],
-"answered_by": "server"|"proxy", "cut"?: true, "origin_rewritten"?: true}`."""
+"answered_by": "server"|"proxy", "cut"?: true, "origin_rewritten"?: true, "replica"?: int}`
+(`replica`: the index of the upstream the request was routed to, lab.faults.balance)."""
 
 
 def flow_record(
@@ -31,7 +32,8 @@ def flow_record(
     redactor: Redactor,
 ) -> dict[str, Any]:
     """The `flow` record: the request as the client sent it (`*_in`), as it went to the
-    server (`*_out`), the answer's status, and the request/response faults applied."""
+    server (`*_out`), the answer's status, the request/response faults applied, and the
+    replica it was routed to when the proxy balances (`replica`, else absent)."""
     f = facts
     origin_out = headers_out.get("origin")
     allowed: bool | None = None
@@ -39,7 +41,7 @@ def flow_record(
         allowed = False
     elif origin_out is not None and allowed_origins:
         allowed = origin_allowed(origin_out, allowed_origins)
-    return {
+    record: dict[str, Any] = {
         "type": "flow",
         "flow": f.flow,
         "t": t,
@@ -66,6 +68,10 @@ def flow_record(
         "answered_by": meta.get("answered_by", "server"),
         "faults": list(meta.get("faults", ())),
     }
+    replica = meta.get("replica")
+    if replica is not None:  # only behind a balancer (mcpfaults_replicas): absent otherwise
+        record["replica"] = replica
+    return record
 
 
 def plan_record(plan: Plan, t: float, source: str, version: int, run_start: float) -> dict[str, Any]:

@@ -24,6 +24,11 @@ Locust's `--host` (e.g. `lab serve` on its default address):
   timeout.
 - A worker's `quitting` handler stops every client (each writes its last records) and
   then, whatever happened, commits the last batch and closes the file.
+- With scripted clients (the settings' `clients`, a scenario's `[[load.clients]]`), the
+  users are `ScriptUser`s (lab/load/scripted.py) instead of `LabUser`s, or
+  `SdkScriptUser`s with a client under test: each plays one script under the script's
+  client ID and then stops; the workers count the scripts played to the end
+  (`scripted_done`) for `lab run` to end the run.
 - With a client under test (`lab run --client python-sdk|typescript-sdk|cmd:...`, the
   settings' `client`), the users are `lab.load.sut_user`'s instead: each worker starts one
   adapter process, each user is one client inside it, and the worker's `quitting` handler
@@ -55,6 +60,7 @@ from lab.load.clock import start_the_clock
 from lab.load.locust_spawn import cache_default_args
 from lab.load.overload import OverloadWatch
 from lab.load.resolver import install_numeric_first_resolver
+from lab.load.scripted import ScriptedSutUser, ScriptedUser
 from lab.load.settings import LoadSettings, ledger_key, split_budget
 from lab.load.user import WORKER, McpUser, WorkerContext
 from lab.logscrub import scrub_stderr
@@ -84,17 +90,18 @@ logging.getLogger("httpx").setLevel(logging.WARNING)  # one log line per request
 class LabUser(McpUser):
     """Reads, streams and writes in the scenario's proportions."""
 
-    # With a client under test the users are SdkUser's (below): Locust skips abstract ones.
-    abstract = SETTINGS.client != "lab"
+    # With a client under test the users are SdkUser's, with scripted clients
+    # ScriptUser's or SdkScriptUser's (below): Locust skips abstract ones.
+    abstract = SETTINGS.client != "lab" or bool(SETTINGS.clients)
     wait_time = between(SETTINGS.wait_min, SETTINGS.wait_max)
 
     @task(SETTINGS.mix.read)
     def read(self) -> None:
-        self.client.call("echo", {"text": f"hello from {self.client.client_id}"})
+        self.client.perform("read")
 
     @task(SETTINGS.mix.stream)
     def stream(self) -> None:
-        self.client.call("ticker", dict(SETTINGS.ticker))
+        self.client.perform("stream")
 
     @task(SETTINGS.mix.churn)
     def churn(self) -> None:
@@ -102,10 +109,30 @@ class LabUser(McpUser):
 
     @task(SETTINGS.mix.write)
     def write(self) -> None:
-        self.client.call("ledger.append", {"entry": f"{self.client.client_id}@{time.time():.3f}"}, write=True)
+        self.client.perform("write")
 
 
-if SETTINGS.client != "lab":
+if SETTINGS.clients and SETTINGS.workers != 1:
+    # `lab run` refuses it before anything starts; a settings file written by hand must
+    # not have two workers play every script under the same client IDs.
+    raise RuntimeError("scripted clients ([[load.clients]]) run in one worker")
+
+if SETTINGS.clients and SETTINGS.client == "lab":
+
+    class ScriptUser(ScriptedUser):
+        """The scenario's scripted clients (`[[load.clients]]`, lab/load/scripted.py)."""
+
+        abstract = False
+
+elif SETTINGS.clients:
+
+    class SdkScriptUser(ScriptedSutUser):
+        """The scenario's scripted clients, each a client under test inside the worker's
+        adapter process (lab/load/scripted.py, lab/load/sut_user.py)."""
+
+        abstract = False
+
+elif SETTINGS.client != "lab":
     # A client under test (`lab run --client ...`): each user is one client inside the
     # worker's adapter process (lab/load/sut_user.py).
     SdkUser = sut_user.sut_user_class(SETTINGS)
@@ -150,6 +177,24 @@ def on_init(environment: Environment, **_: Any) -> None:
 # -- master ------------------------------------------------------------------------------
 
 
+class ProgressBeat:
+    """When a worker, ticking every 0.2 s, sends its counters to the master: every fifth
+    tick (each second), and at once when a scripted client left (the last one's leaving
+    ends the run: lab.run.watch)."""
+
+    __slots__ = ("_done",)
+
+    def __init__(self) -> None:
+        self._done = 0
+
+    def due(self, tick: int, counters: dict[str, int]) -> bool:
+        done = counters.get("scripted_done", 0)
+        if tick % 5 != 4 and done == self._done:
+            return False
+        self._done = done
+        return True
+
+
 def _init_master(environment: Environment, runner: MasterRunner, run_dir: Path) -> None:
     master = _Master(environment, runner, run_dir)
     runner.register_message("lab_progress", master.on_progress)
@@ -178,22 +223,26 @@ class _Master:
         self.horizon = SETTINGS.stages[-1][0] if SETTINGS.stages else None
 
     def on_progress(self, environment: Environment, msg: Any, **_: Any) -> None:
+        before = self.progress.get(msg.node_id, {}).get("scripted_done")
         self.progress[msg.node_id] = msg.data
+        if msg.data.get("scripted_done") != before:  # (the last script's end ends the run)
+            _write_json(self.run_dir / "progress.json", self.total())
 
     def loop(self) -> None:
         """Once a second until `lab run` asks for the end: re-split the budget, write the
-        progress."""
+        progress; the stop request is looked for five times a second."""
         stop_file = self.run_dir / STOP_FILE
-        while True:
+        for tick in range(1 << 62):
             if stop_file.exists():
                 # `lab run` asks for the end (event target reached, Ctrl-C): Locust's own
                 # quit stops the users on every worker (they DELETE their sessions) and
                 # tells the workers to exit, which a signal to the master would not.
                 self.end_the_load(None)
                 return
-            self.resplit()
-            _write_json(self.run_dir / "progress.json", self.total())
-            gevent.sleep(1.0)
+            if tick % 5 == 0:
+                self.resplit()
+                _write_json(self.run_dir / "progress.json", self.total())
+            gevent.sleep(0.2)
 
     def resplit(self) -> None:
         """Split the budget across the workers connected now, if that changes the split:
@@ -295,6 +344,7 @@ def _init_worker(
 
     def loop() -> None:
         worst_lag, looked = 0.0, time.monotonic()
+        beat = ProgressBeat()
         for tick in range(1 << 62):
             slept_at = time.monotonic()
             gevent.sleep(0.2)
@@ -312,7 +362,7 @@ def _init_worker(
                     ctx.counters["overload_events_per_s"] = int(overload.events_per_s)
                     runner.send_message("lab_progress", dict(ctx.counters))
                 worst_lag, looked = 0.0, now
-            if tick % 5 == 4:
+            if beat.due(tick, ctx.counters):
                 ctx.counters["accepted"] = db.commits
                 ctx.counters["budget_qps"] = int(budget.rate)
                 runner.send_message("lab_progress", dict(ctx.counters))
@@ -400,9 +450,11 @@ def _init_sut_worker(
         runner.register_message("lab_budget", lambda environment, msg, **_: None)
 
         def loop() -> None:
-            while True:
-                gevent.sleep(1.0)
-                runner.send_message("lab_progress", dict(hub.counters))
+            beat = ProgressBeat()
+            for tick in range(1 << 62):
+                gevent.sleep(0.2)
+                if beat.due(tick, hub.counters):
+                    runner.send_message("lab_progress", dict(hub.counters))
 
         gevent.spawn(loop)
 

@@ -11,20 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 import random
 import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 SETTINGS_ENV = "LAB_LOCUST_SETTINGS"
 KEY_ENV = "LAB_LEDGER_KEY"
 DEFAULT_URL = "http://127.0.0.1:8000/mcp"
 """`lab serve`'s default address."""
 DEFAULT_RUN_DIR = "results/locust"
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -36,6 +34,79 @@ class ToolMix:
     write: int = 2
     churn: int = 0
     """Leave (DELETE the session) and come back as a new client: sessions come and go."""
+
+
+TOOL_OF_OP: Final = {"read": "echo", "stream": "ticker", "write": "ledger.append"}
+SCRIPT_OPS: Final = tuple(TOOL_OF_OP)
+"""What a scripted client (`[[load.clients]]`) may do, one call each, as the task mix's
+tasks do: `read` the read-only `echo`, `stream` the streaming `ticker`, `write` the
+`ledger.append` with an idempotency key (`McpClient.perform`, lab/load/user.py)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClientScript:
+    """One scripted client of a scenario's `[[load.clients]]` (docs/scenarios.md).
+
+    The client uses `id` as its client ID, connects at its first `at` (at 0 without
+    ops), starts `ops[i]` at `at[i]` seconds after the load's start or right after
+    `ops[i - 1]` finished, whichever is later, then leaves (DELETE) and does nothing more."""
+
+    id: str
+    ops: tuple[str, ...] = ()
+    at: tuple[float, ...] = ()
+    """Seconds since the load's start, one per op, non-decreasing."""
+
+    @staticmethod
+    def from_dict(raw: dict[str, Any]) -> ClientScript:
+        return ClientScript(
+            id=str(raw["id"]),
+            ops=tuple(str(op) for op in raw.get("ops", ())),
+            at=tuple(float(t) for t in raw.get("at", ())),
+        )
+
+
+class ScriptCursor:
+    """Where a scripted client is in its script: before its handshake, before op i, or
+    (every op done) leaving. Pure: a `ScriptedUser` (lab/load/scripted.py) steps through it."""
+
+    __slots__ = ("connected", "ops_done", "script")
+
+    def __init__(self, script: ClientScript) -> None:
+        self.script = script
+        self.connected = False
+        self.ops_done = 0
+
+    def next_step(self) -> str:
+        """`connect`, the next op (`read`, `stream`, `write`) or `leave`."""
+        if not self.connected:
+            return "connect"
+        if self.ops_done < len(self.script.ops):
+            return self.script.ops[self.ops_done]
+        return "leave"
+
+    def due(self) -> float:
+        """Seconds since the load's start from which the next step may begin: the
+        handshake at the first op's time (0 without ops), each op at its own, leaving at
+        once (0: any time is past it)."""
+        s = self.script
+        if not self.connected:
+            return s.at[0] if s.at else 0.0
+        if self.ops_done < len(s.ops):
+            return s.at[self.ops_done]
+        return 0.0
+
+    def advance(self) -> None:
+        """The next step has begun (it is never repeated, even when it fails)."""
+        if not self.connected:
+            self.connected = True
+        elif self.ops_done < len(self.script.ops):
+            self.ops_done += 1
+
+
+READ_TIMEOUT_S: Final = 20.0
+"""The lab's client's read timeout unless a scenario says otherwise (`reconnect.read_timeout`):
+the sync driver's own default too (lab.drivers.base.READ_IDLE_TIMEOUT, kept apart so that
+reading settings does not import the client)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +130,9 @@ class LoadSettings:
     backoff_base: float = 0.25
     backoff_cap: float = 10.0
     max_attempts: int = 12
+    read_timeout: float = READ_TIMEOUT_S
+    """Seconds without a byte before a connection counts as lost (the driver's read
+    timeout)."""
     resume_silence: float = 10.0
     """Seconds a resumed call stream may stay without a message before it counts as lost."""
     stream_idle: float = 30.0
@@ -80,6 +154,10 @@ class LoadSettings:
     plan_file: str = ""
     """The fault plan the proxy's addon reads: the master sets its clock when the load
     starts (lab.load.clock). Empty: no plan to set (compose, by hand)."""
+    clients: tuple[ClientScript, ...] = ()
+    """The scenario's scripted clients (`[[load.clients]]`), in file order: the users are
+    then `ScriptedUser`s, each playing the next script not yet taken (one worker only).
+    Empty: the task mix (`LabUser`)."""
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -90,6 +168,7 @@ class LoadSettings:
         raw["mix"] = ToolMix(**raw.get("mix", {}))
         raw["tokens"] = tuple(tuple(t) for t in raw.get("tokens", ()))
         raw["stages"] = tuple(tuple(t) for t in raw.get("stages", ()))
+        raw["clients"] = tuple(ClientScript.from_dict(c) for c in raw.get("clients", ()))
         return LoadSettings(**raw)
 
     @staticmethod
@@ -114,7 +193,13 @@ def ledger_key() -> bytes:
     (its pseudonyms then match no other process: nothing joins them without `lab run`)."""
     key = os.environ.get(KEY_ENV, "")
     if not key:
-        log.warning("%s is not set: pseudonyms use a random key of this process only", KEY_ENV)
+        # (logging imported here: the scenario loader reads this module, and must not
+        # start threading's machinery, tests/faults/test_hygiene.py)
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "%s is not set: pseudonyms use a random key of this process only", KEY_ENV
+        )
         return secrets.token_bytes(32)
     try:
         raw = bytes.fromhex(key)
@@ -123,6 +208,27 @@ def ledger_key() -> bytes:
     if len(raw) < 16:
         raise RuntimeError(f"{KEY_ENV} must be hex of at least 16 bytes")
     return raw
+
+
+RUN_TAG_PERSON: Final = b"mcp-lab/writes"
+
+
+def run_tag(key: bytes) -> str:
+    """The run's own tag, from its ledger key (random per run, shared by its workers): 8 hex
+    digits in every idempotency key a run's clients send (the lab's `<client>/<tag>/k<n>`,
+    a client under test's call ID `<client>/<tag>/c<n>`). Client IDs repeat from run to run
+    (`w0-u1`...), and a server that outlives a run (`--target URL`, `lab replay`) would
+    answer the next run's writes with the last run's receipts: no write would happen."""
+    return hashlib.blake2b(key, digest_size=4, person=RUN_TAG_PERSON).hexdigest()
+
+
+def script_counters(scripts: int) -> dict[str, int]:
+    """The progress counters of a worker that plays `scripts` scripted clients (summed into
+    progress.json): how many there are, how many a user took, how many wait for their next
+    `at` (not a stall) and how many were played to the end (the run then ends:
+    lab.run.watch, end reason `scripts_done`). Both kinds of scripted users keep them
+    (lab/load/scripted.py)."""
+    return {"scripted": scripts, "scripted_started": 0, "scripted_idle": 0, "scripted_done": 0}
 
 
 def stable_index(seed: int, name: str, n: int) -> int:

@@ -13,8 +13,11 @@ duration drive an implementation the lab did not write, and Locust still shows t
 - Each Locust **user** is one adapter client: `start` on on_start (with the static
   header `x-lab-conn: <client-id>:0`, so the proxy tap names the client of every request
   it carried, plus the scenario's Origin and bearer token), one `call` per task (the
-  call ID is also its idempotency key, so the checker joins the wire to the application
-  log), `leave` on on_stop. Churn leaves and starts a new client.
+  call ID `<client-id>/<run tag>/c<n>` is also its idempotency key, so the checker joins
+  the wire to the application log), `leave` on on_stop. Churn leaves and starts a new
+  client. Scripted clients (`[[load.clients]]`) are `ScriptedSutUser`s instead
+  (lab/load/scripted.py): each plays one script of the hub's (`scripts`) under the
+  script's ID.
 - One **tailing greenlet** per worker follows the application log and hands each
   `started`, `outcome` and `left` record to the user waiting for it; a user waits at most
   the call timeout. Locust `request` events are fired per start and per call, with the
@@ -43,7 +46,14 @@ from gevent.event import AsyncResult
 from locust import User, between, task
 from locust.env import Environment
 
-from lab.load.settings import LoadSettings, ledger_key, token_for
+from lab.load.clock import LoadZero, ScriptBook
+from lab.load.settings import (
+    LoadSettings,
+    ledger_key,
+    run_tag,
+    script_counters,
+    token_for,
+)
 from lab.sut.host import AdapterProcess, adapter_command
 from lab.sut.protocol import Call, Leave, Start
 from lab.wire.extensions import LAB_CONN_HEADER
@@ -64,6 +74,15 @@ def app_log_name(worker: str) -> str:
     return f"app-{worker}.jsonl"
 
 
+def call_id(client_id: str, tag: str, n: int) -> str:
+    """A call's ID, which is also its idempotency key (the checker joins the tap's
+    `idempotency_key` to the application log's `call` by equality; nothing parses it).
+    `tag` is the run's own (lab.load.settings.run_tag): client IDs repeat from run to run,
+    and a server that outlives a run (`--target URL`, `lab replay`) would answer the next
+    run's writes with the last run's receipts."""
+    return f"{client_id}/{tag}/c{n}"
+
+
 class AdapterHub:
     """One worker's adapter process, the tail of its application log, and who waits for what."""
 
@@ -72,13 +91,16 @@ class AdapterHub:
         self.worker = worker
         self.log_path = run_dir / "clients" / app_log_name(worker)
         cwd = os.environ.get(ADAPTER_CWD_ENV)  # where `lab run` was started (see lab.run.sut)
+        key = ledger_key()
         self.adapter = AdapterProcess(
             adapter_command(settings.client),
             self.log_path,
-            key=ledger_key(),
+            key=key,
             cwd=Path(cwd) if cwd else None,
             die_with_parent=True,
         )
+        self.run_tag = run_tag(key)
+        """In every call ID (`call_id`), so that no two runs send the same idempotency key."""
         self.ready: dict[str, Any] | None = None
         """The adapter's `ready` record, once it said it (`wait_ready`)."""
         self._up = gevent.event.Event()
@@ -98,6 +120,11 @@ class AdapterHub:
             "duplicates": 0,
             "recoveries": 0,
         }
+        self.scripts = ScriptBook(settings.clients, LoadZero(run_dir, time.time()))
+        if settings.clients:
+            # As the lab's own scripted clients count them (lab.load.user.WorkerContext):
+            # the run ends once every script is done, and a script's pause is no stall.
+            self.counters.update(script_counters(len(settings.clients)))
         self._offset = 0
         self._stopped = False
         self._tail = gevent.spawn(self._follow)
@@ -209,6 +236,8 @@ class SutUser(User):
         assert HUB, "the locustfile must start the adapter hub in its init hook"
         self.hub = HUB[0]
         self.client_id = ""
+        self.left = False
+        """The current client has left (or was asked to): `leave` does nothing more."""
         self._calls = itertools.count(1)
 
     def on_start(self) -> None:
@@ -229,10 +258,13 @@ class SutUser(User):
             context={},
         )
 
-    def begin(self) -> None:
-        """Start a new client of the implementation (the initialize handshake) and wait for it."""
+    def begin(self, client_id: str | None = None) -> None:
+        """Start a new client of the implementation (the initialize handshake) and wait for
+        it. `client_id`: the ID to use verbatim (a scripted client's); by default the
+        worker's next (`w<worker>-u<n>`)."""
         hub, s = self.hub, self.hub.settings
-        self.client_id = hub.next_client_id()
+        self.client_id = client_id if client_id is not None else hub.next_client_id()
+        self.left = False
         if not hub.up():
             hub.ended.add(self.client_id)
             self._fire("initialize", 0.0, RuntimeError("the adapter never said it was ready"))
@@ -256,9 +288,12 @@ class SutUser(User):
             self._fire("initialize", ms, RuntimeError(str(rec.get("error"))))
 
     def leave(self) -> None:
+        """The client leaves (the adapter's `leave`: DELETE of its session), once: a scripted
+        client leaves as its last step, then Locust's on_stop asks again."""
         hub = self.hub
-        if not self.client_id or self.client_id in hub.ended:
+        if not self.client_id or self.left or self.client_id in hub.ended:
             return
+        self.left = True
         waiting = hub.expect("left", self.client_id)
         hub.send(Leave(self.client_id))
         hub.wait("left", self.client_id, waiting, LEAVE_TIMEOUT_S)
@@ -268,18 +303,29 @@ class SutUser(User):
         self.leave()
         self.begin()
 
+    def replace_lost_client(self) -> bool:
+        """The implementation lost this user's client (`client_failed`, `start_failed`):
+        start a new one, as an application restarts a client it lost; False when this user
+        does not (a scripted client plays one client only)."""
+        self.begin()
+        return True
+
     def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any] | None:
         hub, c = self.hub, self.hub.counters
-        if self.client_id in hub.ended:  # the implementation lost this client: a new one
-            self.begin()
-        call_id = f"{self.client_id}/c{next(self._calls)}"
-        waiting = hub.expect("call", call_id)
+        name = f"call {tool}"
+        if self.client_id in hub.ended and not self.replace_lost_client():
+            # Nothing to send it to: the adapter would refuse a call of an unknown client
+            # and no outcome would ever come.
+            c["calls_failed"] += 1
+            self._fire(name, 0.0, RuntimeError(f"the client {self.client_id} ended: call not sent"))
+            return None
+        ident = call_id(self.client_id, hub.run_tag, next(self._calls))
+        waiting = hub.expect("call", ident)
         t0 = time.time()
         # The call ID doubles as the idempotency key: the checker joins the tap's
         # `idempotency_key` to the application log's `call` by it.
-        hub.send(Call(self.client_id, call_id, tool, arguments, call_id))
-        rec = hub.wait("call", call_id, waiting, hub.settings.call_timeout)
-        name = f"call {tool}"
+        hub.send(Call(self.client_id, ident, tool, arguments, ident))
+        rec = hub.wait("call", ident, waiting, hub.settings.call_timeout)
         if rec is None:
             c["calls_unknown"] += 1
             self._fire(name, (time.time() - t0) * 1000, TimeoutError("no outcome within the call timeout"))
@@ -293,6 +339,19 @@ class SutUser(User):
             self._fire(name, ms, RuntimeError(f"{rec.get('status')}: {rec.get('error')}"))
         return rec
 
+    def perform(self, op: str) -> dict[str, Any] | None:
+        """One operation of the task mix or of a script (`SCRIPT_OPS`), as the lab's own
+        clients do them (lab.load.user.McpClient.perform): `read` calls `echo`, `stream`
+        the `ticker` with the scenario's arguments, `write` the `ledger.append` (every call
+        of a client under test carries an idempotency key: its call ID)."""
+        if op == "read":
+            return self.call("echo", {"text": f"hello from {self.client_id}"})
+        if op == "stream":
+            return self.call("ticker", dict(self.hub.settings.ticker))
+        if op == "write":
+            return self.call("ledger.append", {"entry": f"{self.client_id}@{time.time():.3f}"})
+        raise ValueError(f"unknown operation {op!r}: expected read, stream or write")
+
 
 def sut_user_class(settings: LoadSettings) -> type[SutUser]:
     """The user class of a run: the scenario's task mix and waits (the lab's own users' tasks)."""
@@ -303,15 +362,15 @@ def sut_user_class(settings: LoadSettings) -> type[SutUser]:
 
         @task(mix.read)
         def read(self) -> None:
-            self.call("echo", {"text": f"hello from {self.client_id}"})
+            self.perform("read")
 
         @task(mix.stream)
         def stream(self) -> None:
-            self.call("ticker", dict(settings.ticker))
+            self.perform("stream")
 
         @task(mix.write)
         def write(self) -> None:
-            self.call("ledger.append", {"entry": f"{self.client_id}@{time.time():.3f}"})
+            self.perform("write")
 
         @task(mix.churn)
         def churn(self) -> None:

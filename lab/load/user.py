@@ -13,6 +13,7 @@ import itertools
 import logging
 import ssl
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,7 +35,8 @@ from lab.client import (
 )
 from lab.drivers.sync import SyncDriver, default_client
 from lab.inbox import InboxDatabase
-from lab.load.settings import LoadSettings, rng_for, token_for
+from lab.load.clock import LoadZero, ScriptBook
+from lab.load.settings import LoadSettings, rng_for, run_tag, script_counters, token_for
 from lab.wire.client_ledger import EventRejected, ReconnectAttempt, Record, Recovery
 from lab.wire.redact import Redactor
 
@@ -62,6 +64,10 @@ class WorkerContext:
         # every request and a shared pool of thousands of open streams makes that quadratic.
         self.ssl = ssl.create_default_context()
         self.name = name
+        self.run_tag = run_tag(key)
+        """In every idempotency key (`<client>/<run_tag>/k<n>`): the run's own
+        (lab.load.settings.run_tag), so a server that outlives a run does not take the
+        next run's writes for retries of the last run's."""
         self._ids = itertools.count(1)
         self.clients: dict[str, McpClient] = {}
         """Every whole client of this worker that has not left, so that quitting can stop
@@ -77,9 +83,14 @@ class WorkerContext:
             "duplicates": 0,
             "recoveries": 0,
         }
+        self.scripts = ScriptBook(settings.clients, LoadZero(Path(settings.run_dir), time.time()))
+        if settings.clients:
+            # The watcher ends the run once every script is done (lab.run.watch), and
+            # does not take scripted clients waiting for their next `at` for a stall.
+            self.counters.update(script_counters(len(settings.clients)))
 
     def http_client(self) -> httpx.Client:
-        return default_client(verify=self.ssl)
+        return default_client(verify=self.ssl, read_timeout=self.settings.read_timeout)
 
     def stop_all(self) -> None:
         """Stop every client (each writes its last records); one that fails to stop is
@@ -95,11 +106,13 @@ class WorkerContext:
 
 
 class McpClient:
-    def __init__(self, environment: Environment, ctx: WorkerContext) -> None:
+    def __init__(self, environment: Environment, ctx: WorkerContext, client_id: str | None = None) -> None:
+        """`client_id`: the ID to use verbatim (a scripted client's); by default the
+        worker's next (`w<worker>-u<n>`)."""
         self.environment = environment
         self.ctx = ctx
         s = ctx.settings
-        self.client_id = ctx.next_client_id()
+        self.client_id = client_id if client_id is not None else ctx.next_client_id()
         token, subject = token_for(s, self.client_id)
         self.core = ClientCore(
             ClientConfig(
@@ -113,6 +126,7 @@ class McpClient:
                 max_attempts=s.max_attempts,
                 resume_silence_s=s.resume_silence,
                 stream_idle_s=s.stream_idle,
+                retry_rule=True,  # re-send an unknown outcome only where the server says it is safe
             ),
             inbox=ctx.db.inbox(self.client_id),
             budget=ctx.budget,
@@ -127,6 +141,8 @@ class McpClient:
             self.core, s.url, self.http, on_records=self._records, on_notice=self._notice
         )
         self._keys = itertools.count(1)
+        self.stopped = False
+        """Stopped (after leaving, or at the worker's quit): it sends nothing more."""
         # Last: only a whole client is registered (nothing above yields to another
         # greenlet, and the driver starts nothing until it is first used).
         ctx.clients[self.client_id] = self
@@ -182,7 +198,7 @@ class McpClient:
     def call(self, tool: str, arguments: dict[str, Any], *, write: bool = False) -> CallFinished | None:
         if self.driver.stopped:
             return None  # the worker is quitting
-        key = f"{self.client_id}/k{next(self._keys)}" if write else None
+        key = f"{self.client_id}/{self.ctx.run_tag}/k{next(self._keys)}" if write else None
         t0 = time.time()
         injected_before = self.driver.injected_responses
         handle: CallHandle = self.driver.call(
@@ -228,7 +244,23 @@ class McpClient:
         self.driver.wait_for(lambda: key in self.finished, self.ctx.settings.call_timeout)
         return self.finished.get(key)
 
+    def perform(self, op: str) -> CallFinished | None:
+        """One operation of the task mix or of a script (`SCRIPT_OPS`): `read` calls
+        `echo`, `stream` the `ticker` with the scenario's arguments, `write` the
+        `ledger.append` with an idempotency key."""
+        if op == "read":
+            return self.call("echo", {"text": f"hello from {self.client_id}"})
+        if op == "stream":
+            return self.call("ticker", dict(self.ctx.settings.ticker))
+        if op == "write":
+            return self.call("ledger.append", {"entry": f"{self.client_id}@{time.time():.3f}"}, write=True)
+        raise ValueError(f"unknown operation {op!r}: expected read, stream or write")
+
     def leave(self, timeout: float = 15.0) -> None:
+        """DELETE the session (if there is one) and stop; a client that has stopped
+        already does nothing (a scripted user leaves, then Locust's on_stop asks again)."""
+        if self.stopped:
+            return
         # The DELETE gets the patience a busy chain needs (at 6,000 clients leaving 25/s,
         # mitmdump passed some answers 5.6 s after the request): a client that gives up
         # sooner leaves an unanswered request behind and its session to the server's TTL.
@@ -238,7 +270,10 @@ class McpClient:
         self.stop()
 
     def stop(self) -> None:
-        """Stop the driver (the core writes its last records) and close the HTTP pool."""
+        """Stop the driver (the core writes its last records) and close the HTTP pool (once)."""
+        if self.stopped:
+            return
+        self.stopped = True
         try:
             self.driver.stop()
         finally:
@@ -258,7 +293,11 @@ class McpUser(User):
     def __init__(self, environment: Environment) -> None:
         super().__init__(environment)
         assert WORKER, "the locustfile must set the worker context in its init hook"
-        self.client = McpClient(environment, WORKER[0])
+        self.client = self.new_client()
+
+    def new_client(self) -> McpClient:
+        """The user's client (a scripted user's uses its script's ID)."""
+        return McpClient(self.environment, WORKER[0])
 
     def on_start(self) -> None:
         WORKER[0].counters["users"] += 1
@@ -273,5 +312,5 @@ class McpUser(User):
     def rejoin(self) -> None:
         """Leave (DELETE) and come back as a new client with a new session."""
         self.client.leave()
-        self.client = McpClient(self.environment, WORKER[0])
+        self.client = self.new_client()
         self.client.connect()

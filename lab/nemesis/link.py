@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 import trio
 
 from lab.nemesis.chain import ToxicEntry
+from lab.nemesis.framing import HeaderHold
+from lab.nemesis.toxics import ToxicSpec
 
 
 @dataclass(slots=True)
@@ -19,6 +21,23 @@ class ToxicState:
     paced_until: float = -math.inf  # bandwidth: when the last paced piece may leave
     sent: int = 0  # limit_data: bytes passed so far
     triggered: bool = False  # reset_peer: the reset is under way
+    held: bytearray = field(default_factory=bytearray)  # buffer: bytes not passed on yet
+    held_since: float = math.inf  # buffer: when its first held byte was read (trio clock)
+    unbuffered: bool = False  # buffer: the server said `X-Accel-Buffering: no`
+    framing: HeaderHold | None = None  # header_hold, buffer: the connection's responses so far
+
+    def take_held(self) -> bytes:
+        """buffer: the bytes it holds, which it then no longer does."""
+        piece = bytes(self.held)
+        self.held.clear()
+        self.held_since = math.inf
+        return piece
+
+    def flush_at(self, spec: ToxicSpec) -> float:
+        """buffer: when what it holds must go on (its `flush` after the first held byte;
+        never without one, nor for a header_hold)."""
+        flush_ms = spec.attributes.get("flush", 0)
+        return self.held_since + flush_ms / 1000 if flush_ms > 0 else math.inf
 
 
 @dataclass(eq=False, slots=True)
@@ -33,6 +52,12 @@ class Link:
     end_reason: str | None = None
     reset_side: str | None = None  # "client" | "upstream": the socket to close with RST
     ended_directions: set[str] = field(default_factory=set)
+    buffers: dict[str, dict[int, ToxicEntry]] = field(default_factory=dict)
+    """Per direction, the buffer toxics that hold bytes of it (by added_id)."""
+    last_data: dict[str, float] = field(default_factory=dict)
+    """Per direction, when its last chunk was written through the toxics (trio clock):
+    what an idle_timeout toxic measures silence from (the fast path does not stamp: a
+    direction an idle_timeout acts on takes the toxics' path)."""
     toxic_spells: dict[str, int] = field(default_factory=dict)
     """Per direction, how many times its bytes left the fast path for the toxics' queued
     one (each spell ends when no toxic acts on the direction any more)."""

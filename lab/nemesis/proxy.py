@@ -19,6 +19,22 @@ follow Toxiproxy's toxics (see `lab.nemesis.toxics` for the attributes):
   connection is reset (RST, SO_LINGER 0) towards the receiving side of that direction,
   even if the toxic was removed meanwhile (Toxiproxy's removal waits for the reset).
 - slow_close: the end of the stream (EOF) is passed on `delay` ms late.
+- idle_timeout (the lab's own, not Toxiproxy's): data passes unchanged; the connection
+  is closed (FIN both ways) once the toxic's direction has carried no byte for `timeout`
+  ms, counted from the last chunk, or from when the toxic first applied to the
+  connection: a proxy's read timeout (nginx's `proxy_read_timeout`, 60 s by default) or
+  a CDN's idle cut.
+- buffer (the lab's own): bytes are held until `size` bytes are held, every response
+  begun is complete (`lab.nemesis.framing`), `flush` ms have passed since the first held
+  byte (0: no timed flush), the stream ends or the toxic is removed; then they go on at
+  once, through the toxics after it. A proxy that buffers responses (nginx's
+  `proxy_buffering`, on by default) passes a short answer whole and holds an SSE
+  stream's events that way. A response head with `X-Accel-Buffering: no` (the header
+  nginx honours) ends the buffering of its connection.
+- header_hold (the lab's own): each response's head is held until the first byte of its
+  body (`lab.nemesis.framing` finds where heads and bodies end), as some CDNs send the
+  status and headers only with the first body byte; released at the end of the stream
+  or when the toxic leaves.
 - toxicity: rolled once per connection and toxic version (an update rolls again).
 
 A sleep inside a toxic ends early when that toxic is removed, and the data goes on at
@@ -37,6 +53,7 @@ import contextlib
 import itertools
 import math
 import random
+import re
 import socket
 import struct
 import sys
@@ -48,6 +65,7 @@ from typing import Final
 import trio
 
 from lab.nemesis.chain import ToxicChain, ToxicEntry
+from lab.nemesis.framing import HeaderHold
 from lab.nemesis.link import Link
 from lab.nemesis.proxyspec import BIND_HOST, Address, ProxyConfig
 from lab.nemesis.toxics import ToxicSpec
@@ -70,6 +88,10 @@ _IO_ERRORS: Final = (trio.BrokenResourceError, trio.ClosedResourceError, OSError
 
 _BACK_TO_CLEAN: Final = (b"", -1.0)
 """Queued by a direction's reader when no toxic acts on it any more (compared by identity)."""
+_END: Final = (b"", -2.0)
+"""What `_receive_until` returns at the end of the stream (compared by identity)."""
+_NO_BUFFERING: Final = re.compile(rb"(?:^|\n)x-accel-buffering:[ \t]*no\b")
+"""The response header that turns a proxy's buffering off (matched on lowered bytes)."""
 
 type _Onward = Callable[[bytes, float], Awaitable[bool]]
 """The continuation a toxic hands its output to (a piece, and when it left the toxic);
@@ -255,16 +277,96 @@ class Proxy:
     ) -> bool | None:
         """Pass every chunk on, then the end of stream; False if the sink broke; None when
         the reader found no toxic acting any more (everything it read has been written:
-        the fast path takes over)."""
+        the fast path takes over). While a buffer toxic holds bytes, the wait for the next
+        chunk also ends when its flush is due or the toxics change."""
         async with recv:
-            async for item in recv:  # until the source ends
+            while True:  # until the source ends
+                held = link.buffers.get(direction)
+                if held:
+                    item = await self._receive_until(recv, self._flush_due(link, held))
+                    if item is None:  # a flush is due, or a buffer may have left
+                        if not await self._flush(link, direction, sink, due_only=True):
+                            return False
+                        continue
+                else:
+                    try:
+                        item = await recv.receive()
+                    except trio.EndOfChannel:
+                        item = _END
+                if item is _END:
+                    break
                 if item is _BACK_TO_CLEAN:
-                    return None
+                    return None if await self._flush(link, direction, sink) else False
                 data, read_at = item
                 chain = [e for e in self.toxics.for_stream(direction) if link.applies(e)]
                 if not await self._through(link, direction, chain, 0, data, read_at, sink):
                     return False
+                link.last_data[direction] = trio.current_time()
+        if not await self._flush(link, direction, sink):
+            return False
         return await self._end_stream(link, direction, sink)
+
+    async def _receive_until(
+        self, recv: trio.MemoryReceiveChannel[tuple[bytes, float]], deadline: float
+    ) -> tuple[bytes, float] | None:
+        """The next chunk (`_END` at the end of the stream), or None once `deadline` has
+        come or the toxics changed first (a receive that is cancelled loses nothing)."""
+        got: list[tuple[bytes, float]] = []
+        changed = self.toxics.changed_event()
+        async with trio.open_nursery() as nursery:
+            nursery.cancel_scope.deadline = deadline
+
+            async def receive() -> None:
+                try:
+                    got.append(await recv.receive())
+                except trio.EndOfChannel:
+                    got.append(_END)
+                nursery.cancel_scope.cancel()
+
+            async def wake() -> None:
+                await changed.wait()
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(receive)
+            nursery.start_soon(wake)
+        return got[0] if got else None
+
+    @staticmethod
+    def _flush_due(link: Link, held: dict[int, ToxicEntry]) -> float:
+        """When the first of these buffers must let its bytes go (trio clock)."""
+        return min((link.state_for(entry).flush_at(entry.spec) for entry in held.values()), default=math.inf)
+
+    async def _flush(
+        self, link: Link, direction: str, sink: trio.SocketStream, *, due_only: bool = False
+    ) -> bool:
+        """Let the held bytes of this direction's buffers go on (only the ones whose flush is
+        due, and the ones whose toxic has left, with `due_only`), through the toxics after
+        each buffer; a buffer that left passes them straight on. False if the sink broke."""
+        held = link.buffers.get(direction) or {}
+        now = trio.current_time()
+        for added_id, entry in list(held.items()):
+            state = link.state_for(entry)
+            current = self.toxics.get(entry.spec.name)
+            if current is not None and current.added_id != entry.added_id:
+                current = None  # another toxic of that name: this one has left
+            if due_only and current is not None and now < state.flush_at(current.spec):
+                continue
+            del held[added_id]
+            if entry.spec.kind == "header_hold":
+                piece = state.framing.release() if state.framing is not None else b""
+            else:
+                piece = state.take_held()
+            if not piece:
+                continue
+            chain = [e for e in self.toxics.for_stream(direction) if link.applies(e)]
+            index = next((i for i, e in enumerate(chain) if e.added_id == added_id), None)
+            if index is None:
+                ok = await self._through(link, direction, [], 0, piece, now, sink)
+            else:
+                ok = await self._through(link, direction, chain, index + 1, piece, now, sink)
+            if not ok:
+                return False
+        return True
 
     async def _end_stream(self, link: Link, direction: str, sink: trio.SocketStream) -> bool:
         """Pass the end of the stream on (after slow_close's delay); False if the sink broke."""
@@ -323,6 +425,19 @@ class Proxy:
             return True
         if spec.kind == "timeout":
             return True  # dropped; `_watch_timeouts` closes the connection when it is time
+        if spec.kind == "buffer":
+            return await self._hold(link, direction, entry, data, read_at, onward)
+        if spec.kind == "header_hold":
+            state = link.state_for(entry)
+            if state.framing is None:
+                state.framing = HeaderHold()
+            piece = state.framing.feed(data)
+            held = link.buffers.setdefault(direction, {})
+            if state.framing.holding:
+                held[entry.added_id] = entry  # released at the end of the stream or on removal
+            else:
+                held.pop(entry.added_id, None)
+            return await onward(piece, read_at) if piece else True
         if spec.kind == "reset_peer":
             state = link.state_for(entry)
             if state.triggered:
@@ -336,6 +451,31 @@ class Proxy:
             link.finish("reset_peer", "client" if direction == "downstream" else "upstream")
             return False
         return await onward(data, read_at)  # slow_close acts at the end of the stream
+
+    async def _hold(
+        self, link: Link, direction: str, entry: ToxicEntry, data: bytes, read_at: float, onward: _Onward
+    ) -> bool:
+        """A buffer toxic: hold `data` with what it holds already, and let it all go on once
+        `size` bytes are held, every response begun is complete, or the server said
+        `X-Accel-Buffering: no` (the timed flush and the end of the stream:
+        `_write_chunks`)."""
+        state = link.state_for(entry)
+        if state.unbuffered:
+            return await onward(data, read_at)
+        if state.framing is None:
+            state.framing = HeaderHold(hold_heads=False)
+        state.framing.feed(data)  # (only to know where responses end)
+        if not state.held:
+            state.held_since = read_at
+            link.buffers.setdefault(direction, {})[entry.added_id] = entry
+        state.held += data
+        window = bytes(state.held[-(len(data) + 40) :]).lower()  # a header cut across two chunks too
+        state.unbuffered = _NO_BUFFERING.search(window) is not None
+        complete = state.framing.between_responses
+        if not state.unbuffered and not complete and len(state.held) < entry.spec.attribute("size"):
+            return True
+        link.buffers.get(direction, {}).pop(entry.added_id, None)
+        return await onward(state.take_held(), trio.current_time())
 
     def _latency_s(self, spec: ToxicSpec) -> float:
         # Negative values (compat mode only) act as Toxiproxy's: no jitter, no delay.
@@ -393,27 +533,36 @@ class Proxy:
         return entry
 
     async def _watch_timeouts(self, link: Link) -> None:
-        """Close the connection when a timeout toxic that applies to it has run its time."""
+        """Close the connection when a timeout toxic that applies to it has run its time,
+        or when an idle_timeout's direction has been silent for its time."""
         since: dict[int, float] = {}  # added_id -> when the toxic first applied to this link
         while True:  # until the connection ends (its cancel scope)
             now = trio.current_time()
-            present = {e.added_id: e for e in self.toxics.entries() if e.spec.kind == "timeout"}
+            present = {e.added_id: e for e in self.toxics.entries() if e.spec.kind in _TIMED}
             for gone in [added_id for added_id in since if added_id not in present]:
                 del since[gone]
-            deadline = math.inf
+            deadline, reason = math.inf, ""
             for added_id, entry in present.items():
                 if not link.applies(entry):
                     since.pop(added_id, None)
                     continue
                 start = since.setdefault(added_id, now)
+                if entry.spec.kind == "idle_timeout":  # silence since the last chunk
+                    start = max(start, link.last_data.get(entry.spec.stream, -math.inf))
                 if entry.spec.attribute("timeout") > 0:
-                    deadline = min(deadline, start + entry.spec.attribute("timeout") / 1000)
+                    at = start + entry.spec.attribute("timeout") / 1000
+                    if at < deadline:
+                        deadline, reason = at, entry.spec.kind
             if now >= deadline:
-                link.finish("timeout")
+                link.finish(reason)
                 return
             changed = self.toxics.changed_event()
-            with trio.move_on_at(deadline):
+            with trio.move_on_at(deadline):  # an idle_timeout's data moves it: looked at again then
                 await changed.wait()
+
+
+_TIMED: Final = frozenset({"timeout", "idle_timeout"})
+"""The toxics `_watch_timeouts` ends connections for."""
 
 
 async def _read_chunks(

@@ -53,6 +53,10 @@ from lab.nemesis.log import NemesisLog, NemesisRecord, OutcomeRecord, toxic_reco
 from lab.nemesis.toxics import ToxicSpec
 
 _MAX_WAITS: Final = 1000
+_OPEN_WAIT_S: Final = 60.0
+_MAX_OPEN_WAITS: Final = 100_000
+"""How long `run` holds an open-ended toxic before it gives up waiting for `stop()`
+(about 69 days: longer than any run's hard timeout)."""
 API_TIMEOUT_BASE_S: Final = 10.0
 """The API timeout of a schedule whose toxics never wait: twice Toxiproxy's own 5 s write
 timeout, which a removal may spend flushing a toxic's buffer."""
@@ -225,14 +229,23 @@ class ToxicScheduleRunner:
 
     def run(self) -> list[StepOutcome]:
         """Carry out the whole schedule, then `cleanup()`; returns early when stopped.
-        Every outcome (cleanup's too) is in `outcomes`."""
+        A toxic without `until` stays until the runner is stopped. Every outcome
+        (cleanup's too) is in `outcomes`."""
+        stopped = False
         for _ in range(len(self.steps)):  # each pass carries out one step or more
             due = self.next_due()
             if due is None:
                 break
             if self._wait_until(due):
+                stopped = True
                 break
             self.run_due()
+        removed = {s.window for s in self.steps if s.action == "remove"}
+        if not stopped and any(s.window not in removed for s in self.steps):
+            # A toxic without `until` lasts until the runner is stopped (the run's end).
+            for _ in range(_MAX_OPEN_WAITS):
+                if self._wait(_OPEN_WAIT_S):
+                    break
         self.cleanup()
         return list(self.outcomes)
 

@@ -21,6 +21,9 @@ Attributes by type (all integers; a missing attribute is 0, like Toxiproxy's zer
 | limit_data | bytes | bytes | pass this many bytes, then close the connection |
 | slicer | average_size, size_variation | bytes | cut chunks into slices of average_size ± size_variation (variation < average) |
 | slicer | delay | µs | pause between slices |
+| buffer | size, flush | bytes, ms | bytes are held until `size` are held, `flush` ms have passed since the first held byte (0: never), or the stream ends; then they go on at once. A response head carrying `X-Accel-Buffering: no` ends the buffering of its connection (the lab's nemesis only) |
+| header_hold | — | — | each response's head (status and headers) is held until the first byte of its body, as some CDNs do (the lab's nemesis only) |
+| idle_timeout | timeout | ms | the connection is closed (FIN both ways) once its `stream` direction has carried no byte for `timeout` ms: a proxy's read or idle timeout (not in Toxiproxy: the lab's nemesis only, `LAB_ONLY`) |
 
 Stricter than Toxiproxy on purpose (a typo must not silently become a zero): unknown
 fields and unknown attributes are refused, numbers must be integers (not 1.5, not true),
@@ -55,11 +58,19 @@ KIND_ATTRIBUTES: Final[Mapping[str, tuple[str, ...]]] = MappingProxyType(
         "reset_peer": ("timeout",),
         "limit_data": ("bytes",),
         "slicer": ("average_size", "size_variation", "delay"),
+        "idle_timeout": ("timeout",),
+        "buffer": ("size", "flush"),
+        "header_hold": (),
     }
 )
 """Every toxic type this nemesis implements, with its attributes in display order."""
 
-BREAKS_CONNECTIONS: Final = frozenset({"timeout", "reset_peer", "limit_data"})
+LAB_ONLY: Final = frozenset({"idle_timeout", "buffer", "header_hold"})
+"""Toxic types a real Toxiproxy does not have: what sits in front of servers in production
+(a proxy's idle timeout), which Toxiproxy's set cannot make. A run through a real
+Toxiproxy refuses them before it starts."""
+
+BREAKS_CONNECTIONS: Final = frozenset({"timeout", "reset_peer", "limit_data", "idle_timeout"})
 """The toxic types that end the connections they act on (clients must recover)."""
 
 _INT64_MAX: Final = 2**63 - 1  # Toxiproxy's attributes are Go int64
@@ -198,6 +209,10 @@ def _check_kind_rules(kind: str, attrs: Mapping[str, int]) -> None:
     # Values that would make Toxiproxy spin or divide by zero are refused here.
     if kind == "bandwidth" and attrs["rate"] < 1:
         raise ValueError("bandwidth.rate must be >= 1 (KB/s); to stop all data use a timeout toxic")
+    if kind == "buffer" and attrs["size"] < 1:
+        raise ValueError("buffer.size must be >= 1 (bytes held before they go on)")
+    if kind == "idle_timeout" and attrs["timeout"] < 1:
+        raise ValueError("idle_timeout.timeout must be >= 1 (ms of silence before the connection is closed)")
     if kind == "slicer":
         if attrs["average_size"] < 1:
             raise ValueError("slicer.average_size must be >= 1 (bytes)")

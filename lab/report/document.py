@@ -221,6 +221,12 @@ def basis_text(doc: Mapping[str, Any]) -> str | None:
         return None
     if str(doc["run"].get("target") or "").split(" ")[0] != "reference":  # "reference [URL]"
         return "judged from the wire alone: the target keeps no ledger the lab reads"
+    routing = (doc.get("rules") or {}).get("session_routing") or {}
+    replicas = (routing.get("measured") or {}).get("replicas")
+    if isinstance(replicas, int) and replicas > 1 and (server is None or server.get("status") == "missing"):
+        return (
+            f"judged from the wire alone: {replicas} replicas, each with its own state, keep no shared ledger"
+        )
     if server is None or server.get("status") == "missing":
         why = "the reference server's ledger is missing"
     else:

@@ -45,6 +45,7 @@ from lab.checker import (
     latencies,
     nearest_rank,
     parse_budgets,
+    restart_records,
 )
 from lab.report import fault_figure, series
 from lab.report.phase_figures import capacity_drawer, draw_processes, shade_phases
@@ -112,6 +113,28 @@ def _shade_windows(ax: Axes, data: RunData, zero: float) -> None:
             label=None if fault in labelled else f"fault: {fault}",
         )
         labelled.add(fault)
+
+
+def _mark_restarts(ax: Axes, data: RunData, zero: float) -> None:
+    """Each restart of the target (restarts.jsonl): a band from the stop to the server's
+    return, as lab run timed them (the report's restart section has the wire's view)."""
+    recs, _ = restart_records(data.run_dir)
+    labelled = False
+    for r in recs:
+        stop, ready = r.get("stop_sent"), r.get("ready")
+        if not isinstance(stop, int | float):
+            continue
+        end = float(ready) if isinstance(ready, int | float) else float(stop) + 1.0
+        ax.axvspan(
+            float(stop) - zero,
+            end - zero,
+            color="#c44e52",
+            alpha=0.25,
+            lw=0,
+            zorder=3,
+            label=None if labelled else "restart: target down",
+        )
+        labelled = True
 
 
 def _legend_outside(ax: Axes) -> None:
@@ -211,6 +234,7 @@ def draw_events_clients(data: RunData, budgets: Budgets, fig: Figure) -> None:
         top.set_title(f"{what.capitalize()} per second, and active clients")
         _shade_windows(top, data, zero)
         shade_phases(top, data, zero)
+        _mark_restarts(top, data, zero)
         _legend_outside(top)
     else:
         _empty(top, "no events recorded")

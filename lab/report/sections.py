@@ -380,6 +380,74 @@ def processes_block(doc: Mapping[str, Any]) -> Block | None:
     return Block("processes", "Lab processes", lines, [Table(columns, rows)])
 
 
+def _by_tool(counts: Mapping[str, Any] | None) -> str:
+    if not counts:
+        return ""
+    return " (" + ", ".join(f"{k} {v}" for k, v in counts.items()) + ")"
+
+
+def _restart_row(r: Mapping[str, Any]) -> list[str]:
+    if not r.get("applicable", True):
+        return [
+            num(r.get("n")),
+            "not applicable",
+            NONE,
+            NONE,
+            NONE,
+            NONE,
+            NONE,
+            NONE,
+            str(r.get("why") or NONE),
+        ]
+    ses = r.get("sessions") if isinstance(r.get("sessions"), Mapping) else {}
+    assert isinstance(ses, Mapping)
+    sessions = (
+        f"{ses.get('kept', 0)} kept, {ses.get('lost', 0)} lost ({ses.get('rehandshaken', 0)} re-handshaken)"
+        if ses
+        else NONE
+    )
+    how = f"{r.get('how')}, {r.get('store')} store" if r.get("store") else str(r.get("how"))
+    notes = [str(x) for x in (r.get("error"), r.get("note")) if x]
+    return [
+        num(r.get("n")),
+        how,
+        num(r.get("at_s"), "{:.1f} s"),
+        secs(r.get("down_wire_s")),
+        f"{num(r.get('calls_in_flight'))}{_by_tool(r.get('in_flight_by_tool'))}",
+        f"{num(r.get('never_answered'))}{_by_tool(r.get('never_answered_by_tool'))}",
+        num(r.get("run_twice")),
+        sessions,
+        "; ".join(notes) or secs(r.get("throughput_back_s")),
+    ]
+
+
+def restarts_block(doc: Mapping[str, Any]) -> Block | None:
+    rs = doc.get("restarts")
+    if not isinstance(rs, Mapping):
+        return None
+    rows = [_restart_row(r) for r in rs.get("restarts") or [] if isinstance(r, Mapping)]
+    lines = [
+        f"{rs.get('done')} of {rs.get('planned')} planned restart(s) of the target. Seen from the wire: "
+        "down from the first request left unanswered (or stream dropped) to the next answer; calls in "
+        "flight whose answer had not passed, and those never answered afterwards (not on a resumption "
+        "of their stream, nor a re-send with their key); writes answered with two different results; "
+        "the sessions in use by their first answer after (kept: 2xx, lost: 404)."
+    ]
+    lines += [str(n) for n in rs.get("notes") or []]
+    columns = [
+        "#",
+        "how",
+        "at T+",
+        "down (wire)",
+        "calls in flight",
+        "never answered",
+        "run twice",
+        "sessions",
+        "throughput back after",
+    ]
+    return Block("restarts", "Restarts of the target", lines, [Table(columns, rows, "Per restart.")])
+
+
 def blocks(doc: Mapping[str, Any]) -> list[Block]:
     made = (
         unanswered_block(doc),
@@ -388,6 +456,7 @@ def blocks(doc: Mapping[str, Any]) -> list[Block]:
         phases_block(doc),
         capacity_block(doc),
         rollout_block(doc),
+        restarts_block(doc),
         processes_block(doc),
     )
     return [b for b in made if b is not None]

@@ -62,6 +62,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--events", type=int, metavar="N", help="stop after this many events (load.event_target)"
     )
     size.add_argument("--seed", type=int, metavar="N", help="the seed every random decision derives from")
+    size.add_argument(
+        "--replicas",
+        type=int,
+        metavar="N",
+        help="reference servers behind the lab's proxy, which balances over them (target.replicas; "
+        "the scenario says target.affinity and target.store)",
+    )
     p.add_argument("--toxiproxy", help="URL of a real Toxiproxy API to use instead of the embedded nemesis")
     p.add_argument("--out", type=Path, default=Path("results"), help="results root (default: ./results)")
     p.add_argument("--ui", action="store_true", help="serve Locust's web UI (127.0.0.1) while the run goes")

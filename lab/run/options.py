@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from lab.load.clock import LOAD_STARTED_FILE
+from lab.load.clock import load_started_at
 from lab.scenario import Scenario
 
 PROXY_NAME = "mcp"
@@ -69,12 +69,7 @@ def load_ended(run_dir: Path) -> str | None:
 
 def load_started(run_dir: Path) -> float | None:
     """When the Locust master says the load starts (epoch s; lab.load.clock), once it has."""
-    try:
-        doc = json.loads((run_dir / LOAD_STARTED_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    at = doc.get("at") if isinstance(doc, dict) else None
-    return float(at) if isinstance(at, int | float) and not isinstance(at, bool) else None
+    return load_started_at(run_dir)
 
 
 def wait_for_load_start(

@@ -24,8 +24,12 @@ incomplete, 3 the run could not be made, 4 the lab itself failed.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
+import shutil
 import signal
+import tempfile
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -36,7 +40,7 @@ from lab import topology
 from lab.exitcodes import ExitCode
 from lab.load.settings import SETTINGS_ENV, LoadSettings
 from lab.run import sut
-from lab.run.admission import check_load, check_local_chain
+from lab.run.admission import check_load, check_local_chain, check_real_toxiproxy
 from lab.run.console import Console, Interrupts
 from lab.run.monitor import FILE as PROCESSES_FILE
 from lab.run.monitor import ProcessMonitor
@@ -53,6 +57,7 @@ from lab.run.phases import PhaseDriver, initial_knobs
 from lab.run.processes import Child, ProcessGroup, StartError
 from lab.run.progress import JsonLines
 from lab.run.record import RunRecord
+from lab.run.restarts import RestartDriver
 from lab.run.serverconf import UnsafeSetting, serve_accepts_config, serve_options, server_config_file
 from lab.run.serverconf import server_settings as make_server_settings
 from lab.run.stopping import stop_parts
@@ -101,6 +106,10 @@ class Run:
         self.outcomes: ToxicOutcomes | None = None
         self.monitor: ProcessMonitor | None = None
         self.phases: PhaseDriver | None = None
+        self.restarts: RestartDriver | None = None
+        self.server: Child | None = None
+        """The reference server now running (a restart replaces it)."""
+        self._private: Path | None = None
         self._console = Console(quiet=opts.quiet)
         self._interrupts = Interrupts(self.say)
         self.server_settings = make_server_settings(self.sc.target, admin_token=self.admin_token)
@@ -121,6 +130,11 @@ class Run:
             if self.client.under_test:
                 raise RunError(
                     f"compose mode runs the lab's own clients only, not --client {self.client.spec}"
+                )
+            check_real_toxiproxy(self.sc, "compose runs a real Toxiproxy; use lab run")
+            if self.sc.restarts:
+                raise RunError(
+                    f"{self.sc.path}: [[restarts]] are for lab run (compose does not restart its parts)"
                 )
             return
         check_local_chain(self.sc, self.target, self.opts.toxiproxy)
@@ -197,6 +211,8 @@ class Run:
                     (self.dir / sub).mkdir(exist_ok=True)
             except OSError as e:
                 raise RunFolderError(f"cannot create the folders of {self.dir}: {e.strerror or e}") from None
+            if self.target == "reference" and self.sc.target.store == "durable":
+                self.server_settings["store"] = str(self._private_dir() / "store.sqlite")
             self.record.write()
             self._start_monitor()
             self._start_all()
@@ -216,7 +232,11 @@ class Run:
         finally:
             if self.phases is not None:
                 self.phases.stop()
+            if self.restarts is not None:
+                self.restarts.stop()
             self._stop_all()
+            if self._private is not None:  # the server's store holds raw session IDs
+                shutil.rmtree(self._private, ignore_errors=True)
             if self.monitor is not None:
                 self.monitor.stop()
             drop_secrets(self.dir)
@@ -273,49 +293,67 @@ class Run:
         self.phases.start()
 
     def _start(self, part: topology.Part, name: str = "", **kw: Any) -> Child:
+        """Start a part and wait until it is ready."""
+        return self._ready(self._launch(part, name, **kw), part)
+
+    def _launch(self, part: topology.Part, name: str = "", **kw: Any) -> Child:
+        """Start a part without waiting for it (`_ready` waits): parts that do not need
+        each other start together, so a run's start costs the slowest, not the sum."""
         assert self.group is not None
         if self._interrupts.interrupted.is_set():
             raise StartError("interrupted while starting")
         env = {**part.env, **kw.pop("env", {})}
-        child = self.group.start(name or part.name, list(part.argv), extra_env=env, **kw)
+        return self.group.start(name or part.name, list(part.argv), extra_env=env, **kw)
+
+    def _ready(self, child: Child, part: topology.Part) -> Child:
+        assert self.group is not None
         if part.ready_line is not None:
             self.group.wait_ready(child, part.ready_line, interrupted=self._interrupts.interrupted.is_set)
         return child
 
     def _start_all(self) -> None:
         site, run = topology.LOCAL, str(self.dir)
+        # The TCP nemesis (or a real Toxiproxy) goes in front of mitmdump, which goes in
+        # front of the target: the nemesis needs neither to start, so it starts first and
+        # the others meanwhile (each part takes about a second to be ready on its own).
+        from lab.nemesis.client import ToxiproxyClient, ToxiproxyError
+
+        nemesis_part = topology.nemesis(site, run, self.sc.seed)
+        shared = self.opts.toxiproxy
+        nem = self._launch(nemesis_part, essential=True) if shared is None else None
         # The target.
+        replicas: list[str] = []
         if self.target == "reference":
-            server = self._start(topology.server(site, run, self._serve_options(self.dir)), essential=True)
-            drop_secrets(self.dir)  # the server has read its settings
-            target_url = server.ready
+            replicas = self._start_servers(site, run)
+            target_url = replicas[0]
         else:
             target_url = self.target
         parts = urlsplit(target_url)
         upstream = f"{parts.scheme}://{parts.netloc}"
 
-        # The fault layer: mitmdump with the addon, in reverse mode in front of the target.
+        # The fault layer: mitmdump with the addon, in reverse mode in front of the target
+        # (and, with replicas, the balancer over them: lab.faults.balance).
         plan = self.dir / topology.PLAN_FILE
         self.record.write_plan(plan, time.time())
         options = {
             "mcpfaults_poll": "0.2",
             "mcpfaults_allowed_origins": ",".join(self.sc.target.allowed_origins),
         }
+        if len(replicas) > 1:
+            options["mcpfaults_replicas"] = ",".join(urlsplit(u).netloc for u in replicas)
+            options["mcpfaults_affinity"] = self.sc.target.affinity
         env = {"LAB_ADMIN_TOKEN": self.admin_token} if self.target == "reference" else {}
-        mitm = self._start(topology.fault_proxy(site, run, upstream, options), essential=True, env=env)
-        mitm_port = urlsplit(mitm.ready).port
+        mitm_part = topology.fault_proxy(site, run, upstream, options)
+        mitm_port = urlsplit(self._start(mitm_part, essential=True, env=env).ready).port
 
-        # The TCP nemesis (or a real Toxiproxy) in front of mitmdump.
-        from lab.nemesis.client import ToxiproxyClient, ToxiproxyError
-
-        if self.opts.toxiproxy is None:
-            nem = self._start(topology.nemesis(site, run, self.sc.seed), essential=True)
-            self.toxiproxy = ToxiproxyClient(nem.ready)
+        if nem is not None:
+            self.toxiproxy = ToxiproxyClient(self._ready(nem, nemesis_part).ready)
             proxy_name = PROXY_NAME
         else:
             from lab.nemesis.log import NemesisLog
 
-            self.toxiproxy = ToxiproxyClient(self.opts.toxiproxy, log=NemesisLog(self.dir / "nemesis.jsonl"))
+            assert shared is not None
+            self.toxiproxy = ToxiproxyClient(shared, log=NemesisLog(self.dir / "nemesis.jsonl"))
             proxy_name = f"{PROXY_NAME}-{self.dir.name}"  # a shared Toxiproxy: one proxy per run
         try:
             proxy = self.toxiproxy.create_proxy(
@@ -360,8 +398,80 @@ class Run:
                 death_signal=signal.SIGKILL,
                 env={**env, "LAB_WORKER_INDEX": str(i)},
             )
+        # While Locust starts: the checker (and pandas), which the progress line needs.
+        threading.Thread(target=importlib.import_module, args=("lab.checker",), daemon=True).start()
         self._wait_for_the_load(LOAD_START_WAIT)
         self._start_toxics(proxy_name)
+        self._start_restarts()
+
+    def _private_dir(self) -> Path:
+        """A folder of this run's private files outside the run folder (0700), removed
+        when the run ends: a durable store holds raw session IDs, which nothing in a run
+        folder may."""
+        if self._private is None:
+            self._private = Path(tempfile.mkdtemp(prefix="lab-private-"))
+        return self._private
+
+    def _start_servers(self, site: topology.Site, run: str) -> list[str]:
+        """The reference server, or its replicas (`target.replicas`): the URL of each.
+
+        Replicas with a store each (`volatile`, `durable`) are processes of their own,
+        `server`, `server-2`, ..., without a server ledger (one ledger is one server's
+        account; the tap is the truth); `shared` is one process answering on a port per
+        replica (`lab serve --replicas N`): one state, as replicas over one store have."""
+        n, store = self.sc.target.replicas, self.sc.target.store
+        if n == 1 or store == "shared":
+            extra = ["--replicas", str(n)] if n > 1 else []
+            server = self._start(
+                topology.server(site, run, [*self._serve_options(self.dir), *extra]), essential=True
+            )
+            drop_secrets(self.dir)  # the server has read its settings
+            self.server = server
+            return server.ready.split()
+        urls = []
+        for i in range(n):
+            if store == "durable":
+                self.server_settings["store"] = str(self._private_dir() / f"store-{i + 1}.sqlite")
+            name = "server" if i == 0 else f"server-{i + 1}"
+            part = topology.server(site, run, self._serve_options(self.dir), name=name, ledger=False)
+            child = self._start(part, essential=True)
+            drop_secrets(self.dir)
+            self.server = self.server or child
+            urls.append(child.ready)
+        return urls
+
+    def _start_restarts(self) -> None:
+        """`[[restarts]]`, counted from the run start (lab.run.restarts)."""
+        if not self.sc.restarts:
+            return
+        reference = self.target == "reference"
+        self.restarts = RestartDriver(
+            self.sc.restarts,
+            self.dir,
+            self.record.run_start,
+            say=self.say,
+            group=self.group,
+            server=self.server,
+            start_server=self._restart_server if reference else None,
+            store=self.sc.target.store if reference else "unknown",
+            command=self.sc.target.restart_command,
+            command_timeout=self.sc.target.restart_timeout,
+            env=dict(os.environ),
+        )
+        self.restarts.start()
+
+    def _restart_server(self, n: int) -> Child:
+        """The reference server started again after restart `n`: on the port it had (the
+        proxy points there), with the same settings and files; ready when it returns."""
+        assert self.server is not None
+        port = urlsplit(self.server.ready).port
+        site = replace(topology.LOCAL, ports={**topology.LOCAL.ports, "server": port or 0})
+        try:
+            return self._start(
+                topology.server(site, str(self.dir), self._serve_options(self.dir)), f"server-r{n}"
+            )
+        finally:
+            drop_secrets(self.dir)  # the server has read its settings again
 
     def _wait_for_the_load(self, limit: float) -> None:
         """Until the master starts the load (its workers connected) and says when: the
@@ -447,7 +557,7 @@ class Run:
         load, group, master = self.sc.load, self.group, self.master
         assert group is not None and master is not None
         while True:
-            self._interrupts.interrupted.wait(1.0)
+            self._next_tick(watcher, master)
             now = time.time()
             elapsed = now - self.record.run_start
             text, reason, complete = watcher.tick(now)
@@ -458,6 +568,10 @@ class Run:
                     sink.update(snap)
             if self._interrupts.interrupted.is_set():
                 self.record.end("interrupted")
+                return
+            if self.restarts is not None and self.restarts.failure is not None:
+                self.record.end(f"part died: {self.restarts.failure}", died="server")
+                self.say(f"lab run: {self.restarts.failure}", err=True)
                 return
             for child in group.children:
                 if child.essential and child.died():
@@ -510,6 +624,15 @@ class Run:
                 return
             if elapsed >= load.hard_timeout:
                 self.record.end("hard_timeout")
+                return
+
+    def _next_tick(self, watcher: Watcher, master: Child) -> None:
+        """A second, or less when the load has ended: the master exited, or the last
+        scripted client left (a short run, a replay, a shrink's candidate do not wait out
+        the second)."""
+        end = time.monotonic() + 1.0
+        while not self._interrupts.interrupted.wait(0.1):
+            if time.monotonic() >= end or not master.alive() or watcher.scripts_done():
                 return
 
     def _stop_all(self) -> None:

@@ -29,14 +29,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import httpx
-import pandas as pd
 
-from lab.checker import CapacityStep, PhaseSpec, RunData, capacity_steps, measure_frames, step_misses
 from lab.run.probe import Probe
 from lab.scenario import Scenario
+
+if TYPE_CHECKING:
+    from lab.checker import CapacityStep, RunData
+
+# The checker (and pandas) are imported where a phase needs them, not by `lab run` itself:
+# a second at every start otherwise, before the first part starts.
 
 SCHEMA = "mcpLabPhases.v1"
 FILE = "phases.jsonl"
@@ -86,6 +90,10 @@ class Action:
 
 def read_client_tables(run_dir: Path, tables: tuple[str, ...] = LIVE_TABLES) -> RunData:
     """The client ledgers' `tables` of a running run (read-only: the workers keep writing)."""
+    import pandas as pd
+
+    from lab.checker import RunData
+
     frames: dict[str, list[pd.DataFrame]] = {t: [] for t in tables}
     for path in sorted((run_dir / "clients").glob("*.sqlite")):
         try:
@@ -165,6 +173,8 @@ class PhaseDriver:
             if late < sc.horizon - 1.0:
                 out.append(Action(late, "probe:come_back_late", partial(self.come_back_late_after, ttl)))
         if sc.load.until_knee:
+            from lab.checker import PhaseSpec, capacity_steps
+
             specs = [PhaseSpec(p.name, p.kind, p.start, p.end, p.users) for p in sc.phases]
             found = capacity_steps(specs)
             for st in found[:-1]:  # past the last step, the run ends anyway
@@ -300,6 +310,8 @@ class PhaseDriver:
         self.probe.come_back_late()
 
     def judge_step(self, st: CapacityStep) -> None:
+        from lab.checker import measure_frames, step_misses
+
         start, end = self.run_start + st.judged_start, self.run_start + st.judged_end
         data = read_client_tables(self.run_dir)
         m = measure_frames(data, start, end, budget_s=self.sc.budget.resume_p99_s, stopped_at=None)

@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lab.checker import over_budget, parse_budgets, per_second
+# The checker (pandas) is imported on the first progress line, not by `lab run`'s start
+# (lab.run.orchestrator warms it meanwhile, while the parts start).
 
 SETTLE_S = 2
 """Seconds after which a 1 s bin of reconnects is taken as whole (workers flush their
@@ -183,6 +184,8 @@ class ProgressLine:
     def budget(self) -> float:
         """Gate 6's budget: run.json `budgets.reconnect_qps` (as the checker reads it)."""
         if self._budget_from_run is None and self.run_dir is not None:
+            from lab.checker import parse_budgets
+
             try:
                 run = json.loads((self.run_dir / "run.json").read_text(encoding="utf-8"))
             except (OSError, ValueError):
@@ -204,6 +207,8 @@ class ProgressLine:
             if self.run_dir is None:
                 return 0, 0, False
             self._reconnects = ReconnectCounter(self.run_dir / "clients")
+        from lab.checker import over_budget, per_second
+
         self._reconnects.update()
         counts = per_second(self._reconnects.sent_at)
         settled = counts[counts.index <= int(now) - SETTLE_S]

@@ -39,6 +39,7 @@ def server_settings(target: TargetSpec, *, admin_token: str | None) -> dict[str,
         "retry_after": target.retry_after,
         "max_rps": target.max_rps,
         "tokens": dict(sorted(target.tokens.items())),
+        "keepalive_s": target.keepalive,
     }
     if admin_token is not None:
         settings["admin_token"] = admin_token
@@ -80,6 +81,8 @@ def settings_as_flags(settings: dict[str, Any]) -> list[str]:
     args += ["--delete", "refuse" if settings.get("refuse_delete") else "allow"]
     args += [f"--allowed-origins={','.join(settings['allowed_origins'])}"]
     args += ["--max-streams", str(settings["max_streams"]), "--retry-after", str(settings["retry_after"])]
+    if "keepalive_s" in settings:
+        args += ["--keepalive", f"{settings['keepalive_s']:g}"]
     if settings.get("max_rps"):
         args += ["--max-rps", f"{settings['max_rps']:g}"]
     if settings.get("tokens"):

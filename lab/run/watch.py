@@ -14,7 +14,13 @@
   were at their limits meanwhile (CPU, file descriptors: `processes.jsonl`, when `lab run`
   wrote one), so a chain that choked on itself is not taken for a target that stopped.
   Failed or timed-out calls are not progress: a target that stopped answering fails calls
-  until the clients give up.
+  until the clients give up. Scripted clients waiting for their next `at` are not
+  active: a script's pause is not a stall.
+- **Scripts done.** A scenario of scripted clients (`[[load.clients]]`) ends, complete,
+  once progress.json says every one of them played its script to the end and left
+  (`scripted_done`, counted by the workers: lab/load/scripted.py): end reason
+  `scripts_done`. A run whose duration runs out first ends incomplete, saying how many
+  finished (`shape_not_reached`).
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ if TYPE_CHECKING:  # prometheus_client loads only for a run that serves metrics
     from lab.run.metrics import Snapshot
 
 OUTCOMES: Final = ("ok", "failed", "timeout", "unknown")
+SCRIPTS_DONE: Final = "scripts_done"
+"""The end reason of a run whose scripted clients all played their scripts to the end."""
 
 
 def outcome_record(
@@ -230,6 +238,8 @@ class Watcher:
         self.users_seen = False
         """Whether progress.json ever said how many clients ran (it may never, e.g. when a
         watcher runs without the Locust master's sums): unknown is not "not reached"."""
+        self.scripted = len(scenario.load.clients)
+        """Scripted clients the scenario lists (0: the task mix)."""
 
     def snapshot(self, now: float) -> Snapshot:
         """The counters of the last `tick`, for `lab run --metrics-port`."""
@@ -252,13 +262,34 @@ class Watcher:
         """For a run whose duration is over: why it is not complete when its load shape never
         ran (fewer clients than it asks for ever ran at once: the box could not start them,
         e.g. 21,000 of 50,000), else None. A run that ends on its event target, or a ramp
-        stopped at its knee, is complete whatever it reached: it ended by design."""
+        stopped at its knee, is complete whatever it reached: it ended by design.
+
+        Scripted clients come and go when their scripts say, so how many ran at once says
+        nothing of them: their load ran whole when every script was played to the end."""
+        if self.scripted:
+            done = int(self.progress.get("scripted_done", 0))
+            if not self.users_seen or done >= self.scripted:
+                return None
+            started = int(self.progress.get("scripted_started", 0))
+            return (
+                f"scripts not finished: {done:,} of the {self.scripted:,} scripted clients played their "
+                f"script to the end ({started:,} started) before the run's duration ran out"
+            )
         if not self.users_seen or self.peak_users >= self.planned_users:
             return None
         return (
             f"load shape not reached: at most {self.peak_users:,} of the {self.planned_users:,} clients "
             "it asks for ran at once (the box could not start them in time: see the lab's processes)"
         )
+
+    def scripts_done(self, progress: dict[str, Any] | None = None) -> bool:
+        """Whether every scripted client has played its script (progress.json, read
+        afresh unless given)."""
+        if not self.scripted:
+            return False
+        if progress is None:
+            progress = read_progress(self.run_dir / "progress.json")
+        return int(progress.get("scripted_done", 0)) >= self.scripted
 
     def tick(self, now: float) -> tuple[str, str | None, bool]:
         """(progress line, end reason or None, complete)."""
@@ -285,8 +316,10 @@ class Watcher:
         if "users" in progress:
             self.users_seen = True
         self.peak_users = max(self.peak_users, users)
+        # A scripted client waiting for its next `at` is doing what its script says.
+        working = users - int(progress.get("scripted_idle", 0))
         idle = self.stall.observe(
-            now, events=self.tap.events, calls_ok=int(progress.get("calls_ok", 0)), clients=users
+            now, events=self.tap.events, calls_ok=int(progress.get("calls_ok", 0)), clients=working
         )
         if idle is not None:
             active = self.outcomes.in_place() + [
@@ -295,7 +328,7 @@ class Watcher:
             limits = lab_limits(self.run_dir, now - idle - STALL_LOOKBACK_S, now)
             return (
                 text,
-                f"traffic stalled: no event sent and no call completed for {idle:.0f}s with {users} clients "
+                f"traffic stalled: no event sent and no call completed for {idle:.0f}s with {working} clients "
                 f"active; in place then: {', '.join(active) or 'no toxic, no fault window'}"
                 + (
                     f"; the lab's own processes at their limits meanwhile: {'; '.join(limits)}"
@@ -307,6 +340,8 @@ class Watcher:
         target = self.sc.load.event_target
         if target is not None and self.tap.events >= target:
             return text, "event_target", True
+        if self.scripts_done(progress):
+            return text, SCRIPTS_DONE, True
         return text, None, False
 
 

@@ -10,6 +10,7 @@
     sc.budgets()                               # run.json "budgets"
     sc.stages()                                # the load shape: users over time
     sc.to_dict()                               # the scenario as loaded, defaults filled in
+    scenario_toml(sc)                          # ... as TOML that loads back to it (lab.scenario.write)
 
 Every key, its unit and default is documented in docs/scenarios.md. The loader reports
 *all* problems of a file at once (`ScenarioError.problems`), each naming the file, the
@@ -19,7 +20,9 @@ starts a process or touches the network.
 
 from __future__ import annotations
 
+from lab.load.settings import ClientScript
 from lab.scenario.parts import (
+    CLIENT_OPS,
     PHASE_KINDS,
     ROLLBACK_MODES,
     SCENARIO_DIR,
@@ -27,6 +30,7 @@ from lab.scenario.parts import (
     Load,
     Phase,
     Reconnect,
+    Restart,
     Scenario,
     ScenarioError,
     TargetSpec,
@@ -43,26 +47,33 @@ from lab.scenario.read import (
     resolve,
     scenario_names,
 )
+from lab.scenario.write import clients_toml, scenario_toml, toml_text
 
 __all__ = [
     "BASELINE_CLIENTS",
+    "CLIENT_OPS",
     "CLIENT_SPEC",
     "OVERRIDABLE",
     "PHASE_KINDS",
     "ROLLBACK_MODES",
     "SCENARIO_DIR",
     "Budgets",
+    "ClientScript",
     "Load",
     "Phase",
     "Reconnect",
+    "Restart",
     "Scenario",
     "ScenarioError",
     "TargetSpec",
     "Ticker",
     "Toxic",
+    "clients_toml",
     "load_baseline",
     "load_scenario",
     "read_expected_failures",
     "resolve",
     "scenario_names",
+    "scenario_toml",
+    "toml_text",
 ]

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Final
 from lab.faults.checks import Issue
 from lab.faults.decisions import Window
 from lab.faults.plan import Plan, Rule
+from lab.load.settings import READ_TIMEOUT_S, SCRIPT_OPS, ClientScript
 from lab.resources import scenario_dir
 from lab.wire import budgets
 
@@ -36,11 +37,16 @@ REQUIRED_ATTRIBUTES: Final[Mapping[str, tuple[str, ...]]] = {
     "reset_peer": (),
     "limit_data": ("bytes",),
     "slicer": ("average_size",),
+    "idle_timeout": ("timeout",),
+    "buffer": ("size",),
+    "header_hold": (),
 }
 """Attributes a scenario must give (the nemesis takes a missing one as 0, which for these
 is almost always a typo). The kinds and the rest of the rules are the nemesis's own
 (`lab.nemesis.toxics`), so a scenario that loads is one the nemesis accepts."""
 TOXIC_STREAMS: Final = ("downstream", "upstream")
+CLIENT_OPS: Final = SCRIPT_OPS
+"""What a scripted client (`[[load.clients]]`) may do: `read`, `stream`, `write`."""
 
 
 class ScenarioError(Exception):
@@ -70,6 +76,25 @@ class TargetSpec:
     max_streams: int = 10_000
     max_rps: float = 0.0
     retry_after: int = 1
+    keepalive: float = 10.0
+    """Seconds of silence on an SSE stream before the reference server sends a comment
+    (0: never): a server that keeps its streams alive outlives a proxy's idle timeout."""
+    store: str = "volatile"
+    """Where the reference server keeps sessions and their streams' events: `volatile`
+    (memory: a restart loses them) or `durable` (a SQLite file in the run folder: they
+    survive a restart), each replica its own; or, with replicas, `shared` (every replica
+    serves from one store). Business writes survive a restart either way (its ledger)."""
+    replicas: int = 1
+    """Reference servers behind the lab's proxy, which balances requests over them."""
+    affinity: str = "none"
+    """How the proxy picks a replica for a request: `none` (round robin, request by
+    request) or `session` (a session's requests go to the replica that created it)."""
+    restart_command: tuple[str, ...] = ()
+    """kind = 'url': the command `lab run` runs at each `[[restarts]]` time to restart the
+    target (`docker restart my-server`, `systemctl restart ...`); empty: a restart of a URL
+    target is not applicable, and the report says so."""
+    restart_timeout: float = 60.0
+    """Seconds the restart command may take before it is killed (a failed restart)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +129,9 @@ class Load:
     client: str = "lab"
     """Who the users are: `lab` (the lab's client core), `python-sdk`, `typescript-sdk` or
     `cmd:<command>` (a client under test behind an adapter, docs/clients.md)."""
+    clients: tuple[ClientScript, ...] = ()
+    """`[[load.clients]]`: scripted clients, in file order, instead of the task mix (then
+    `users` is their number, one worker, no phases; `mix` and `wait_*` do not apply)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +142,9 @@ class Reconnect:
     backoff_cap: float = 30.0
     backoff_multiplier: float = 2.0
     max_attempts: int = 12
+    read_timeout: float = READ_TIMEOUT_S
+    """Seconds without a byte before the lab's client takes a connection for lost (its
+    driver's read timeout)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +214,25 @@ class Toxic:
         }
 
 
+RESTART_HOWS: Final = ("stop", "crash")
+"""How `lab run` stops the reference server at a restart: `stop` is a deploy (SIGTERM: it
+closes its streams and flushes its files), `crash` a kill (SIGKILL: nothing flushed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Restart:
+    """`[[restarts]]`: the target restarted once, mid-run."""
+
+    at: float
+    """Seconds after the run start."""
+    how: str = "stop"
+    down: float = 1.0
+    """Seconds the reference server stays down before it is started again."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"at": self.at, "how": self.how, "down": self.down}
+
+
 @dataclass(frozen=True, slots=True)
 class Scenario:
     name: str
@@ -196,6 +246,7 @@ class Scenario:
     faults: tuple[Rule, ...]
     toxics: tuple[Toxic, ...]
     phases: tuple[Phase, ...]
+    restarts: tuple[Restart, ...] = ()
     expected_failures: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """`[expected_failures]`: per client (`python-sdk`, ...), gate/check IDs known to fail."""
     overrides: Mapping[str, object] = field(default_factory=dict)
@@ -286,11 +337,13 @@ class Scenario:
             backoff_base=rc.backoff_base,
             backoff_cap=rc.backoff_cap,
             max_attempts=rc.max_attempts,
+            read_timeout=rc.read_timeout,
             open_standalone_stream=lo.open_standalone,
             seed=self.seed,
             workers=lo.workers,
             client=lo.client,
             stages=tuple((float(s["until"]), int(s["users"]), float(s["spawn_rate"])) for s in self.stages()),
+            clients=lo.clients,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -300,12 +353,17 @@ class Scenario:
             "name": self.name,
             "description": self.description,
             "seed": self.seed,
-            "target": {**asdict(self.target), "allowed_origins": list(self.target.allowed_origins)},
+            "target": {
+                **asdict(self.target),
+                "allowed_origins": list(self.target.allowed_origins),
+                "restart_command": list(self.target.restart_command),
+            },
             "load": load,
             "reconnect": asdict(self.reconnect),
             "budgets": self.budgets(),
             "faults": [r.to_dict() for r in self.faults],
             "toxics": [t.to_dict() for t in self.toxics],
             "phases": [asdict(p) for p in self.phases],
+            "restarts": [r.to_dict() for r in self.restarts],
             "expected_failures": {k: list(v) for k, v in self.expected_failures.items()},
         }

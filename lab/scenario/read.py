@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any, Final
 
 from lab.faults.checks import Fields, Issue, describe, did_you_mean
+from lab.load.settings import ClientScript
 from lab.scenario.parts import (
+    CLIENT_OPS,
     PHASE_KINDS,
     ROLLBACK_MODES,
     SCENARIO_DIR,
@@ -24,12 +26,15 @@ from lab.scenario.parts import (
     TargetSpec,
     Ticker,
 )
-from lab.scenario.rules import cross_checks, read_budgets, read_faults, read_toxics
+from lab.scenario.rules import cross_checks, read_budgets, read_faults, read_restarts, read_toxics
 from lab.wire.revisions import SUPPORTED_REVISIONS
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 _URL = re.compile(r"https?://[^/\s]+(/\S*)?")
 _TOKEN = re.compile(r"[A-Za-z0-9._~+/-]+=*")
+CLIENT_ID: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+"""A scripted client's `id` (`[[load.clients]]`), used verbatim as its client ID."""
+_CLIENT_ID_WHAT: Final = "a client ID of letters, digits and _.- (1..64 characters)"
 
 
 # ---------------------------------------------------------------------- loading
@@ -47,12 +52,14 @@ def resolve(path_or_name: str | Path, directory: Path = SCENARIO_DIR) -> Path:
     return directory / f"{p}.toml"
 
 
+MAX_REPLICAS: Final = 16
 OVERRIDABLE: Final = {
     "users": "load.users",
     "spawn_rate": "load.spawn_rate",
     "duration": "load.duration",
     "events": "load.event_target",
     "seed": "seed",
+    "replicas": "target.replicas",
 }
 """`lab run` flags (`--users`, ...) -> the scenario key each one sets."""
 _SET_BY_PHASES: Final = ("load.users", "load.spawn_rate", "load.duration")
@@ -172,6 +179,7 @@ def _read(doc: Mapping[str, Any], path: Path, issues: list[Issue]) -> Scenario |
     by_name = {p.name: p for p in phases}
     faults, fault_keys = read_faults(top.tables("faults"), by_name, horizon, issues)
     toxics, toxic_keys = read_toxics(top.tables("toxics"), by_name, horizon, issues)
+    restarts = read_restarts(top.tables("restarts"), target, horizon, issues)
     budgets = read_budgets(top.table("budgets"), load, reconnect, faults, toxics)
     expected = read_expected_failures(top.table("expected_failures"))
     top.done()
@@ -190,6 +198,7 @@ def _read(doc: Mapping[str, Any], path: Path, issues: list[Issue]) -> Scenario |
         tuple(faults),
         tuple(toxics),
         tuple(phases),
+        tuple(restarts),
         expected,
     )
 
@@ -210,11 +219,19 @@ def _target(f: Fields) -> TargetSpec:
         "max_streams",
         "max_rps",
         "retry_after",
+        "keepalive",
+        "store",
+        "replicas",
+        "affinity",
     )
     if kind == "url":
         for key in reference_only:
             if f.has(key):
                 f.problem(key, "only for kind = 'reference' (a URL target is configured on its own)")
+    else:
+        for key in ("restart_command", "restart_timeout"):
+            if f.has(key):
+                f.problem(key, "only for kind = 'url' (`lab run` restarts the reference server itself)")
     tokens: dict[str, str] = {}
     tf = f.table("tokens")
     for token, subject in tf.raw.items():
@@ -236,7 +253,22 @@ def _target(f: Fields) -> TargetSpec:
         max_streams=f.integer("max_streams", d.max_streams, lo=1),
         max_rps=f.number("max_rps", d.max_rps, lo=0.0),
         retry_after=f.integer("retry_after", d.retry_after, lo=0),
+        keepalive=f.duration("keepalive", d.keepalive),
+        store=f.choice("store", d.store, ("volatile", "durable", "shared")),
+        replicas=f.integer("replicas", d.replicas, lo=1, hi=MAX_REPLICAS),
+        affinity=f.choice("affinity", d.affinity, ("none", "session")),
+        restart_command=f.string_list("restart_command", what="a word of the command (no shell)") or (),
+        restart_timeout=f.duration("restart_timeout", d.restart_timeout, positive=True),
     )
+    if t.replicas > 1 and not f.has("affinity"):
+        f.problem(
+            "affinity", "required with replicas > 1: 'none' (round robin, request by request) or 'session'"
+        )
+    if t.replicas == 1:
+        if t.store == "shared":
+            f.problem("store", "'shared' needs replicas > 1 (one server has one store)")
+        if f.has("affinity"):
+            f.problem("affinity", "only with replicas > 1")
     f.done()
     return t
 
@@ -250,6 +282,7 @@ def _reconnect(f: Fields) -> Reconnect:
         backoff_cap=f.duration("backoff_cap", d.backoff_cap, positive=True),
         backoff_multiplier=f.number("backoff_multiplier", d.backoff_multiplier, lo=1.0),
         max_attempts=f.integer("max_attempts", d.max_attempts, lo=1),
+        read_timeout=f.duration("read_timeout", d.read_timeout, positive=True),
     )
     if r.backoff_cap < r.backoff_base:
         f.problem("backoff_cap", f"must be >= backoff_base ({r.backoff_cap:g}s < {r.backoff_base:g}s)")
@@ -315,15 +348,31 @@ def _phase_knobs(f: Fields) -> dict[str, Any]:
 
 def _load(f: Fields, phases: list[Phase]) -> Load:
     peak = max((p.users for p in phases), default=0)
-    if not f.has("users") and not phases:
+    client_tables = f.tables("clients")
+    scripted = len(client_tables)
+    if f.has("clients") and not client_tables and isinstance(f.get("clients"), list):
+        f.problem("clients", "an empty list: give at least one [[load.clients]] table, or leave it out")
+    if not f.has("users") and not phases and not scripted:
         f.problem("users", "required: how many concurrent clients (an integer >= 1)")
-    users = f.integer("users", max(peak, 1), lo=1)
+    users = f.integer("users", scripted or max(peak, 1), lo=1)
     if phases and peak > users:
         f.problem(
             "users",
             f"a phase asks for {peak} users, more than load.users ({users}); raise it or leave it out",
         )
+    if scripted and users != scripted:
+        f.problem(
+            "users",
+            f"{users} given, but [[load.clients]] lists {scripted} client(s): expected {scripted} "
+            "(or leave users out: it is then the number of clients)",
+        )
     spawn_rate = f.number("spawn_rate", float(users), lo=0.0, lo_open=True)
+    if scripted and spawn_rate < scripted:
+        f.problem(
+            "spawn_rate",
+            f"scripted clients all start at once (their `at` counts from the load's start): expected "
+            f">= {scripted} (the number of [[load.clients]]) or leave it out, got {spawn_rate:g}",
+        )
     duration = f.optional_duration("duration", positive=True)
     if phases:
         total = sum(p.duration for p in phases)
@@ -340,8 +389,19 @@ def _load(f: Fields, phases: list[Phase]) -> Load:
     if duration is not None and hard_timeout < duration:
         f.problem("hard_timeout", f"must be >= the duration ({hard_timeout:g}s < {duration:g}s)")
     workers = f.integer("workers", 1, lo=1, hi=64)
-    if workers > users:
+    if scripted and workers != 1:
+        f.problem(
+            "workers",
+            f"scripted clients ([[load.clients]]) run in one worker: expected 1 (or leave it out), got {workers}",
+        )
+    elif workers > users:
         f.problem("workers", f"more workers ({workers}) than users ({users})")
+    if scripted and phases:
+        f.problem(
+            "clients",
+            "scripted clients cannot be combined with [[phases]] (the phases set the load shape, the "
+            "scripts say when each client comes): remove one of them",
+        )
     mix_f = f.table("mix")
     mix = {k: mix_f.integer(k, 1, lo=0) for k in ("read", "stream", "write")}
     mix["churn"] = mix_f.integer("churn", 0, lo=0)  # leave (DELETE) and come back as a new client
@@ -376,11 +436,99 @@ def _load(f: Fields, phases: list[Phase]) -> Load:
         stall_timeout=f.duration("stall_timeout", 20.0, positive=True),
         until_knee=f.boolean("until_knee", False),
         client=f.string("client", "lab", pattern=CLIENT_SPEC, what=CLIENT_WHAT),
+        clients=_scripted_clients(client_tables, duration if duration is not None else hard_timeout),
     )
     if load.until_knee and not any(p.kind == "ramp" for p in phases):
         f.problem("until_knee", "needs a stepped ramp: [[phases]] of kind 'ramp'")
     f.done()
     return load
+
+
+def _scripted_clients(tables: list[Fields], horizon: float) -> tuple[ClientScript, ...]:
+    """`[[load.clients]]`, in file order; every problem named by its key (`load.clients[2].at`)."""
+    scripts: list[ClientScript] = []
+    seen: dict[str, str] = {}
+    for f in tables:
+        script = _client_script(f, horizon)
+        if script.id in seen:
+            f.problem(
+                "id",
+                f"duplicate client id {script.id!r} (also {seen[script.id]}): expected one script per client",
+            )
+        elif script.id:
+            seen[script.id] = f.prefix
+        scripts.append(script)
+    return tuple(scripts)
+
+
+def _client_script(f: Fields, horizon: float) -> ClientScript:
+    """One `[[load.clients]]` table: `id`, `ops` and `at`, all three required."""
+    if not f.has("id"):
+        f.problem("id", f"required: the client ID to use, {_CLIENT_ID_WHAT}")
+    client_id = f.string("id", "", pattern=CLIENT_ID, what=_CLIENT_ID_WHAT)
+    ops = _client_ops(f)
+    at = _client_times(f, horizon)
+    f.done()
+    if ops is not None and at is not None and len(ops) != len(at):
+        f.problem(
+            "at",
+            f"{len(at)} time(s) for {len(ops)} op(s): expected one time per op (a list as long as ops)",
+        )
+    return ClientScript(client_id, tuple(ops or ()), tuple(at or ()))
+
+
+def _client_ops(f: Fields) -> list[str] | None:
+    """`ops`: a list (maybe empty) of `read`, `stream`, `write`; None when unusable."""
+    choices = ", ".join(map(repr, CLIENT_OPS))
+    if not f.has("ops"):
+        f.problem("ops", f"required: a list of operations, each one of {choices} ([] for none)")
+        return None
+    value = f.get("ops")
+    if not isinstance(value, list):
+        f.problem("ops", f"expected a list of operations, each one of {choices}, got {describe(value)}")
+        return None
+    ops: list[str] = []
+    for i, op in enumerate(value):
+        if not isinstance(op, str) or op not in CLIENT_OPS:
+            guess = did_you_mean(op, CLIENT_OPS) if isinstance(op, str) else ""
+            f.problem(f"ops[{i}]", f"expected one of {choices}, got {describe(op)}{guess}")
+        ops.append(op if isinstance(op, str) else "")
+    return ops
+
+
+def _client_times(f: Fields, horizon: float) -> list[float] | None:
+    """`at`: a list (maybe empty) of seconds since the load's start, non-decreasing, each
+    before the run's end; None when unusable."""
+    what = "a list of start times, seconds since the load's start, one per op"
+    if not f.has("at"):
+        f.problem("at", f"required: {what} ([] for none)")
+        return None
+    value = f.get("at")
+    if not isinstance(value, list):
+        f.problem("at", f"expected {what}, got {describe(value)}")
+        return None
+    times: list[float] = []
+    before = 0.0
+    for i, t in enumerate(value):
+        key = f"at[{i}]"
+        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
+            f.problem(key, f"expected a number of seconds >= 0, got {describe(t)}")
+            times.append(before)
+            continue
+        seconds = float(t)
+        if seconds < before:
+            f.problem(
+                key,
+                f"expected a time >= the one before ({before:g}), got {seconds:g}: ops start in order, "
+                "so the times never decrease",
+            )
+        elif seconds >= horizon:
+            f.problem(
+                key, f"never reached: expected a time before the run's end ({horizon:g}s), got {seconds:g}"
+            )
+        before = max(before, seconds)
+        times.append(seconds)
+    return times
 
 
 CLIENT_SPEC: Final = re.compile(r"lab|python-sdk|typescript-sdk|cmd:\S.*")

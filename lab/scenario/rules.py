@@ -14,11 +14,13 @@ from lab.nemesis.toxics import BREAKS_CONNECTIONS, KIND_ATTRIBUTES, parse_attrib
 from lab.scenario.parts import (
     FAULT_FREE_PHASES,
     REQUIRED_ATTRIBUTES,
+    RESTART_HOWS,
     TOXIC_STREAMS,
     Budgets,
     Load,
     Phase,
     Reconnect,
+    Restart,
     TargetSpec,
     Toxic,
 )
@@ -113,6 +115,50 @@ def read_toxics(
     return toxics, keys
 
 
+RESTART_GAP_S = 3.0
+"""Seconds a restarted reference server is given to come back (it is ready in about one)
+before the next restart may begin."""
+
+
+def read_restarts(
+    tables: list[Fields], target: TargetSpec, horizon: float, issues: list[Issue]
+) -> list[Restart]:
+    """`[[restarts]]`: each `at` inside the run, in order, each begun after the previous
+    one is back up; `how` and `down` are the reference server's (a URL target's restart is
+    its `target.restart_command`)."""
+    out: list[Restart] = []
+    for f in tables:
+        if not f.has("at"):
+            f.problem("at", "required: when the target restarts, seconds after the run start (like '30s')")
+        at = f.duration("at", 0.0)
+        d = Restart(at)
+        how = f.choice("how", d.how, RESTART_HOWS)
+        down = f.duration("down", d.down)
+        if target.replicas > 1:
+            f.problem("at", "restarts of replicas are not supported yet: give target.replicas = 1")
+        if target.kind != "reference":
+            for key in ("how", "down"):
+                if f.has(key):
+                    f.problem(
+                        key,
+                        "only for target.kind = 'reference' (a URL target restarts by its restart_command)",
+                    )
+        f.done()
+        if f.has("at") and at >= horizon:
+            f.problem("at", f"never happens: the run lasts {horizon:g}s")
+            continue
+        if out and at < out[-1].at + out[-1].down + RESTART_GAP_S:
+            prev = out[-1]
+            f.problem(
+                "at",
+                f"must be at least {prev.down + RESTART_GAP_S:g}s after the previous restart's at ({prev.at:g}s): "
+                "the server is down, then starting, until then (restarts in time order)",
+            )
+            continue
+        out.append(Restart(at, how, down))
+    return out
+
+
 def toxic_attributes(f: Fields, kind: str) -> dict[str, int]:
     names = KIND_ATTRIBUTES.get(kind)
     if names is None:
@@ -171,15 +217,15 @@ def cross_checks(
     issues: list[Issue],
 ) -> None:
     """Checks across sections: what the target offers, and faults in fault-free phases."""
-    if target.kind != "reference":
-        for i, p in enumerate(phases):
-            if p.server:
-                issues.append(
-                    Issue(
-                        f"phases[{i}].server",
-                        "phase knobs need the reference server's admin control (target.kind = 'reference')",
-                    )
-                )
+    knobs_refused = (
+        "phase knobs need the reference server's admin control (target.kind = 'reference')"
+        if target.kind != "reference"
+        else "phase knobs are set on one server: not with target.replicas > 1"
+        if target.replicas > 1
+        else None
+    )
+    if knobs_refused is not None:
+        issues.extend(Issue(f"phases[{i}].server", knobs_refused) for i, p in enumerate(phases) if p.server)
     for rule, key in zip(faults, keys, strict=True):
         needs = rule.spec.needs
         if Need.ADMIN_CONTROL in needs and target.kind != "reference":

@@ -44,7 +44,8 @@ class Size:
 
 
 def peak_clients(sc: Scenario) -> int:
-    """The most clients the load shape asks for at once: load.users, or a phase's."""
+    """The most clients the load shape asks for at once: load.users, or a phase's (for
+    scripted clients, all of them: at most that many are at once)."""
     return max([sc.load.users, *(p.users for p in sc.phases)])
 
 
@@ -54,6 +55,10 @@ def size_of(sc: Scenario) -> Size:
     if lo.event_target is not None:
         bound = lo.duration if lo.duration is not None else lo.hard_timeout
         length = f"until {lo.event_target:,} events (at most {_span(bound)})"
+    elif lo.clients:
+        n = len(lo.clients)
+        done = f"{n:,} scripted clients are" if n != 1 else "1 scripted client is"
+        length = f"until its {done} done (at most {_span(sc.horizon)})"
     elif lo.until_knee:
         length = f"until one step past the knee (at most {_span(sc.horizon)})"
     else:

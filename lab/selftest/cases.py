@@ -16,8 +16,8 @@ docs/selftest.md shows the same table.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 
-from lab.checker import REGISTRY
 from lab.server.defects import DEFECT_NAMES, DESCRIPTIONS, Defect
 
 PRISTINE = "pristine"
@@ -26,11 +26,18 @@ PRISTINE = "pristine"
 SELFTEST_RULES: tuple[str, ...] = ("declared_capabilities",)
 """Rules beyond the core that every selftest run has: its tap records what each session
 declared at initialize."""
-GATES: tuple[tuple[int, str], ...] = tuple((r.number, r.id) for r in REGISTRY.core()) + tuple(
-    (REGISTRY[r].number, r) for r in SELFTEST_RULES
-)
-"""(number, ID) of the rules every selftest run has, in display order (the checker's
-registry, lab.checker.rules): the columns of the matrix."""
+
+
+@cache
+def gates() -> tuple[tuple[int, str], ...]:
+    """(number, ID) of the rules every selftest run has, in display order (the checker's
+    registry, lab.checker.rules): the columns of the matrix. Read when asked: the checker
+    (pandas) is not imported to register the subcommand (`lab --help`, every `lab` start)."""
+    from lab.checker import REGISTRY
+
+    return tuple((r.number, r.id) for r in REGISTRY.core()) + tuple(
+        (REGISTRY[r].number, r) for r in SELFTEST_RULES
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +64,7 @@ class Case:
 
     @property
     def gate_name(self) -> str | None:
-        return None if self.gate is None else dict(GATES)[self.gate]
+        return None if self.gate is None else dict(gates())[self.gate]
 
 
 def _case(defect: Defect, gate: int, checks: tuple[str, ...], why: str) -> Case:

@@ -23,8 +23,10 @@ from typing import Any
 
 from lab.exitcodes import ExitCode
 from lab.report.document import rules_of
-from lab.selftest.cases import GATES, Case
+from lab.selftest.cases import Case, gates
 from lab.selftest.execute import CaseRun
+
+GATES = gates()
 
 SCHEMA = "mcpLabSelftest.v1"
 

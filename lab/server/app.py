@@ -51,6 +51,7 @@ from lab.server import ledger as L
 from lab.server.admin import admin_control
 from lab.server.config import ServerConfig, matches
 from lab.server.defects import SLOW_RESUME_S, Defect
+from lab.server.durable import DurableState
 from lab.server.http import (
     Receive,
     Refused,
@@ -70,6 +71,7 @@ from lab.server.ratelimit import RequestRateLimiter
 from lab.server.requestlog import log_request
 from lab.server.sse_out import SSE_HEADERS, serve_live
 from lab.server.state import Full, Resumption, ServerState
+from lab.server.store import Store
 from lab.server.tools import TOOL_LIST, ToolError, dispatch
 from lab.wire import jsonrpc
 from lab.wire.errors import RemoteProtocolError
@@ -81,10 +83,14 @@ from lab.wire.revisions import (
     negotiate,
     revision,
 )
+from lab.wire.sse import encode_event
 
 log = logging.getLogger("lab.server")
 
 SERVER_INFO = {"name": "mcp-lab-reference", "version": "0.1.0"}
+STOPPING_RETRY_MS = 2000
+"""The `retry` a stopping server advises on the streams it ends: about how long a restart
+takes (lab run's restarts are back in 1-3 s)."""
 
 
 class McpApp:
@@ -95,7 +101,12 @@ class McpApp:
         self.ledger = L.Ledger(
             config.ledger_path, meta={"event_ids": config.event_ids, "defects": ",".join(config.defects)}
         )
-        self.state = ServerState(config, self.ledger)
+        self.store = None if config.store is None else Store(config.store)
+        self.state = (
+            ServerState(config, self.ledger)
+            if self.store is None
+            else DurableState(config, self.ledger, self.store, time.time())
+        )
         self.defects = self.state.defects
         self.rate = RequestRateLimiter(
             config.max_rps or float("inf"), burst=max(1.0, config.max_rps), now=time.time()
@@ -167,6 +178,8 @@ class McpApp:
         self._spawn(self._sweeper())
         if self.config.heartbeat_ms > 0:
             self._spawn(self._heartbeat())
+        if self.store is not None:
+            self._spawn(self.store.run_handoffs())
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(coro)
@@ -174,8 +187,22 @@ class McpApp:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    def end_live_connections(self) -> None:
+        """End every SSE response in progress (the server is stopping); the streams stay.
+        Each first advises `retry` (a server that closes a stream it goes on with says
+        when to come back, as with polling): about the time a restart takes."""
+        advice = encode_event(None, retry=STOPPING_RETRY_MS)
+        for s in list(self.state.sessions.values()):
+            for st in s.streams.values():
+                sub = st.subscriber
+                if sub is not None:
+                    if Defect.NO_RETRY_FIELD not in self.defects:  # defect: close without advising `retry`
+                        sub.push(advice, counts=False)
+                    sub.end("server_stopping")
+
     def close(self) -> None:
-        """Close streams (reason shutdown) and flush the ledger."""
+        """Close streams (reason shutdown) and flush the ledger; with a store, pause them
+        instead and flush and close the store (durable.py)."""
         for t in list(self._tasks):
             t.cancel()
         self.state.shutdown(time.time())

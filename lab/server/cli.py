@@ -2,8 +2,9 @@
 
 Settings come from `ServerConfig`'s defaults, then `--config FILE` (a JSON object of
 ServerConfig fields), then the flags given on the command line: a flag overrides the file.
-Exit codes (lab/exitcodes.py): 0 stopped by a signal, 3 bad settings or cannot bind,
-4 the ledger writer failed (the server stops at once rather than lose evidence).
+Exit codes (lab/exitcodes.py): 0 stopped by a signal, 3 bad settings, a store it cannot
+restore from, or cannot bind, 4 the ledger's or the store's writer failed (the server
+stops at once rather than lose evidence, or state a restart would need).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def _conversions() -> dict[str, tuple[str, _Conv]]:
         "host": ("host", str),
         "port": ("port", int),
         "ledger": ("ledger_path", str),
+        "store": ("store", str),
         "tokens": ("tokens", parse_tokens),
         "allowed_origins": ("allowed_origins", parse_list),
         "allowed_hosts": ("allowed_hosts", parse_list),
@@ -84,8 +86,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     a("--config", metavar="FILE", help="JSON object of settings (field names as below); flags override it")
     a("--host", help="bind address (loopback only unless tokens are set); default 127.0.0.1")
     a("--port", type=int, help="port (0 = any free port); default 8000")
+    a(
+        "--replicas",
+        type=int,
+        default=1,
+        metavar="N",
+        help="answer on N ports, one state: replicas over one shared store (the first port is --port, "
+        "the others free ones; the ready line lists every URL)",
+    )
     a("--path", default="/mcp", help="the MCP endpoint path (default /mcp)")
     a("--ledger", help="SQLite ledger file (mcpServerLedger.v1); none if omitted")
+    a(
+        "--store",
+        metavar="FILE",
+        help="SQLite store of sessions, streams and events, so that a restart keeps them "
+        "(private: it holds raw session IDs); in memory only if omitted",
+    )
     a("--tokens", help="bearer tokens: token=subject,token2=subject2 (use --config for any other text)")
     a("--allowed-origins", help="comma-separated Origin allow-list; `:*` matches any port")
     a("--allowed-hosts", help="comma-separated Host allow-list (DNS-rebinding protection)")
@@ -156,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
 
     from lab.logscrub import scrub_stderr
     from lab.server.app import McpApp
+    from lab.server.durable import DurableState
     from lab.server.protocol import bounded_protocol
 
     scrub_stderr()  # no token or session ID in its log, whoever prints it (uvicorn's tracebacks)
@@ -166,18 +183,32 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"lab serve: {e}", file=sys.stderr)
         return ExitCode.CANNOT_RUN
-    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((config.host, config.port))
-    except OSError as e:
-        print(f"lab serve: cannot bind {config.host}:{config.port}: {e}", file=sys.stderr)
+    if not 1 <= args.replicas <= 64:
+        print(f"lab serve: --replicas must be 1..64, got {args.replicas}", file=sys.stderr)
         app.close()
         return ExitCode.CANNOT_RUN
-    port = sock.getsockname()[1]
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    socks: list[socket.socket] = []
+    for port_wanted in [config.port] + [0] * (args.replicas - 1):
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((config.host, port_wanted))
+        except OSError as e:
+            print(f"lab serve: cannot bind {config.host}:{port_wanted}: {e}", file=sys.stderr)
+            app.close()
+            return ExitCode.CANNOT_RUN
+        socks.append(sock)
+    restored = app.state.restored if isinstance(app.state, DurableState) else None
+    if restored is not None:  # counts only: never an ID
+        print(
+            f"lab-serve restored from the store: sessions {restored.sessions}, streams {restored.streams}, "
+            f"events {restored.events}, interrupted calls answered with an error {restored.interrupted}"
+            + ("" if restored.clean else "; the last stop was not clean (its last batch may be lost)"),
+            flush=True,
+        )
     host = f"[{config.host}]" if family == socket.AF_INET6 else config.host
-    url = f"http://{host}:{port}{args.path}"
+    url = " ".join(f"http://{host}:{s.getsockname()[1]}{args.path}" for s in socks)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
@@ -186,9 +217,16 @@ def run(args: argparse.Namespace) -> int:
                 print(f"lab-serve DEFECTS ON PURPOSE: {', '.join(config.defects)}", flush=True)
             print(f"lab-serve listening on {url}", flush=True)
 
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            # The live SSE responses end first (their streams go on, or are paused in the
+            # store): else uvicorn waits out its graceful timeout on each open stream.
+            app.end_live_connections()
+            await super().shutdown(sockets)
+
         async def on_tick(self, counter: int) -> bool:
-            # A lost ledger writer stops the server: evidence must not go missing quietly.
-            if app.ledger.failure is not None:
+            # A lost ledger writer stops the server: evidence must not go missing quietly;
+            # nor may the state a restart needs (the store's writer).
+            if app.ledger.failure is not None or (app.store is not None and app.store.failure is not None):
                 return True
             return await super().on_tick(counter)
 
@@ -208,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: sys.exit(0))
     try:
-        Server(uv).run(sockets=[sock])
+        Server(uv).run(sockets=socks)
     finally:
         app.close()
         if app.ledger.failure is not None:
@@ -218,4 +256,13 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-    return ExitCode.LAB_FAILED if app.ledger.failure is not None else ExitCode.PASS
+        store_failure = None if app.store is None else app.store.failure
+        if store_failure is not None:
+            print(
+                f"lab serve: the store writer failed ({store_failure!r}); a restart would not find "
+                "what happened since; stopping with exit 4",
+                file=sys.stderr,
+                flush=True,
+            )
+    failed = app.ledger.failure is not None or (app.store is not None and app.store.failure is not None)
+    return ExitCode.LAB_FAILED if failed else ExitCode.PASS

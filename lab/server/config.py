@@ -30,6 +30,9 @@ class ServerConfig:
     port: int = 0
     ledger_path: str | None = None
     """SQLite ledger file; None keeps no ledger (the server still works)."""
+    store: str | None = None
+    """SQLite store of sessions, streams and their events (lab/server/store.py), so that a
+    restart keeps them; None keeps them in memory only (a restart loses them)."""
     ledger_key: bytes = b"\x00" * 32
     """Per-run HMAC key for session pseudonyms (LAB_LEDGER_KEY; hex in a config file)."""
     event_id_key: bytes = b""
@@ -112,6 +115,12 @@ class ServerConfig:
                 f"refusing to bind {self.host}: without --tokens the server only binds loopback "
                 "(127.0.0.1, ::1, localhost); configure bearer tokens to serve anything else"
             )
+        if (
+            self.store is not None
+            and self.ledger_path is not None
+            and _same_file(self.store, self.ledger_path)
+        ):
+            raise ValueError("store and ledger must be two files: the store holds what the ledger never may")
         if self.cursor_policy not in ("reject", "fresh"):
             raise ValueError(f"cursor_policy must be reject or fresh, got {self.cursor_policy!r}")
         if self.cursor_reject_status not in CURSOR_REJECT_STATUSES:
@@ -147,6 +156,10 @@ class ServerConfig:
         for name in ("header_timeout", "body_timeout"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0 seconds, got {getattr(self, name)}")
+
+
+def _same_file(a: str, b: str) -> bool:
+    return Path(a).resolve() == Path(b).resolve()
 
 
 def _is_loopback(host: str) -> bool:

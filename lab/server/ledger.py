@@ -224,7 +224,7 @@ class Ledger:
 
 _table_of: dict[str, str] = {}
 """Statement -> the table it writes (a handful of statements; matched once each)."""
-_TABLE = re.compile(r"^\s*(?:INSERT(?:\s+OR\s+\w+)?\s+INTO|UPDATE)\s+(\w+)", re.IGNORECASE)
+_TABLE = re.compile(r"^\s*(?:INSERT(?:\s+OR\s+\w+)?\s+INTO|UPDATE|DELETE\s+FROM)\s+(\w+)", re.IGNORECASE)
 
 
 def group_in_order(writes: Sequence[tuple[str, Sequence[Any]]]) -> list[tuple[str, list[Sequence[Any]]]]:
@@ -233,7 +233,8 @@ def group_in_order(writes: Sequence[tuple[str, Sequence[Any]]]) -> list[tuple[st
 
     A row joins the last group of its statement only if no other statement touched the
     same table since: an UPDATE must follow the INSERT it updates, and an INSERT OR
-    REPLACE must not overtake an UPDATE of its row. Tables are independent of each other,
+    REPLACE must not overtake an UPDATE of its row (nor a DELETE: the store, store.py,
+    groups its statements here too). Tables are independent of each other,
     so events, requests and dispatches still go in one executemany each per batch.
     (Grouping by statement alone once put a stream's close before its own insert when
     streams opened and closed within one batch, and the close was lost.)
@@ -266,6 +267,7 @@ ACK_STREAM = "UPDATE streams SET last_acked_event_id=? WHERE session=? AND strea
 INSERT_EVENT = "INSERT INTO events_sent VALUES (?,?,?,?,?,?,?,?,?,?)"
 INSERT_DISPATCH = "INSERT INTO dispatches VALUES (?,?,?,?,?,?,?,?,?)"
 INSERT_REQUEST = "INSERT INTO requests VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+INSERT_META = "INSERT OR REPLACE INTO meta VALUES (?, ?)"
 
 
 def load_receipts(path: str | Path) -> dict[tuple[str | None, str], str]:

@@ -9,6 +9,10 @@ A stream outlives its connections: a tool keeps running when the client's connec
 drops (a dropped connection is not a cancellation), its events are stored, and a GET with
 `Last-Event-ID` replays what was missed on *that stream only*.
 
+This class holds everything in memory only: a restart loses it. With `lab serve --store
+FILE` the server runs its subclass `DurableState` (durable.py), which records every change
+in a store and restores from it; this class records nothing, so its path is unchanged.
+
 Everything held is bounded (ServerConfig says how, and what happens at each limit):
 sessions (`max_sessions`), open streams per session (`max_session_streams`), events
 retained per session in bytes (`max_session_event_bytes`) and per stream in count
@@ -198,6 +202,10 @@ class ServerState:
         if not keep_index:
             self.kept_generations = {self.generation}
 
+    def set_log_level(self, s: Session, level: str) -> None:
+        """`logging/setLevel`: the lowest level of `notifications/message` sent to `s`."""
+        s.log_level = level
+
     def log_message(self, s: Session, level: str, logger: str, data: Any, now: float) -> None:
         """A `notifications/message` on the session's standalone stream, if it has one and
         the level is at or above what the client asked for (`logging/setLevel`)."""
@@ -231,6 +239,14 @@ class ServerState:
         self._register(st, None, conn)
         s.standalone = st
         return st
+
+    def set_polling(self, st: Stream, close_after: int, retry_ms: int) -> None:
+        """The ticker's `close_after`: close the connection every `close_after` events it
+        carried, advising `retry_ms` first (the stream goes on)."""
+        st.close_after = close_after
+        st.retry_ms = retry_ms
+        if st.subscriber is not None:
+            st.subscriber.close_after = close_after
 
     def _make_room(self, s: Session, now: float) -> None:
         """At `max_session_streams`, close the oldest standalone stream nobody is connected

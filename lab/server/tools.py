@@ -119,10 +119,11 @@ async def ticker(call: ToolCall) -> dict[str, Any]:
     interval = _int_arg(call.arguments, "interval_ms", 100, 0, 60_000) / 1000.0
     close_after = call.arguments.get("close_after")
     if close_after is not None:
-        call.stream.close_after = _int_arg(call.arguments, "close_after", 0, 1, 100_000)
-        call.stream.retry_ms = _int_arg(call.arguments, "retry_ms", 500, 0, 60_000)
-        if call.stream.subscriber is not None:
-            call.stream.subscriber.close_after = call.stream.close_after
+        call.state.set_polling(
+            call.stream,
+            _int_arg(call.arguments, "close_after", 0, 1, 100_000),
+            _int_arg(call.arguments, "retry_ms", 500, 0, 60_000),
+        )
     for i in range(count):
         if interval > 0 or i % 64 == 63:
             await asyncio.sleep(interval)  # also yields now and then when interval is 0
@@ -221,7 +222,7 @@ async def dispatch(state: ServerState, st: Stream, msg: jsonrpc.Message) -> json
         level = params.get("level")
         if level not in LOG_LEVELS:
             raise ToolError(jsonrpc.INVALID_PARAMS, f"level must be one of {', '.join(LOG_LEVELS)}")
-        st.session.log_level = level
+        state.set_log_level(st.session, level)
         return {}
     raise ToolError(jsonrpc.METHOD_NOT_FOUND, f"method not found: {msg.method}")
 
@@ -257,6 +258,10 @@ TOOL_LIST = [
         "name": "ledger.append",
         "description": f"Append an entry: a business side effect, once per params._meta[{IDEMPOTENCY_META!r}].",
         "inputSchema": {"type": "object", "properties": {"entry": {"type": "string"}}},
-        "annotations": {"readOnlyHint": False, "idempotentHint": True},
+        # Truthful for the retry rule: called again with the same arguments it appends
+        # again; only the same idempotency key (params._meta, the lab's convention) makes a
+        # repetition a no-op, and the tool says it honours that key (`_meta`).
+        "annotations": {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": False},
+        "_meta": {IDEMPOTENCY_META: True},
     },
 ]

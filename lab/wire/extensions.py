@@ -15,7 +15,10 @@ LAB_CONN_HEADER: Final = "x-lab-conn"
 """`<client-id>:<conn-id>` on every request of a lab client (see docs/ledgers.md)."""
 
 IDEMPOTENCY_META: Final = "mcp-lab/idempotency-key"
-"""`params._meta[IDEMPOTENCY_META]` of a tools/call: the logical operation's key."""
+"""`params._meta[IDEMPOTENCY_META]` of a tools/call: the logical operation's key. In a
+`tools/list` entry, `_meta[IDEMPOTENCY_META]: true` is the server's word that it performs
+a call of that tool once per key: re-sending it with the same key is safe, whatever its
+annotations say (the retry rule's "an idempotency key the server honours")."""
 
 LAB_FAULT_HEADER: Final = "x-lab-fault"
 """On a response the lab's proxy changed by a fault it injected on purpose (the request's

@@ -107,6 +107,26 @@ def test_each_firing_is_named_by_its_client_request_and_event() -> None:
     assert [t.at_s for t in rows] == sorted(t.at_s for t in rows if t.at_s is not None)
 
 
+def test_a_resend_is_named_as_its_calls_next_attempt() -> None:
+    # Client a's 1st write was lost and sent again (the same idempotency key): the re-send
+    # is the 2nd attempt of the 1st write, and the next write is still the 2nd, as the
+    # proxy counts them for pins (lab.faults.pins.Ordinals).
+    write = {"jsonrpc_method": "tools/call", "tool": "ledger.append"}
+    tap = [
+        _flow("w1", T0 + 1.0, "a:2", "POST", idempotency_key="k1", **write),
+        _flow("w1-again", T0 + 2.0, "a:3", "POST", idempotency_key="k1", faults=[_fault_entry("strip_session_id", "d1")], **write),
+        _flow("w2", T0 + 3.0, "a:4", "POST", idempotency_key="k2", faults=[_fault_entry("kill_session", "d2")], **write),
+    ]  # fmt: skip
+    data = run_data_from_records(run={"started_at": T0}, tap=tap)
+    rows = {t.fault: t for t in triggers(Context(data, parse_budgets(data.run)))}
+    again, second = rows["strip_session_id"], rows["kill_session"]
+    assert (again.ordinal, again.attempt, second.ordinal, second.attempt) == (1, 2, 2, 1)
+    assert again.sentence() == (
+        "strip_session_id on the 1st `POST tools/call ledger.append` of client a (its 2nd attempt)"
+    )
+    assert second.sentence() == "kill_session on the 2nd `POST tools/call ledger.append` of client a"
+
+
 def test_lab_report_writes_every_firing_to_fault_triggers_jsonl(tmp_path: Path) -> None:
     run_dir = clean_run().sim.write(tmp_path / "run")
     code = report_run(run_dir, figures=False, quiet=True, out=io.StringIO(), err=io.StringIO())

@@ -277,6 +277,25 @@ def test_two_different_results_for_one_key_on_the_wire_fail_gate_2_without_a_ser
     assert g.attribution_counts["server"] == 1
 
 
+def test_two_results_from_two_replicas_blame_the_topology_and_from_one_the_server(tmp_path: Path) -> None:
+    """Behind the lab's balancer (tap `replica`): a write performed by each of two replicas
+    is the deployment's (idempotency records per replica); twice by one, that server's."""
+    for second, blamed in ((1, Attribution.TOPOLOGY), (0, Attribution.SERVER)):
+        sim = _write_retried(second_result='{"receipt": "r-2"}')
+        flows = [r for r in sim.tap if r["type"] == "flow"]
+        for r in flows:
+            r["replica"] = 0
+        flows[-1]["replica"] = second  # the retry's flow
+        g = _gate2(sim, tmp_path / str(second))
+        assert g.verdict is Verdict.FAIL
+        (w,) = g.witnesses
+        assert w.attribution is blamed, w
+        assert g.attribution_counts.get(str(blamed)) == 1
+        if blamed is Attribution.TOPOLOGY:
+            assert "by replicas 0, 1" in w.explanation and "not one server's rules" in w.explanation
+            assert g.attribution_counts["server"] == 0
+
+
 def test_a_retry_that_gets_the_original_receipt_passes_gate_2_from_the_wire(tmp_path: Path) -> None:
     g = _gate2(_write_retried(second_result='{"receipt": "r-1"}'), tmp_path)
     # No server ledger: the evidence (a key answered twice, the side effects visible) is the tap's.

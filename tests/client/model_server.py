@@ -114,6 +114,17 @@ class ModelServer:
         """Model time of the request being handled (set by the Link)."""
         self.dispatches: list[ModelDispatch] = []
         """Every write call handled (a call with an idempotency key), in order."""
+        self.tools: list[dict[str, object]] = [
+            {"name": "echo", "annotations": {"readOnlyHint": True}},
+            {
+                "name": "ledger.append",
+                "annotations": {"idempotentHint": False},
+                "_meta": {IDEMPOTENCY_META: True},
+            },
+            {"name": "bare"},
+        ]
+        """What `tools/list` answers: echo read-only, ledger.append with its key honoured,
+        bare with neither (the retry rule's three cases)."""
 
     # -- helpers -----------------------------------------------------------------------
 
@@ -169,6 +180,9 @@ class ModelServer:
         msg = jsonrpc.parse_message(req.body)
         if msg.kind is jsonrpc.MessageKind.NOTIFICATION:
             return Reply(202, (), [])
+        if msg.method == "tools/list":
+            body = jsonrpc.dumps(jsonrpc.result(msg.id or 0, {"tools": self.tools})).encode()
+            return Reply(200, JSON, [body])
         return self._call(s, msg)
 
     def _initialize(self, msg: jsonrpc.Message, subject: str | None) -> Reply:

@@ -401,3 +401,57 @@ def test_close_all_records_every_open_exchange() -> None:
     stopped = [r for r in records(link, HttpExchange) if r.error == "client_stopped"]
     assert {r.conn_id for r in stopped} == open_conns
     assert core.next_wakeup() is None
+
+
+# ---------------------------------------------------------------------------- the retry rule
+
+
+def lost_with_502(tool: str) -> tuple[Link, ModelServer]:
+    """A client following the retry rule calls `tool` and the answer is lost (502: the
+    call may have run): it re-sends it only if the server said that is safe."""
+    core, server, link, _ = make(retry_rule=True)
+    assert [r.purpose for r in link.requests[1:]] == [
+        Purpose.INITIALIZED,
+        Purpose.TOOLS_LIST,
+        Purpose.STANDALONE,
+    ]
+    server.refuse_next.append((502, None))
+    _, cmds = core.call_tool(tool, {}, link.now, write=tool == "ledger.append")
+    link.run(cmds)
+    link.settle(patience=5.0)
+    return link, server
+
+
+@pytest.mark.parametrize("tool", ["echo", "ledger.append"])
+def test_the_retry_rule_re_sends_a_tool_the_server_said_is_safe(tool: str) -> None:
+    link, _ = lost_with_502(tool)
+    calls = [r for r in link.requests if r.purpose is Purpose.CALL]
+    assert len(calls) == 2  # read-only, or its key honoured: sent again with the same key
+    keys = {json.loads(r.body or b"{}")["params"]["_meta"]["mcp-lab/idempotency-key"] for r in calls}
+    assert len(keys) == 1
+    (done,) = finished(link)
+    assert done.outcome is CallOutcome.OK
+
+
+def test_the_retry_rule_reports_an_unsafe_tool_unknown_instead_of_re_sending_it() -> None:
+    link, server = lost_with_502("bare")
+    assert len([r for r in link.requests if r.purpose is Purpose.CALL]) == 1
+    (done,) = finished(link)
+    assert done.outcome is CallOutcome.UNKNOWN and done.reason == "not_resent_http_502"
+    # Refused before processing (429), the same tool is sent again: nothing could have run.
+    core, server, link, _ = make(retry_rule=True)
+    server.refuse_next.append((429, "0"))
+    _, cmds = core.call_tool("bare", {}, link.now, write=False)
+    link.run(cmds)
+    link.settle(patience=5.0)
+    assert len([r for r in link.requests if r.purpose is Purpose.CALL]) == 2
+
+
+def test_without_the_rule_the_core_re_sends_whatever_the_tool() -> None:
+    core, server, link, _ = make()
+    assert Purpose.TOOLS_LIST not in [r.purpose for r in link.requests]
+    server.refuse_next.append((502, None))
+    _, cmds = core.call_tool("bare", {}, link.now, write=False)
+    link.run(cmds)
+    link.settle(patience=5.0)
+    assert len([r for r in link.requests if r.purpose is Purpose.CALL]) == 2

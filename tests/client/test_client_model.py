@@ -139,6 +139,7 @@ def with_handshake(core: ClientCore, part: type[Handshake]) -> None:
         calling=h.calling,
         streaming=h.streaming,
         leaving=h.leaving,
+        tools=h.tools,
     )
 
 

@@ -23,6 +23,7 @@ LAYERS = (
     "_http",
     "_reconnector",
     "_stream_table",
+    "_tools",
     "_calls",
     "_streams",
     "_leaving",

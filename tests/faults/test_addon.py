@@ -800,6 +800,48 @@ async def test_the_tap_records_what_an_initialize_declared(tmp_path: Path, sse: 
     assert flow_rec["session_out"] == rec["session"]
 
 
+TOOLS_RESULT = {
+    "jsonrpc": "2.0",
+    "id": 3,
+    "result": {
+        "tools": [
+            {"name": "echo", "inputSchema": {}, "annotations": {"readOnlyHint": True, "title": "Echo"}},
+            {
+                "name": "append",
+                "inputSchema": {},
+                "annotations": {"idempotentHint": False, "readOnlyHint": "yes"},
+            },
+            {"name": "bare", "inputSchema": {}},
+            # The server's word that it honours the idempotency key (only `true` counts).
+            {"name": "keyed", "inputSchema": {}, "_meta": {"mcp-lab/idempotency-key": True}},
+            {"name": "half", "inputSchema": {}, "_meta": {"mcp-lab/idempotency-key": "yes"}},
+            {"inputSchema": {}},  # no name: not a tool anyone can call
+        ]
+    },
+}
+
+
+@pytest.mark.parametrize("sse", [True, False])
+async def test_the_tap_records_what_a_tools_list_annotated(tmp_path: Path, sse: bool) -> None:
+    # The retry rule's two hints, only as booleans (a string is no hint), per listed tool.
+    h = Harness(tmp_path, [])
+    f = h.request(h.flow(body={"jsonrpc": "2.0", "id": 3, "method": "tools/list"}))
+    h.respond(f, sse=sse)
+    if sse:
+        await h.stream(f, [f"id: p0\ndata: {json.dumps(TOOLS_RESULT)}\n\n".encode()])
+    else:
+        await h.finish(f, json.dumps(TOOLS_RESULT).encode())
+    [rec] = h.tap(type="tools")
+    assert rec["flow"] == f.id and rec["session"] is not None
+    assert rec["tools"] == {
+        "echo": {"readOnlyHint": True},
+        "append": {"idempotentHint": False},
+        "bare": {},
+        "keyed": {"mcp-lab/idempotency-key": True},
+        "half": {},
+    }
+
+
 async def test_sent_records_name_only_the_methods_that_need_a_capability(tmp_path: Path) -> None:
     h = Harness(tmp_path, [])
     f = h.request(h.flow("GET", conn="c1:5"))

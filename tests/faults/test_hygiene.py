@@ -31,6 +31,7 @@ def loaded_after(imports: str) -> list[str]:
 PURE = {
     # The fault layer's pure modules, and the wire vocabulary they use: what the addons may
     # import. A module added here must pass the test above (nothing heavy, no I/O).
+    "lab.faults.balance",
     "lab.faults.declarations",
     "lab.faults.events",
     "lab.faults.facts",
@@ -38,6 +39,7 @@ PURE = {
     "lab.faults.kinds",
     "lab.faults.kinds.base",
     "lab.faults.memory",
+    "lab.faults.pins",
     "lab.faults.pipeline",
     "lab.faults.plan",
     "lab.faults.records",

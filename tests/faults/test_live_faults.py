@@ -359,6 +359,44 @@ def test_cut_stream_then_resume(lab: Lab) -> None:
     assert resumed.events[0].id != last
 
 
+def test_pinned_faults_fire_at_their_triggers_only(lab: Lab) -> None:
+    # "cut after event 3 of the 2nd ticker call of client `pinned`", and the protocol
+    # version stripped from its 1st echo call: each once, there, whatever the rates.
+    lab.set_plan(
+        [
+            {
+                "kind": "cut_stream",
+                "at": [{"client": "pinned", "request": "POST tools/call ticker", "ordinal": 2, "event": 3}],
+            },
+            {
+                "kind": "strip_protocol_version",
+                "at": [{"client": "pinned", "request": "POST tools/call echo", "ordinal": 1}],
+            },
+        ]
+    )
+    with lab.client("pinned") as c:
+        tickers = [c.conn() for _ in range(3)]
+        outcomes = [c.call("ticker", {"count": 6, "interval_ms": 0}, conn=conn) for conn in tickers]
+        echoes = [c.conn() for _ in range(2)]
+        answers = [c.call("echo", {"text": "hi"}, conn=conn) for conn in echoes]
+    assert [o.error is None for o in outcomes] == [True, False, True]
+    assert len(outcomes[1].events) == 3  # events 0, 1, 2 passed; 3 was where it was cut
+    cut = [lab.tap.of_flow(last_flow(lab, conn)["flow"], "dropped") for conn in tickers]
+    # (what the server sent after the cut is recorded as dropped by it: from index 3 on)
+    assert [[(d["index"], d["fault"]) for d in dropped][:1] for dropped in cut] == [
+        [],
+        [(3, "cut_stream")],
+        [],
+    ]
+    assert [a.status for a in answers] == [200, 200]
+    stripped = [last_flow(lab, conn) for conn in echoes]
+    assert [[f["fault"] for f in rec.get("faults") or []] for rec in stripped] == [
+        ["strip_protocol_version"],
+        [],
+    ]
+    assert [rec["protocol_version_out"] for rec in stripped] == [None, "2025-11-25"]
+
+
 # ---------------------------------------------------------------------- determinism, changes
 
 

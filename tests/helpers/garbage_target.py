@@ -66,8 +66,9 @@ class Target:
             self.sessions.discard(session)
             return _head("200 OK", [(b"Content-Length", b"0")])
         if method == "GET":
-            call_id = self.pending.pop(session, None)
-            if "last-event-id" not in headers or call_id is None:
+            # (A standalone GET, without Last-Event-ID, must not take the cut call's answer.)
+            call_id = self.pending.pop(session, None) if "last-event-id" in headers else None
+            if call_id is None:
                 return _head("405 Method Not Allowed", [(b"Content-Length", b"0")])
             result = json.dumps({"jsonrpc": "2.0", "id": call_id, "result": {"content": []}}).encode()
             return _head("200 OK", [(b"Content-Type", b"text/event-stream")]) + _sse_event(

@@ -198,7 +198,10 @@ def test_schedule_runner_adds_then_removes_on_time(
                 start,
                 log=shared,
             )
+            stop = threading.Timer(2.5, runner.stop)  # the end of the run: the open-ended toxic goes
+            stop.start()
             outcomes = runner.run()
+            stop.join()
         assert client.toxics(name) == {}, "the end of the run removed what it added"
     assert [(o.step.action, o.step.toxic.name) for o in outcomes] == [
         ("add", "limit_data_upstream"),

@@ -4,21 +4,27 @@ margins (noise only ever makes things slower), except where a toxic must *not* a
 
 from __future__ import annotations
 
+import socket
+import threading
 import time
 
 import pytest
 import requests
 
 from lab.nemesis.client import ToxiproxyClient
-from lab.nemesis.toxics import make_toxic
+from lab.nemesis.toxics import ToxicSpec, make_toxic
 from tests.nemesis.conftest import NemesisProcess, ProxyFactory, listen_port
 from tests.nemesis.upstreams import (
+    SSE_HEAD,
+    Handler,
     TcpServer,
     bulk,
+    close_gently,
     connect,
     echo,
     median_round_trip,
     read_events,
+    read_head,
     read_until_end,
     recorder,
     round_trip,
@@ -225,3 +231,152 @@ def test_a_disabled_proxy_refuses_connections(client: ToxiproxyClient, make_prox
         client.set_enabled(info.name, True)
         with connect(port) as s:
             assert round_trip(s) < 5
+
+
+def test_idle_timeout_closes_a_connection_only_once_it_is_silent(
+    client: ToxiproxyClient, make_proxy: ProxyFactory
+) -> None:
+    # A proxy's read timeout: while the server side talks at least every 100 ms the
+    # connection lives past three timeouts of 400 ms; once it falls silent, it is closed
+    # (FIN) about 400 ms after the last byte.
+    with TcpServer(echo) as up:
+        port = listen_port(make_proxy(up.port))
+        client.add_toxic(make_proxy.names[0], make_toxic("idle_timeout", timeout=400))
+        with connect(port) as s:
+            for i in range(12):  # 1.2 s of traffic, 100 ms apart
+                if i:
+                    time.sleep(0.1)
+                assert round_trip(s) < 1.0
+            # Silent from the last byte the server side sent (the echo just read): the
+            # timeout counts from there, not from after a pause of the test's own.
+            silent_from = time.monotonic()
+            got = read_until_end(s, within=5)
+    assert got.data == b"" and got.eof_at is not None, got.error
+    assert 0.3 <= got.eof_at - silent_from <= 3.0, got.eof_at - silent_from
+
+
+def _arrivals(s: socket.socket, within: float) -> list[tuple[float, bytes]]:
+    """(seconds since the call, bytes) of each read until EOF or `within` seconds."""
+    start, out = time.monotonic(), []
+    while (left := within - (time.monotonic() - start)) > 0:
+        s.settimeout(max(0.01, left))
+        try:
+            chunk = s.recv(65536)
+        except TimeoutError:
+            break
+        if not chunk:
+            break
+        out.append((time.monotonic() - start, chunk))
+    return out
+
+
+def _one_answer(
+    client: ToxiproxyClient, make_proxy: ProxyFactory, upstream: Handler, toxic: ToxicSpec, within: float = 5
+) -> list[tuple[float, bytes]]:
+    """One request through a new proxy of the nemesis with `toxic` on it, to `upstream`:
+    what arrived and when (`_arrivals`)."""
+    with TcpServer(upstream) as up:
+        port = listen_port(make_proxy(up.port, f"_{len(make_proxy.names)}"))
+        client.add_toxic(make_proxy.names[-1], toxic)
+        with connect(port) as s:
+            s.sendall(SSE_REQUEST)
+            return _arrivals(s, within)
+
+
+def _events(arrived: list[tuple[float, bytes]]) -> int:
+    return b"".join(c for _, c in arrived).count(b"\n\n")
+
+
+def test_idle_timeout_cuts_an_sse_stream_that_pauses(
+    client: ToxiproxyClient, make_proxy: ProxyFactory
+) -> None:
+    # Events 0.6 s apart through a 300 ms idle timeout: the stream ends after the first
+    # event(s), as a CDN ends a quiet SSE stream; events 50 ms apart pass untouched.
+    idle = make_toxic("idle_timeout", timeout=300)
+    start = time.monotonic()
+    cut = _one_answer(client, make_proxy, sse(events=5, interval=0.6), idle)
+    assert 1 <= _events(cut) < 5 and time.monotonic() - start < 2.5, (_events(cut), cut)
+    whole = _one_answer(client, make_proxy, sse(events=20, interval=0.05), idle)
+    assert _events(whole) == 20, _events(whole)
+
+
+def test_buffer_holds_sse_events_until_its_size_or_its_flush(
+    client: ToxiproxyClient, make_proxy: ProxyFactory
+) -> None:
+    # Events of ~30 bytes every 50 ms. By size (300 bytes): what arrives comes in pieces of
+    # 300 bytes or more (the last one, at the end of the stream, excepted). By time (no size
+    # reached, a 400 ms flush): nothing before about 400 ms, then batches of several events.
+    events = sse(events=20, interval=0.05)
+    by_size = _one_answer(client, make_proxy, events, make_toxic("buffer", size=300, flush=0))
+    assert _events(by_size) == 20
+    assert all(len(c) >= 300 for _, c in by_size[:-1]) and len(by_size) >= 2, [len(c) for _, c in by_size]
+    by_time = _one_answer(client, make_proxy, events, make_toxic("buffer", size=1_000_000, flush=400))
+    assert _events(by_time) == 20
+    assert by_time[0][0] >= 0.3, by_time[0][0]
+    assert max(c.count(b"\n\n") for _, c in by_time) >= 4, [c.count(b"\n\n") for _, c in by_time]
+
+
+def test_buffer_lets_go_when_removed_and_never_holds_a_no_buffering_answer(
+    client: ToxiproxyClient, make_proxy: ProxyFactory
+) -> None:
+    with TcpServer(sse(events=40, interval=0.05)) as up:  # 2 s of events; the stream stays open
+        port = listen_port(make_proxy(up.port))
+        name = make_proxy.names[0]
+        client.add_toxic(name, make_toxic("buffer", size=1_000_000, flush=0))
+        with connect(port) as s:
+            s.sendall(SSE_REQUEST)
+            held = _arrivals(s, 0.8)  # 15 events or so were sent meanwhile, and held
+            client.remove_toxic(name, "buffer_downstream")
+            released = _arrivals(s, 4)
+    assert held == [], held
+    assert released and released[0][0] < 0.3 and released[0][1].count(b"\n\n") >= 10, released[:1]
+    assert b"".join(c for _, c in released).count(b"\n\n") == 40
+    # The server asks proxies not to buffer (nginx's header): every event goes on at once.
+    head = SSE_HEAD.replace(b"\r\n\r\n", b"\r\nX-Accel-Buffering: no\r\n\r\n")
+    big = make_toxic("buffer", size=1_000_000, flush=0)
+    unbuffered = _one_answer(client, make_proxy, sse(events=5, interval=0.1, head=head), big, within=3)
+    assert unbuffered[0][0] < 0.3 and len(unbuffered) >= 3, [(round(t, 2), len(c)) for t, c in unbuffered]
+
+
+def _late_first_event(conn: socket.socket, stopping: threading.Event) -> None:
+    """An SSE answer whose first event comes 0.6 s after its head."""
+    read_head(conn)
+    conn.sendall(SSE_HEAD)
+    time.sleep(0.6)
+    conn.sendall(b"id: 1\ndata: late\n\n")
+    close_gently(conn)
+
+
+def test_header_hold_sends_the_head_only_with_the_first_body_byte(
+    client: ToxiproxyClient, make_proxy: ProxyFactory
+) -> None:
+    # Without the toxic the head comes at once; with it, nothing comes before the first
+    # event, and then the head and the event together.
+    with TcpServer(_late_first_event) as up:
+        port = listen_port(make_proxy(up.port))
+        with connect(port) as s:
+            s.sendall(SSE_REQUEST)
+            plain = _arrivals(s, 3)
+        client.add_toxic(make_proxy.names[0], make_toxic("header_hold"))
+        with connect(port) as s:
+            s.sendall(SSE_REQUEST)
+            held = _arrivals(s, 3)
+    assert plain[0][0] < 0.4 and plain[0][1] == SSE_HEAD, plain
+    assert held[0][0] >= 0.5 and held[0][1].startswith(SSE_HEAD + b"id: 1"), held
+
+
+def _json_then_wait(conn: socket.socket, stopping: threading.Event) -> None:
+    """A complete JSON answer; the connection then stays open (kept alive)."""
+    read_head(conn)
+    body = b'{"jsonrpc": "2.0", "id": 1, "result": {}}'
+    conn.sendall(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
+    stopping.wait(3)
+
+
+def test_buffer_lets_a_complete_answer_go_at_once(client: ToxiproxyClient, make_proxy: ProxyFactory) -> None:
+    # A buffering proxy passes a short answer when it is complete, not when its buffer fills.
+    big = make_toxic("buffer", size=1_000_000, flush=0)
+    got = _one_answer(client, make_proxy, _json_then_wait, big, within=1.0)
+    assert got and got[0][0] < 0.5 and got[0][1].endswith(b'"result": {}}'), got

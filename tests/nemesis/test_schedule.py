@@ -121,16 +121,26 @@ def test_same_toxic_on_two_proxies_is_not_an_overlap() -> None:
 
 
 def test_run_acts_on_time_and_cleans_up() -> None:
-    runner, api, _t = _runner([ScheduledToxic("p", LATENCY, at=2, until=5), ScheduledToxic("q", RESET, at=3)])
+    runner, api, t = _runner([ScheduledToxic("p", LATENCY, at=2, until=5), ScheduledToxic("q", RESET, at=3)])
+    t.stop_after = 4  # waits for 2, 3 and 5; the 4th (holding q, which has no `until`) is the stop
     outcomes = runner.run()
     assert api.calls == [
         (2, "add", "p", "latency_downstream"),
         (3, "add", "q", "reset_peer_downstream"),
         (5, "remove", "p", "latency_downstream"),
-        (5, "remove", "q", "reset_peer_downstream"),  # cleanup at the end of the run
+        (5, "remove", "q", "reset_peer_downstream"),  # cleanup when the run stops
     ]
     assert all(o.ok for o in outcomes)
     assert [o.due_at - START for o in outcomes[:3]] == [2, 3, 5]
+
+
+def test_a_toxic_without_until_stays_until_the_runner_is_stopped() -> None:
+    # (It used to be removed as soon as the last step was done: a scenario's toxic without
+    # `until`, "to the end", lasted a few milliseconds.)
+    runner, api, t = _runner([ScheduledToxic("p", LATENCY, at=1)])
+    t.stop_after = 5  # the wait for the add, then three minutes held, then the stop
+    runner.run()
+    assert api.calls == [(1, "add", "p", "latency_downstream"), (181, "remove", "p", "latency_downstream")]
 
 
 def test_a_late_runner_acts_at_once_and_says_how_late() -> None:

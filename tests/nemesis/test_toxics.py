@@ -32,6 +32,9 @@ def test_defaults_follow_toxiproxy() -> None:
         ("reset_peer", {"timeout": 1000}),
         ("limit_data", {"bytes": 0}),
         ("slicer", {"average_size": 64, "size_variation": 63, "delay": 10}),
+        ("idle_timeout", {"timeout": 60_000}),
+        ("buffer", {"size": 8192, "flush": 250}),
+        ("header_hold", {}),
     ],
 )
 def test_every_kind_round_trips_through_json(kind: str, attributes: dict[str, int]) -> None:
@@ -66,6 +69,8 @@ def test_every_kind_round_trips_through_json(kind: str, attributes: dict[str, in
         ({"type": "latency", "toxicty": 1}, "unknown toxic field: 'toxicty'"),
         ({"type": "bandwidth", "attributes": {"rate": 0}}, "bandwidth.rate must be >= 1"),
         ({"type": "slicer", "attributes": {"average_size": 0}}, "slicer.average_size must be >= 1"),
+        ({"type": "idle_timeout"}, "idle_timeout.timeout must be >= 1"),
+        ({"type": "buffer", "attributes": {"flush": 100}}, "buffer.size must be >= 1"),
         (
             {"type": "slicer", "attributes": {"average_size": 10, "size_variation": 10}},
             "must be smaller than",

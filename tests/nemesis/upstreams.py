@@ -82,18 +82,18 @@ def echo(conn: socket.socket, stopping: threading.Event) -> None:
         conn.sendall(data)
 
 
-def sse(events: int = 100, interval: float = 0.05) -> Handler:
-    """After a request head, an HTTP response of `events` SSE events, `interval` s apart."""
+def sse(events: int = 100, interval: float = 0.05, head: bytes = SSE_HEAD) -> Handler:
+    """After a request head, an HTTP response (`head`) of `events` SSE events, `interval` s apart."""
 
     def handler(conn: socket.socket, stopping: threading.Event) -> None:
-        _read_head(conn)
-        conn.sendall(SSE_HEAD)
+        read_head(conn)
+        conn.sendall(head)
         for i in range(events):
             if stopping.is_set():
                 return
             conn.sendall(f"id: {i}\ndata: event number {i}\n\n".encode())
             time.sleep(interval)
-        _close_gently(conn)
+        close_gently(conn)
 
     return handler
 
@@ -121,12 +121,12 @@ def bulk(payload: bytes) -> Handler:
 
     def handler(conn: socket.socket, stopping: threading.Event) -> None:
         conn.sendall(payload)
-        _close_gently(conn)
+        close_gently(conn)
 
     return handler
 
 
-def _read_head(conn: socket.socket) -> bytes:
+def read_head(conn: socket.socket) -> bytes:
     head = b""
     while b"\r\n\r\n" not in head and len(head) < 65536:
         chunk = conn.recv(4096)
@@ -136,7 +136,7 @@ def _read_head(conn: socket.socket) -> bytes:
     return head
 
 
-def _close_gently(conn: socket.socket) -> None:
+def close_gently(conn: socket.socket) -> None:
     """FIN, then wait for the peer's close, so unread data never turns the close into RST."""
     conn.shutdown(socket.SHUT_WR)
     conn.settimeout(5)

@@ -66,6 +66,22 @@ def test_budget_below_the_workers_is_refused(tmp_path: Path) -> None:
     assert run_folders(out) == []
 
 
+def test_the_nemesiss_own_toxics_are_refused_through_a_real_toxiproxy(tmp_path: Path) -> None:
+    # A real Toxiproxy has no idle_timeout (nor buffer): refused before anything starts,
+    # not at the moment the schedule would add it. (The port is never reached.)
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [LAB, "run", "proxy-profiles", "--toxiproxy", "http://127.0.0.1:9", "--out", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 3, proc.stderr
+    assert "idle_timeout" in proc.stderr and "real Toxiproxy does not have" in proc.stderr
+    assert run_folders(out) == []
+
+
 SIZE_FLAGS = ["--users", "3", "--duration", "10s", "--seed", "77"]
 
 

@@ -164,6 +164,28 @@ def load_text(tmp_path: Path, text: str, name: str = "bad") -> list[str]:
     return [str(p) for p in e.value.problems]
 
 
+def test_restarts_of_each_target(tmp_path: Path) -> None:
+    ref = load_scenario("restart")
+    assert ref.target.store == "durable" and [(r.at, r.how, r.down) for r in ref.restarts] == [
+        (15.0, "stop", 1.0),
+        (30.0, "stop", 1.0),
+    ]
+    assert load_scenario("restart-volatile").target.store == "volatile"
+    assert ref.to_dict()["restarts"] == [
+        {"at": 15.0, "how": "stop", "down": 1.0},
+        {"at": 30.0, "how": "stop", "down": 1.0},
+    ]
+    path = tmp_path / "url.toml"
+    path.write_text(
+        MINIMAL
+        + '[target]\nkind = "url"\nurl = "http://127.0.0.1:1/mcp"\nrestart_command = ["docker", "restart", "x"]\n'
+        + 'restart_timeout = "20s"\n[[restarts]]\nat = "5s"\n'
+    )
+    url = load_scenario(path)
+    assert url.target.restart_command == ("docker", "restart", "x") and url.target.restart_timeout == 20.0
+    assert [r.at for r in url.restarts] == [5.0]
+
+
 def test_minimal_is_valid(tmp_path: Path) -> None:
     path = tmp_path / "mini.toml"
     path.write_text(MINIMAL)
@@ -250,6 +272,38 @@ def test_minimal_is_valid(tmp_path: Path) -> None:
         (
             '[[toxics]]\nkind = "timeout"\nat = "5s"\nuntil = "2s"\nattributes = { timeout = 1 }',
             "toxics[0].until: must be after at",
+        ),
+        ('[[restarts]]\nhow = "stop"', "restarts[0].at: required"),
+        ('[[restarts]]\nat = "2s"\nhow = "reboot"', "restarts[0].how: expected one of 'stop', 'crash'"),
+        ('[[restarts]]\nat = "12s"', "restarts[0].at: never happens: the run lasts 10s"),
+        (
+            '[[restarts]]\nat = "2s"\n[[restarts]]\nat = "4s"',
+            "restarts[1].at: must be at least 4s after the previous restart's at (2s)",
+        ),
+        (
+            '[[restarts]]\nat = "2s"\nhow = "crash"\n[target]\nkind = "url"\nurl = "http://127.0.0.1:1/mcp"',
+            "restarts[0].how: only for target.kind = 'reference'",
+        ),
+        (
+            '[target]\nstore = "disk"',
+            "target.store: expected one of 'volatile', 'durable', 'shared', got 'disk'",
+        ),
+        (
+            '[target]\nkind = "url"\nurl = "http://127.0.0.1:1/mcp"\nstore = "durable"',
+            "target.store: only for kind = 'reference'",
+        ),
+        ('[target]\nrestart_command = ["true"]', "target.restart_command: only for kind = 'url'"),
+        ("[target]\nreplicas = 3", "target.affinity: required with replicas > 1"),
+        ('[target]\nreplicas = 0\naffinity = "none"', "target.replicas: expected an integer in 1..16, got 0"),
+        ('[target]\nstore = "shared"', "target.store: 'shared' needs replicas > 1"),
+        ('[target]\naffinity = "session"', "target.affinity: only with replicas > 1"),
+        (
+            '[target]\nreplicas = 2\naffinity = "none"\n[[restarts]]\nat = "2s"',
+            "restarts[0].at: restarts of replicas are not supported yet",
+        ),
+        (
+            '[target]\nkind = "url"\nurl = "http://127.0.0.1:1/mcp"\nrestart_command = "docker restart x"',
+            "target.restart_command: expected a non-empty list",
         ),
     ],
 )

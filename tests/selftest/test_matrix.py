@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from lab.exitcodes import ExitCode
-from lab.selftest.cases import BY_NAME, CASES, GATES, PRISTINE, select
+from lab.selftest.cases import BY_NAME, CASES, PRISTINE, select
 from lab.selftest.execute import CaseRun
-from lab.selftest.matrix import Outcome, as_json, exit_code, judge_case, markdown, text_matrix
+from lab.selftest.matrix import GATES, Outcome, as_json, exit_code, judge_case, markdown, text_matrix
 from lab.server.defects import DEFECT_NAMES
 
 

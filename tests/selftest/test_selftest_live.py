@@ -26,7 +26,7 @@ import pytest
 
 from lab.cli import main
 from lab.exitcodes import ExitCode
-from lab.selftest.cases import GATES
+from lab.selftest.matrix import GATES
 from lab.server.defects import DEFECT_NAMES
 from tests.livesrv import LAB, ROOT
 

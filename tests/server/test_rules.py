@@ -436,3 +436,21 @@ def test_ledger_never_holds_a_raw_session_id_or_token(srv: LiveProcess, mcp: Mcp
     db = ledger(srv)
     row = db.execute("SELECT session, auth_subject, protocol_version FROM sessions LIMIT 1").fetchone()
     assert row[0].startswith("s_") and row[1] in ("alice", "bob")
+
+
+def test_the_tools_are_annotated_truthfully_for_the_retry_rule() -> None:
+    # A client that lost an answer may re-send only what these say is safe to re-send: the
+    # read-only tools; ledger.append only with its idempotency key (called again without
+    # it, it appends again), which its entry says the server honours.
+    from lab.faults.declarations import tool_annotations
+    from lab.server.tools import TOOL_LIST
+
+    told = tool_annotations({"result": {"tools": TOOL_LIST}})
+    assert told is not None
+    safe = {name for name, a in told.items() if a.get("readOnlyHint") or a.get("idempotentHint")}
+    assert safe == {"echo", "clock", "ticker"}
+    assert told["ledger.append"] == {
+        "readOnlyHint": False,
+        "idempotentHint": False,
+        "mcp-lab/idempotency-key": True,
+    }

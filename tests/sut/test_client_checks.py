@@ -312,6 +312,54 @@ def test_no_request_resent_without_the_application(tmp_path: Path, resent: bool,
         assert "into a new session" in g.witnesses[0].explanation
 
 
+@pytest.mark.parametrize(
+    ("tool", "annotations", "verdict"),
+    [
+        ("echo", {"readOnlyHint": True}, Verdict.PASS),
+        ("clock", {"idempotentHint": True}, Verdict.PASS),
+        ("ledger.append", {"readOnlyHint": False, "idempotentHint": False}, Verdict.FAIL),
+        ("ledger.append", {}, Verdict.FAIL),  # no hint given: both default to false
+        # The server's word that it honours the call's idempotency key for this tool
+        # (the tap records its `_meta` flag beside the annotations).
+        ("ledger.append", {"idempotentHint": False, "mcp-lab/idempotency-key": True}, Verdict.PASS),
+    ],
+)
+def test_the_retry_rule_allows_a_resend_only_of_a_tool_annotated_safe_or_keyed(
+    tmp_path: Path, tool: str, annotations: dict[str, bool], verdict: Verdict
+) -> None:
+    # The call's answer was lost (its stream cut before the response): its outcome is
+    # unknown. The client then sends it again on its own, into a new session.
+    w = Wire()
+    c = w.init("c1", T0)
+    w.tools_list(c, T0 + 0.5, {tool: annotations})
+    w.call(c, T0 + 1, "c1/1", cut_after=1, outcome=None, tool=tool)
+    w.init("c1", T0 + 2)
+    w.call(c, T0 + 3, "c1/1", tool=tool)
+    g = gate(judged(tmp_path, w), "client_resend")
+    assert g.verdict is verdict, g.summary
+    assert g.measured["resent_allowed"] == (1 if verdict is Verdict.PASS else 0)
+    if verdict is Verdict.FAIL:
+        assert client_witnesses(g) == ["resent_request"]
+        assert (
+            f"({tool})" in g.witnesses[0].explanation
+            and "had to be reported so" in g.witnesses[0].explanation
+        )
+
+
+def test_the_retry_rule_reads_only_what_the_client_was_told_before_it_resent(tmp_path: Path) -> None:
+    # The read-only annotation came in a tools/list answered after the re-send: the client
+    # could not know it, so the re-send is a finding, worded as never annotated to it.
+    w = Wire()
+    c = w.init("c1", T0)
+    w.call(c, T0 + 1, "c1/1", cut_after=1, outcome=None)
+    w.init("c1", T0 + 2)
+    w.call(c, T0 + 3, "c1/1")
+    w.tools_list(c, T0 + 4, {"echo": {"readOnlyHint": True}})
+    g = gate(judged(tmp_path, w), "client_resend")
+    assert g.verdict is Verdict.FAIL, g.summary
+    assert "never annotated to it" in g.witnesses[0].explanation
+
+
 # -- known failures ---------------------------------------------------------------------------
 
 

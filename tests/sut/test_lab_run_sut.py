@@ -86,4 +86,10 @@ def test_sdk_clients_are_judged_from_the_wire(tmp_path: Path, client: str) -> No
         for w in g["witnesses"]:
             assert any(r.startswith(("proxy/tap.jsonl:", "clients/app-0.jsonl:")) for r in w["refs"]), w
     assert gates["client_resume_cursor"]["measured"]["resumptions"] >= 1
+    # What the implementation was told of the tools, for the retry rule (client_resend).
+    if client == "python-sdk":  # (it lists the tools after a tool's first call)
+        tap = [json.loads(line) for line in (run / "proxy" / "tap.jsonl").read_text().splitlines()]
+        listed = [r["tools"] for r in tap if r.get("type") == "tools"]
+        assert listed and listed[0]["echo"] == {"readOnlyHint": True}, listed[:1]
+    assert "resent_allowed" in gates["client_resend"]["measured"]
     assert proc.returncode == 1  # a gate failed

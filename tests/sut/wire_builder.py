@@ -85,6 +85,7 @@ class Wire:
         faults: list[dict[str, Any]] | None = None,
         session_out: str | None = None,
         answer_after: float = 0.01,
+        tool: str = "echo",
     ) -> str:
         self.flows += 1
         c.requests += 1
@@ -104,7 +105,7 @@ class Wire:
                 "session_out": session_out,
                 "jsonrpc_id": rpc_id,
                 "jsonrpc_method": rpc_method,
-                "tool": "echo" if rpc_method == "tools/call" else None,
+                "tool": tool if rpc_method == "tools/call" else None,
                 "idempotency_key": key,
                 "origin_in": None,
                 "origin_out": None,
@@ -260,13 +261,16 @@ class Wire:
         deliver: bool = True,
         outcome: str | None = "ok",
         retry_ms: int | None = None,
+        tool: str = "echo",
     ) -> tuple[str, list[str]]:
         """A tools/call POST stream: a priming event, `progress` notifications, the response;
         `cut_after`: the stream is cut after that many progress events (no response)."""
         assert c.session is not None
         c.rpc += 1
         rid = c.rpc
-        flow = self._flow(c, t, "POST", session=c.session, rpc_method="tools/call", rpc_id=rid, key=key)
+        flow = self._flow(
+            c, t, "POST", session=c.session, rpc_method="tools/call", rpc_id=rid, key=key, tool=tool
+        )
         self.streams += 1
         sid = f"p{self.streams}"
         ids = [self._event(flow, 0, t + 0.01, c.session, sid, 0, None, retry_ms=retry_ms)]
@@ -295,7 +299,7 @@ class Wire:
                 "auth": None,
                 "jsonrpc_id": rid,
                 "idempotency_key": key,
-                "tool": "echo",
+                "tool": tool,
                 "is_error": False,
                 "result_digest": message_digest(answer["result"]),
             }
@@ -345,6 +349,14 @@ class Wire:
         self.deliver(c, t + answer_after + 0.011, answer, key)
         if key is not None:
             self.outcome(c, t + answer_after + 0.012, key, rid)
+        return flow
+
+    def tools_list(self, c: Client, t: float, tools: dict[str, dict[str, bool]]) -> str:
+        """A `tools/list` request and its answer (the tap's `tools` record): `tools` maps
+        each listed tool to its annotations."""
+        c.rpc += 1
+        flow = self.request(c, t, "POST", session=c.session, rpc_method="tools/list", rpc_id=c.rpc)
+        self.tap.append({"type": "tools", "flow": flow, "t": t + 0.011, "session": c.session, "tools": tools})
         return flow
 
     def request(self, c: Client, t: float, method: str, **kw: Any) -> str:

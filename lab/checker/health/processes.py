@@ -193,9 +193,15 @@ def locust_warnings(run_dir: Path) -> list[LocustWarning]:
     return out
 
 
+_RESTARTED = re.compile(r"(-\d+)?(-r\d+)?$")
+"""A replica of a part is `<part>-<k>`, and a part started again by a restart fault
+`<part>-r<n>` (lab.run.orchestrator, lab.run.restarts)."""
+
+
 def is_lab(part: str) -> bool:
-    """A process of the lab (not the target): anything but the reference server."""
-    return part.split("/", 1)[0] not in TARGET_PARTS
+    """A process of the lab (not the target): anything but the reference server (its
+    replicas too, and one a restart started again)."""
+    return _RESTARTED.sub("", part.split("/", 1)[0]) not in TARGET_PARTS
 
 
 def window(s: ProcessSamples, start: float | None, end: float | None) -> pd.DataFrame:

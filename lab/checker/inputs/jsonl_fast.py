@@ -37,10 +37,12 @@ KNOWN_EXTRA_FIELDS: dict[str, tuple[str, ...]] = {
         "t_request",
         "cut",
         "origin_rewritten",
+        "replica",
     ),
     "sent": ("retry", "method", tap_forms.SHORT_FORWARD),
     "plan": ("version", "seed", "run_start", "rules"),
     "result": ("index",),
+    "fault": ("replica",),
     # The nemesis log (lab.nemesis.log): every change record has the same fields.
     **dict.fromkeys(
         ("proxy_created", "proxy_deleted", "toxic_added", "toxic_removed"),

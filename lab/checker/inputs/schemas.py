@@ -172,6 +172,9 @@ TAP_RECORDS: dict[str, tuple[str, ...]] = {
     # What a session declared at initialize (the server's result, the client's request):
     # capability paths, for `declared_capabilities`.
     "capabilities": ("flow", "t", "session", "server", "client"),
+    # What each `tools/list` answer annotated (readOnlyHint, idempotentHint), for the
+    # retry rule of a client under test (`client_resend`).
+    "tools": ("flow", "t", "session", "tools"),
     # A stream the proxy gave up: one SSE event of the target outgrew its bound.
     "oversize": ("flow", "t", "index", "chars", "limit"),
 }

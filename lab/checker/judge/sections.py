@@ -9,7 +9,7 @@ sections beside the rules.
                                 and requests gone unanswered on the lab's hops while a
                                 lab part was saturated (`lab_limits.qualify_unanswered`);
                                 report.json's sections (`unanswered`, `fault_outcomes`,
-                                `fault_triggers`, `lab_latency`, `phases`, `capacity`, `rollout`, `processes`);
+                                `fault_triggers`, `lab_latency`, `phases`, `capacity`, `rollout`, `restarts`, `processes`);
                                 and, in a
                                 capacity ramp that passed its knee, the rules judged to the
                                 knee (5 and 6) judged up to the first step past it (the steps
@@ -27,7 +27,7 @@ from lab.checker.context import Context
 from lab.checker.health import lab_latency, lab_limits, processes, unanswered
 from lab.checker.model import GateResult, JsonValue
 from lab.checker.rules import resume, rollout
-from lab.checker.timeline import capacity, phases
+from lab.checker.timeline import capacity, phases, restarts
 from lab.checker.truth import fault_outcomes, triggers
 
 
@@ -79,7 +79,7 @@ def sections(
 ) -> tuple[dict[str, JsonValue], list[str]]:
     """(report.json sections, problems in computing them): `unanswered`, `fault_outcomes`,
     `fault_triggers`, `lab_latency`, `phases`, `capacity` (null without ramp phases), `rollout` (null without
-    rollout knobs), `processes`."""
+    rollout knobs), `restarts` (null without restarts), `processes`."""
     out: dict[str, JsonValue] = {}
     problems: list[str] = []
     makers: list[tuple[str, Callable[[], JsonValue]]] = [
@@ -97,6 +97,7 @@ def sections(
         ("phases", lambda: list(phases.section(ctx))),
         ("capacity", lambda: capacity.section(ctx, gates, timed)),
         ("rollout", lambda: rollout.section(ctx)),
+        ("restarts", lambda: restarts.section(ctx)),
         ("processes", lambda: processes.section(processes.samples(ctx))),
     ]
     for name, make in makers:

@@ -18,6 +18,7 @@ budget key, which clients it judges), and one line below. The judge, the report,
     11 client_disconnect_cancel     a client under test only
     12 client_resend                a client under test only
     13 declared_capabilities        runs whose tap saw the initialize declarations
+    14 session_routing              a target with replicas behind the proxy, or a URL target
 """
 
 from lab.checker.rules import (
@@ -33,6 +34,7 @@ from lab.checker.rules import (
     rehandshake,
     resume,
     rollout,
+    routing,
     steady_state,
 )
 from lab.checker.rules.base import Audience, Registry, Rule, RuleError
@@ -52,6 +54,7 @@ for _module in (
     client_cancel,
     client_resend,
     capabilities,
+    routing,
 ):
     REGISTRY.register(_module.RULE)
 

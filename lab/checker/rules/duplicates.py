@@ -83,10 +83,13 @@ def check(ctx: Context) -> GateResult:
     measured["writes_retried"] = retried
     evidence = _evidence(ctx, measured, notes, wire, retried)
     budget = ctx.budgets.duplicate_dispatch_max
+    by_routing = sum(1 for g in wire_groups if len(g["replicas"]) > 1)
     attribution = {
-        "server": int(measured["server_performed_twice"] or 0) + len(wire_groups),
+        "server": int(measured["server_performed_twice"] or 0) + len(wire_groups) - by_routing,
         "client": len(outbox_groups) + len(inbox_groups) + len(rekeyed),
     }
+    if by_routing:
+        attribution[str(Attribution.TOPOLOGY)] = by_routing
     return GateResult(
         verdict=decide(count > budget, evidence),
         summary=f"{done_twice(count, budget)}; {retried} write retries seen",
@@ -147,6 +150,7 @@ def _wire_checks(
             "ID it shares"
         )
     wire_groups = _wire_different(wire)
+    _replicas_of(ctx, wire_groups)
     server_keys = set()
     if data.server is not None:
         server_keys = {str(g["idempotency_key"]) for g in _server_twice(data.server["dispatches"])}
@@ -439,21 +443,47 @@ def _wire_different(results: pd.DataFrame) -> list[dict[str, Any]]:
     return out
 
 
+def _replicas_of(ctx: Context, groups: list[dict[str, Any]]) -> None:
+    """Each group's `replicas`: the replicas (the proxy balancing over them, tap `flow`
+    records' `replica`) whose answers carried its results; empty without replicas. Two
+    replicas that each performed the write are a deployment's defect (idempotency records
+    per replica, a retry routed to the other), not the rules of either server."""
+    flows = ctx.data.tap_records("flow") if groups else None
+    if flows is None or "replica" not in flows.columns:
+        for g in groups:
+            g["replicas"] = set()
+        return
+    known = flows[flows["replica"].notna()].drop_duplicates("flow")
+    replica = dict(zip(known["flow"].astype(str), known["replica"].astype(int), strict=True))
+    for g in groups:
+        g["replicas"] = {replica[f] for f in g["rows"]["flow"].astype(str) if f in replica}
+
+
 def _wire_witness(group: dict[str, Any], ctx: Context) -> Witness:
     rows = group["rows"]
     answers = "; ".join(
         f"request {r.jsonrpc_id} in session {r.session} got result {short(r.result_digest)} {at(r.t, ctx.origin)}"
         for r in rows.head(4).itertuples()
     )
-    text = (
-        f"the server answered idempotency key {group['idempotency_key']} ({token(group['auth'])}) with "
-        f"{rows['result_digest'].nunique()} different results, so it performed {rows['tool'].iloc[0]} again "
-        f"(a retry must get the original answer back): {answers}"
-    )
+    replicas = sorted(group.get("replicas") or ())
+    if len(replicas) > 1:
+        text = (
+            f"idempotency key {group['idempotency_key']} ({token(group['auth'])}) was answered with "
+            f"{rows['result_digest'].nunique()} different results by replicas {', '.join(map(str, replicas))}: "
+            f"each performed {rows['tool'].iloc[0]} (a retry reached a replica that did not know the key): "
+            f"{answers}. The deployment's defect (idempotency records per replica), not one server's rules"
+        )
+    else:
+        text = (
+            f"the server answered idempotency key {group['idempotency_key']} ({token(group['auth'])}) with "
+            f"{rows['result_digest'].nunique()} different results, so it performed {rows['tool'].iloc[0]} again "
+            f"(a retry must get the original answer back): {answers}"
+        )
     fields = row_of(rows.iloc[0], ["idempotency_key", "auth", "tool", "session", "jsonrpc_id", "t"])
     fields["different_results"] = int(rows["result_digest"].nunique())
     refs = [r for _, row in rows.head(4).iterrows() for r in tap_ref(row)]
-    return Witness("wire_different_results", text, Attribution.SERVER, fields, tuple(refs))
+    who = Attribution.TOPOLOGY if len(replicas) > 1 else Attribution.SERVER
+    return Witness("wire_different_results", text, who, fields, tuple(refs))
 
 
 def _disagreements(
@@ -487,7 +517,7 @@ RULE = Rule(
     id="duplicate_dispatch",
     number=2,
     title="Writes done more than once (duplicate dispatches)",
-    blames=(Attribution.SERVER, Attribution.CLIENT),
+    blames=(Attribution.SERVER, Attribution.CLIENT, Attribution.TOPOLOGY),
     evidence="writes retried after a lost answer, with their side effects visible (server ledger or the proxy's record)",
     check=check,
     check_under_test=check_under_test,

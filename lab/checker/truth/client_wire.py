@@ -129,6 +129,7 @@ def _flows(ctx: Context) -> pd.DataFrame:
             "rpc_method": tap["jsonrpc_method"].astype("object").to_numpy(),
             "rpc_id": text_ids(tap["jsonrpc_id"]).to_numpy(),
             "key": tap["idempotency_key"].astype("object").to_numpy(),
+            "tool": tap["tool"].astype("object").to_numpy() if "tool" in tap.columns else None,
             "cursor": tap["last_event_id_in"].astype("object").to_numpy(),
             "status": status.to_numpy(),
             "answered_by": tap["answered_by"].astype("object").to_numpy(),

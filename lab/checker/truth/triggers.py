@@ -6,7 +6,9 @@ moment. So each firing is named by:
 - the client whose request it hit (the `x-lab-conn` before its last `:`), the request's
   kind (`POST tools/call ticker`, `POST initialize`, `GET`, `GET resume` (a GET with a
   `Last-Event-ID`), `DELETE`) and its ordinal among that client's requests of that kind,
-  in the order the proxy saw them (`t_request`, else `t`, then the tap's line);
+  in the order the proxy saw them (`t_request`, else `t`, then the tap's line), a re-send
+  of a call (its idempotency key seen before) being its call's next attempt, not a new
+  ordinal (lab.faults.pins: the proxy counts the same way);
 - for an event fault (a `forwarded` or `dropped` record), the event's index in the
   stream the client was sent (`index`): "cut_stream at event 3 of the 2nd
   `POST tools/call ticker` of client w0-u4";
@@ -39,6 +41,7 @@ from lab.checker.inputs.load import RunData
 from lab.checker.inputs.phase_specs import PhaseSpec, number, phase_specs
 from lab.checker.model import JsonValue
 from lab.checker.truth.faults import TOXIC_PREFIX, firings
+from lab.faults.pins import Ordinals, request_kind
 
 SCHEMA = "mcpLabTriggers.v1"
 FILE = "fault_triggers.jsonl"
@@ -58,6 +61,8 @@ class Trigger:
     """The request's kind (module docstring)."""
     ordinal: int | None
     """1-based, among the client's requests of that kind."""
+    attempt: int | None
+    """1 for a call's first send, 2 for its first re-send..."""
     conn: str | None
     """The `x-lab-conn` the decision was keyed on."""
     event_index: int | None
@@ -76,6 +81,8 @@ class Trigger:
             what = "added" if self.fault.startswith(TOXIC_PREFIX) else "fired"
             return f"{self.fault} {what} {at or 'at an unknown time'}{phase}, by time only"
         request = f"the {_nth(self.ordinal)} `{self.request}` of client {self.client}"
+        if self.attempt and self.attempt > 1:
+            request += f" (its {_nth(self.attempt)} attempt)"
         if self.by == "event":
             return f"{self.fault} at event {self.event_index} of {request}"
         return f"{self.fault} on {request}"
@@ -103,7 +110,7 @@ def _triggers(ctx: Context) -> list[Trigger]:
                 (
                     number(t) or float("inf"),
                     Trigger(
-                        f"{TOXIC_PREFIX}{kind}", None, None, "time", None, None, None, None, None,
+                        f"{TOXIC_PREFIX}{kind}", None, None, "time", None, None, None, None, None, None,
                         _phase(t, phases), at, "nemesis", _int(line),
                     ),
                 )
@@ -113,11 +120,13 @@ def _triggers(ctx: Context) -> list[Trigger]:
 
 
 def _requests(flows: pd.DataFrame) -> dict[object, Request]:
-    """Per tap flow: its client, conn, request kind and ordinal."""
+    """Per tap flow: its client, conn, request kind, ordinal and attempt."""
     client, _ = split_conn(flows["conn"])
     asked = flows["t_request"] if "t_request" in flows.columns else flows["t"]
     when = pd.to_numeric(asked, errors="coerce").fillna(pd.to_numeric(flows["t"], errors="coerce"))
-    tools = flows["tool"] if "tool" in flows.columns else pd.Series([None] * len(flows), index=flows.index)
+    none = pd.Series([None] * len(flows), index=flows.index)
+    tools = flows["tool"] if "tool" in flows.columns else none
+    keys = flows["idempotency_key"] if "idempotency_key" in flows.columns else none
     out = pd.DataFrame(
         {
             "flow": flows["flow"].to_numpy(dtype=object),
@@ -129,33 +138,36 @@ def _requests(flows: pd.DataFrame) -> dict[object, Request]:
                     flows["method"], flows["jsonrpc_method"], tools, flows["last_event_id_in"], strict=True
                 )
             ],
+            "key": keys.to_numpy(dtype=object),
             "when": when.to_numpy(dtype="float64"),
             "line": flows[LINE].to_numpy() if LINE in flows.columns else np.arange(1, len(flows) + 1),
         }
     )
     out = out[out["client"].notna()].sort_values(["when", "line"], kind="stable")
-    out["ordinal"] = out.groupby(["client", "request"], sort=False).cumcount() + 1
+    counted = Ordinals()
     found: dict[object, Request] = {}
-    for flow, c, conn, request, ordinal in zip(
-        out["flow"], out["client"], out["conn"], out["request"], out["ordinal"], strict=True
+    for flow, c, conn, request, key in zip(
+        out["flow"], out["client"], out["conn"], out["request"], out["key"], strict=True
     ):
-        found.setdefault(flow, (str(c), str(conn), str(request), int(ordinal)))
+        if flow not in found:
+            ordinal, attempt = counted.count(str(c), str(request), str(key) if present(key) else None)
+            found[flow] = (str(c), str(conn), str(request), ordinal, attempt)
     # A flow of no lab client (no `x-lab-conn`) is known by its time only.
     return found
 
 
 def _kind(method: object, rpc: object, tool: object, cursor: object) -> str:
-    method = str(method) if present(method) else "?"
-    if method == "POST":
-        words = [method, *(str(v) for v in (rpc, tool) if present(v))]
-        return " ".join(words)
-    if method == "GET":
-        return "GET resume" if present(cursor) else "GET"
-    return method
+    """The request kind a pinned fault names (lab.faults.pins), from the tap's columns."""
+    return request_kind(
+        str(method) if present(method) else None,
+        str(rpc) if present(rpc) else None,
+        str(tool) if present(tool) else None,
+        present(cursor),
+    )
 
 
-Request = tuple[str | None, str | None, str | None, int | None]
-"""(client, conn, request kind, ordinal) of a tap flow."""
+Request = tuple[str | None, str | None, str | None, int | None, int | None]
+"""(client, conn, request kind, ordinal, attempt) of a tap flow."""
 
 
 def _tap_firings(
@@ -169,7 +181,7 @@ def _tap_firings(
     def add(
         t: object, fault: object, rule: object, decision: object, flow: object, index: object, line: object
     ) -> None:
-        client, conn, request, ordinal = requests.get(flow, (None, None, None, None))
+        client, conn, request, ordinal, attempt = requests.get(flow, (None, None, None, None, None))
         by = ("event" if present(index) else "request") if client is not None else "time"
         trigger = Trigger(
             str(fault),
@@ -179,6 +191,7 @@ def _tap_firings(
             client,
             request if client is not None else None,
             ordinal if client is not None else None,
+            attempt if client is not None else None,
             conn,
             _int(index),
             _phase(t, phases),
