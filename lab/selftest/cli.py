@@ -44,6 +44,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--list", action="store_true", help="list the cases with their expected gate and check")
     p.add_argument("--jobs", type=_jobs, default=2, help="runs at a time (default 2)")
     p.add_argument(
+        "--retries",
+        type=_retries,
+        default=1,
+        help="run an undecided case (inconclusive or incomplete, e.g. the lab short of CPU on a busy "
+        "machine) again up to this many times; a caught, missed or falsely alarmed case never is "
+        "(default 1; 0 to never)",
+    )
+    p.add_argument(
         "--event-ids", choices=("seq", "uuid"), default="seq", help="the server's opaque IDs (seq)"
     )
     p.add_argument(
@@ -63,6 +71,16 @@ def _jobs(text: str) -> int:
         raise argparse.ArgumentTypeError(f"a whole number of runs at a time, got {text!r}") from None
     if not 1 <= value <= 4:
         raise argparse.ArgumentTypeError(f"1 to 4 runs at a time, got {value}")
+    return value
+
+
+def _retries(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a whole number of tries, got {text!r}") from None
+    if not 0 <= value <= 3:
+        raise argparse.ArgumentTypeError(f"0 to 3 tries again, got {value}")
     return value
 
 
@@ -113,6 +131,7 @@ def selftest(args: argparse.Namespace) -> int:
         jobs=args.jobs,
         event_ids=args.event_ids,
         figures=not args.no_figures,
+        retries=args.retries,
     )
     signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     old = {s: signal.signal(s, st.on_signal) for s in signals}

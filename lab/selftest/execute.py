@@ -184,11 +184,14 @@ def run_case(
     hard_timeout_s: float,
     children: Children,
     figures: bool = True,
+    attempt: int = 1,
 ) -> CaseRun:
-    """Run one case; never raises for what a child did (that is in the CaseRun)."""
+    """Run one case (its `attempt`-th try: `runs/<case>.<attempt>` after the first); never
+    raises for what a child did (that is in the CaseRun)."""
     started = time.monotonic()
-    servers = folder / "servers" / case.name
-    runs = folder / "runs" / case.name
+    name = case.name if attempt == 1 else f"{case.name}.{attempt}"
+    servers = folder / "servers" / name
+    runs = folder / "runs" / name
     servers.mkdir(parents=True)
     runs.mkdir(parents=True)
     server_log, run_log = servers / "serve.log", runs / "lab-run.log"

@@ -84,10 +84,28 @@ class Row:
     cells: tuple[Cell, ...]
     outcome: Outcome
     why: str
+    earlier: tuple[Row, ...] = ()
+    """The tries of this case before this one, each undecided (lab.selftest.session)."""
 
     @property
     def case(self) -> Case:
         return self.run.case
+
+    @property
+    def seconds(self) -> float:
+        """Wall time of every try of the case."""
+        return self.run.seconds + sum(r.run.seconds for r in self.earlier)
+
+    @property
+    def outcome_text(self) -> str:
+        """`passed`, or `passed (try 2)` when earlier tries were undecided."""
+        return str(self.outcome) + (f" (try {len(self.earlier) + 1})" if self.earlier else "")
+
+    @property
+    def why_text(self) -> str:
+        """Why, with each earlier try's outcome first."""
+        before = "".join(f"try {i} {r.outcome}: {r.why}; " for i, r in enumerate(self.earlier, start=1))
+        return before + (f"try {len(self.earlier) + 1}: " if self.earlier else "") + self.why
 
 
 def cells_of(report: dict[str, Any] | None) -> tuple[Cell, ...]:
@@ -183,7 +201,7 @@ def table(rows: Sequence[Row]) -> list[tuple[str, ...]]:
     out = []
     for r in rows:
         cells = tuple(c.text(r.case.gate == GATES[i][0]) for i, c in enumerate(r.cells))
-        out.append((r.case.name, expected_text(r.case), *cells, str(r.outcome), f"{r.run.seconds:.0f} s"))
+        out.append((r.case.name, expected_text(r.case), *cells, r.outcome_text, f"{r.seconds:.0f} s"))
     return out
 
 
@@ -216,7 +234,7 @@ def markdown(rows: Sequence[Row], *, wall_s: float, code: int, event_ids: str, s
     lines += ["", LEGEND, "", "## Why each outcome", ""]
     for r in rows:
         where = f" — `{r.run.run_dir}`" if r.run.run_dir else ""
-        lines.append(f"- **{r.case.name}**: {r.outcome} — {r.why}{where}")
+        lines.append(f"- **{r.case.name}**: {r.outcome_text} — {r.why_text}{where}")
     return "\n".join(lines) + "\n"
 
 
@@ -258,6 +276,16 @@ def as_json(
                 "outcome": str(r.outcome),
                 "why": r.why,
                 "seconds": round(r.run.seconds, 3),
+                "earlier_tries": [
+                    {
+                        "outcome": str(e.outcome),
+                        "why": e.why,
+                        "seconds": round(e.run.seconds, 3),
+                        "run_verdict": (e.run.report or {}).get("verdict"),
+                        "run_dir": rel(e.run.run_dir),
+                    }
+                    for e in r.earlier
+                ],
                 "lab_run_exit_code": r.run.exit_code,
                 "run_verdict": (r.run.report or {}).get("verdict"),
                 "run_dir": rel(r.run.run_dir),

@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, as_completed
+from dataclasses import replace
 from pathlib import Path
 from types import FrameType
 
@@ -38,6 +39,7 @@ class Selftest:
         jobs: int,
         event_ids: str,
         figures: bool = True,
+        retries: int = 1,
     ) -> None:
         self.cases = cases
         self.scenario = scenario
@@ -45,6 +47,7 @@ class Selftest:
         self.jobs = jobs
         self.event_ids = event_ids
         self.figures = figures
+        self.retries = retries
         self.children = Children()
         self._signals = 0
         self._print_lock = threading.Lock()
@@ -65,7 +68,25 @@ class Selftest:
         )
         self.children.send(signal.SIGINT)
 
-    def _one(self, case: Case, folder: Path) -> CaseRun:
+    def _case(self, case: Case, folder: Path) -> Row:
+        """A case, tried again while it is undecided (up to `retries` more times): a run the
+        lab could not judge (inconclusive, incomplete: most often the lab's own parts short
+        of CPU on a busy machine) says nothing about the detector. A caught defect, a miss
+        or a false alarm is never tried again; the earlier tries stay in the matrix."""
+        earlier: list[Row] = []
+        while True:
+            row = judge_case(self._one(case, folder, attempt=len(earlier) + 1))
+            row = replace(row, earlier=tuple(earlier))
+            if (
+                row.outcome is not Outcome.UNDECIDED
+                or len(earlier) >= self.retries
+                or self.children.stopping.is_set()
+            ):
+                return row
+            self.say(f"       {case.name:<22} undecided ({row.why}): trying again")
+            earlier.append(replace(row, earlier=()))
+
+    def _one(self, case: Case, folder: Path, *, attempt: int) -> CaseRun:
         if self.children.stopping.is_set():
             return CaseRun(case, None, 0.0, None, None)
         try:
@@ -78,6 +99,7 @@ class Selftest:
                 figures=self.figures,
                 hard_timeout_s=scenario.load.hard_timeout,
                 children=self.children,
+                attempt=attempt,
             )
         except Exception as e:  # a bug of ours, or the disk: this case's lab failed, the others go on
             return CaseRun(case, None, 0.0, None, None, error=f"lab failed: {type(e).__name__}: {e}")
@@ -97,12 +119,13 @@ class Selftest:
         t0 = time.monotonic()
         rows: dict[str, Row] = {}
         with ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="selftest") as pool:
-            futures: dict[Future[CaseRun], Case] = {pool.submit(self._one, c, folder): c for c in self.cases}
+            futures: dict[Future[Row], Case] = {pool.submit(self._case, c, folder): c for c in self.cases}
             for done, fut in enumerate(as_completed(futures), start=1):
-                row = judge_case(fut.result())
+                row = fut.result()
                 rows[row.case.name] = row
                 self.say(
-                    f"[{done:>2}/{n}] {row.case.name:<22} {row.outcome!s:<11} {row.run.seconds:5.0f} s  {row.why}"
+                    f"[{done:>2}/{n}] {row.case.name:<22} {row.outcome_text:<11} {row.seconds:5.0f} s  "
+                    f"{row.why_text}"
                 )
         ordered = [rows[c.name] for c in self.cases]
         wall = time.monotonic() - t0

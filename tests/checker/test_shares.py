@@ -97,6 +97,21 @@ def test_a_slow_target_fails_gate_5_against_the_server(tmp_path: Path) -> None:
     assert "shares: client" in w.explanation and "target 6.1" in w.explanation
 
 
+def test_a_slow_target_beside_a_recovery_that_cannot_be_split_is_still_judged_on_its_share(
+    tmp_path: Path,
+) -> None:
+    # One slow recovery split on the wire (the target's 6 s) and one the tap cannot place
+    # (judged on its whole latency): the target's share alone fails the budget, so the
+    # failure is the target's, which no saturated lab process may excuse.
+    run = clean_run()
+    resume_timed(run.sim, run.get_a, target=SLOW)
+    resume_timed(run.sim, run.get_b, request_hop=SLOW, timed=False)
+    g = gate5(run.sim, tmp_path)
+    assert g.verdict is Verdict.FAIL, g.summary
+    assert g.measured["judged_on"] == "target_share", g.summary
+    assert g.attribution_counts.get("server", 0) >= 1
+
+
 def test_a_server_advising_a_long_wait_owns_that_wait(tmp_path: Path) -> None:
     run = clean_run()
     resume_timed(run.sim, run.get_a, after=SLOW, advised=SLOW)

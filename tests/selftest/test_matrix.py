@@ -139,3 +139,57 @@ def test_the_matrix_marks_the_expected_cell_and_the_server_counts(tmp_path: Path
         "server_checks": ["sent_off_home"],
     }
     assert case["run_dir"] == "shared-event-store"
+
+
+class ScriptedSelftest:
+    """`Selftest._case` with each try's CaseRun taken from a script instead of a real `lab
+    run`: which outcome a real run has on a busy machine cannot be chosen, and the rule
+    under test is only which outcomes are tried again (the live selftest tests run it for
+    real)."""
+
+    @staticmethod
+    def tries(script: list[CaseRun], retries: int) -> tuple[Any, list[int]]:
+        from lab.scenario import load_scenario
+        from lab.selftest.session import Selftest
+
+        attempts: list[int] = []
+
+        class Scripted(Selftest):
+            def _one(self, case: Any, folder: Path, *, attempt: int) -> CaseRun:
+                attempts.append(attempt)
+                return script[attempt - 1]
+
+            def say(self, text: str, *, err: bool = False) -> None:
+                pass
+
+        st = Scripted(
+            [], load_scenario("selftest"), out=Path("/nowhere"), jobs=1, event_ids="seq", retries=retries
+        )
+        return st._case(script[0].case, Path("/nowhere")), attempts
+
+
+def test_an_undecided_case_is_tried_again_and_a_decided_one_never() -> None:
+    undecided = run(PRISTINE, 2, report("inconclusive", {5: ("inconclusive", {"server": 1}, [])}))
+    passed = run(PRISTINE, 0, report("pass", {}))
+    row, attempts = ScriptedSelftest.tries([undecided, passed], retries=1)
+    assert attempts == [1, 2] and row.outcome is Outcome.PASSED
+    assert [e.outcome for e in row.earlier] == [Outcome.UNDECIDED]
+    assert row.outcome_text == "passed (try 2)" and row.seconds == 60.0
+    assert (
+        row.why_text.startswith("try 1 undecided: run verdict inconclusive")
+        and "try 2: every gate" in row.why_text
+    )
+    doc = as_json(
+        [row], started_at=0.0, wall_s=60.0, code=0, event_ids="seq", scenario="selftest", folder=Path("/r")
+    )
+    (case,) = doc["cases"]
+    assert case["outcome"] == "passed" and [e["outcome"] for e in case["earlier_tries"]] == ["undecided"]
+    assert "passed (try 2)" in text_matrix([row])
+    # Never tried again: --retries 0, a false alarm, a caught defect; and at most `retries` more tries.
+    row, attempts = ScriptedSelftest.tries([undecided, passed], retries=0)
+    assert attempts == [1] and row.outcome is Outcome.UNDECIDED and not row.earlier
+    alarm = run(PRISTINE, 1, report("fail", {5: ("fail", {"server": 1}, [("slow_recovery", "server")])}))
+    row, attempts = ScriptedSelftest.tries([alarm, passed], retries=2)
+    assert attempts == [1] and row.outcome is Outcome.FALSE_ALARM
+    row, attempts = ScriptedSelftest.tries([undecided, undecided, undecided, passed], retries=2)
+    assert attempts == [1, 2, 3] and row.outcome is Outcome.UNDECIDED and len(row.earlier) == 2
