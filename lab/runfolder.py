@@ -68,12 +68,20 @@ def secrets_dir(folder: Path) -> Path:
 
 
 def write_secret(folder: Path, name: str, text: str) -> Path:
-    """A 0600 file in the folder's secrets folder; its path."""
+    """A 0600 file in the folder's secrets folder, whole or not at all (a process waiting
+    for it never reads half of it); its path."""
     path = secrets_dir(folder) / name
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp = path.with_name(f"{name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
+    os.replace(tmp, path)
     return path
+
+
+def secret_path(folder: Path, name: str) -> Path:
+    """Where `write_secret(folder, name, ...)` writes (the secrets folder made if needed)."""
+    return secrets_dir(folder) / name
 
 
 def drop_secrets(folder: Path) -> None:

@@ -51,6 +51,7 @@ import gevent
 import gevent.monkey
 from locust import LoadTestShape, between, events, task
 from locust.env import Environment
+from locust.rpc import Message
 from locust.runners import LocalRunner, MasterRunner, WorkerRunner
 
 from lab.client import ReconnectBudget
@@ -74,6 +75,9 @@ STOP_FILE = "stop-requested"
 """Created in the run folder by `lab run` to end the load gracefully."""
 QUIT_MESSAGE = "lab_quit"
 """Master -> worker: the load is over, quit (see `end_the_load`)."""
+QUIT_WAIT_S = 0.5
+"""How long the master waits for its workers to quit (their last reports), as Locust's own
+quit does, but no longer than they take."""
 LOAD_ENDED_FILE = "load-ended.json"
 """Written by the master when the web UI's STOP ended the load (see the module docstring)."""
 TEST_LOOP_STALL = "LAB_TEST_LOOP_STALL_MS"
@@ -201,6 +205,18 @@ def _init_master(environment: Environment, runner: MasterRunner, run_dir: Path) 
     gevent.spawn(master.loop)
     events.test_start.add_listener(master.on_test_start)  # type: ignore[no-untyped-call]
     events.test_stop.add_listener(master.on_test_stop)  # type: ignore[no-untyped-call]
+    if environment.web_ui is None:
+        _await_workers(runner, environment.parsed_options)
+
+
+def _await_workers(runner: MasterRunner, options: Any) -> None:
+    """Until the expected workers are ready (at most --expect-workers-max-wait): Locust's
+    headless master looks for them once a second, so a worker ready a moment after the
+    master cost every run most of a second before its load could start."""
+    expected = int(getattr(options, "expect_workers", 1) or 1)
+    deadline = time.monotonic() + float(getattr(options, "expect_workers_max_wait", 0) or 0)
+    while len(runner.clients.ready) < expected and time.monotonic() < deadline:
+        gevent.sleep(0.02)
 
 
 class _Master:
@@ -220,6 +236,8 @@ class _Master:
         """Why the load is ending, once `end_the_load` has been called."""
         self.started: float | None = None
         """When the load first started (the run's zero, once the clock is set)."""
+        self.quitting = False
+        """`quit` has begun (it runs once)."""
         self.horizon = SETTINGS.stages[-1][0] if SETTINGS.stages else None
 
     def on_progress(self, environment: Environment, msg: Any, **_: Any) -> None:
@@ -286,9 +304,28 @@ class _Master:
         # worker this master has heard from to quit, known now or not.
         for worker in sorted(set(self.progress) | set(self.runner.clients.keys())):
             self.runner.send_message(QUIT_MESSAGE, None, client_id=worker)
-        self.runner.quit()
+        # Locust quits again on its way out (when its last worker quits, and in its
+        # shutdown), each time sleeping half a second: once is enough.
+        self.runner.quit = self.quit  # type: ignore[method-assign]
+        self.quit()
         if self.environment.web_ui is not None:
             self.environment.web_ui.stop()  # type: ignore[no-untyped-call]
+
+    def quit(self) -> None:
+        """Locust's `MasterRunner.quit`, once, and without its fixed half second: the
+        workers' last reports are awaited only until every worker has quit (at most
+        QUIT_WAIT_S). A short run's stop was a second and a half of such sleeps."""
+        if self.quitting:
+            return
+        self.quitting = True
+        runner = self.runner
+        runner.stop(send_stop_to_client=False)
+        for worker in list(runner.clients.all):
+            runner.server.send_to_client(Message("quit", None, worker.id))  # type: ignore[no-untyped-call]
+        deadline = time.monotonic() + QUIT_WAIT_S
+        while len(runner.clients) and time.monotonic() < deadline:
+            gevent.sleep(0.02)
+        runner.greenlet.kill(block=True)
 
     def on_test_start(self, environment: Environment, **_: Any) -> None:
         # The run's zero is now (lab.load.clock): the plan and `lab run` learn it, and

@@ -14,11 +14,15 @@ import json
 import os
 import random
 import secrets
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
 SETTINGS_ENV = "LAB_LOCUST_SETTINGS"
+SETTINGS_WAIT_S = 120.0
+"""How long a Locust process waits for `lab run` to write its settings (the chain's start,
+each part of which may take 30 s on a busy box)."""
 KEY_ENV = "LAB_LEDGER_KEY"
 DEFAULT_URL = "http://127.0.0.1:8000/mcp"
 """`lab serve`'s default address."""
@@ -172,13 +176,21 @@ class LoadSettings:
         return LoadSettings(**raw)
 
     @staticmethod
-    def from_env() -> LoadSettings:
-        """The settings `lab run` wrote; the defaults when its variable is not set."""
+    def from_env(wait_s: float = SETTINGS_WAIT_S) -> LoadSettings:
+        """The settings `lab run` wrote; the defaults when its variable is not set.
+
+        `lab run` starts Locust while the chain is still starting (Locust's imports take
+        about a second, as long as the proxy's), and writes the file, whole, once the
+        chain is up: it is waited for, up to `wait_s`."""
         path = os.environ.get(SETTINGS_ENV)
         if not path:
             return LoadSettings(url=DEFAULT_URL, run_dir=DEFAULT_RUN_DIR)
+        file = Path(path)
+        deadline = time.monotonic() + wait_s
+        while not file.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
         try:
-            return LoadSettings.from_json(Path(path).read_text(encoding="utf-8"))
+            return LoadSettings.from_json(file.read_text(encoding="utf-8"))
         except (OSError, ValueError, TypeError) as e:
             raise RuntimeError(f"{SETTINGS_ENV}={path}: cannot read the load settings: {e}") from e
 

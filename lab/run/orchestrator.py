@@ -75,6 +75,7 @@ from lab.runfolder import (
     create_run_folder,
     drop_secrets,
     mark_abandoned_runs,
+    secret_path,
     write_secret,
 )
 
@@ -83,6 +84,8 @@ if TYPE_CHECKING:  # prometheus_client loads only for a run that asks for metric
 
 WORKER_WAIT = 30
 """Seconds the Locust master waits for its workers before it starts with those it has."""
+LOCUST_SETTINGS = "locust-settings.json"
+"""The load's settings in the run's secrets folder (lab.load.settings)."""
 LOAD_START_WAIT = WORKER_WAIT + 30.0
 """Seconds `lab run` waits for the master to start the load (lab.load.clock)."""
 
@@ -321,6 +324,13 @@ class Run:
         nemesis_part = topology.nemesis(site, run, self.sc.seed)
         shared = self.opts.toxiproxy
         nem = self._launch(nemesis_part, essential=True) if shared is None else None
+        # Locust imports meanwhile too (about a second): its processes wait for their
+        # settings, which need the chain's address, and `lab run` writes them once the
+        # chain is up (LoadSettings.from_env).
+        plan = self.dir / topology.PLAN_FILE
+        self.record.write_plan(plan, time.time())
+        settings = secret_path(self.dir, LOCUST_SETTINGS)
+        self._launch_locust(site, run, settings)
         # The target.
         replicas: list[str] = []
         if self.target == "reference":
@@ -333,8 +343,6 @@ class Run:
 
         # The fault layer: mitmdump with the addon, in reverse mode in front of the target
         # (and, with replicas, the balancer over them: lab.faults.balance).
-        plan = self.dir / topology.PLAN_FILE
-        self.record.write_plan(plan, time.time())
         options = {
             "mcpfaults_poll": "0.2",
             "mcpfaults_allowed_origins": ",".join(self.sc.target.allowed_origins),
@@ -365,12 +373,22 @@ class Run:
         self.client_url = f"http://{proxy.listen}{parts.path or '/mcp'}"
         self.record.client_url = self.client_url
 
-        # Load: Locust master + workers. The run's clock starts when the master starts the
-        # load (lab.load.clock); until then, from the launch.
-        settings = write_secret(self.dir, "locust-settings.json", self._load_settings().to_json())
+        # The load's settings: the Locust processes waiting for them go on (the master
+        # starts the load once its workers are in).
+        write_secret(self.dir, LOCUST_SETTINGS, self._load_settings().to_json())
+        # While Locust starts: the checker (and pandas), which the progress line needs.
+        threading.Thread(target=importlib.import_module, args=("lab.checker",), daemon=True).start()
+        self._wait_for_the_load(LOAD_START_WAIT)
+        self._start_toxics(proxy_name)
+        self._start_restarts()
+
+    def _launch_locust(self, site: topology.Site, run: str, settings: Path) -> None:
+        """Locust master + workers, their settings at `settings` (written later). The run's
+        clock starts when the master starts the load (lab.load.clock); until then, from
+        the launch."""
         master_port = free_port()
         self.record.run_start = time.time()
-        self.record.write_plan(plan, self.record.run_start)
+        self.record.write_plan(self.dir / topology.PLAN_FILE, self.record.run_start)
         ui_port = free_port() if self.opts.ui else None
         if ui_port is not None:
             self.say(f"Locust web UI: http://127.0.0.1:{ui_port}")
@@ -398,11 +416,6 @@ class Run:
                 death_signal=signal.SIGKILL,
                 env={**env, "LAB_WORKER_INDEX": str(i)},
             )
-        # While Locust starts: the checker (and pandas), which the progress line needs.
-        threading.Thread(target=importlib.import_module, args=("lab.checker",), daemon=True).start()
-        self._wait_for_the_load(LOAD_START_WAIT)
-        self._start_toxics(proxy_name)
-        self._start_restarts()
 
     def _private_dir(self) -> Path:
         """A folder of this run's private files outside the run folder (0700), removed

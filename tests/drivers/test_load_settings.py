@@ -104,3 +104,45 @@ def test_a_clients_jitter_is_seeded_by_the_run_and_its_id_and_made_on_first_draw
         rng_for(LoadSettings(url="u", run_dir="r", seed=8), "w0-u3").random()
         != random.Random("7/w0-u3").random()
     )
+
+
+def test_a_locust_process_started_before_its_settings_waits_for_them(tmp_path: Path) -> None:
+    # lab run starts Locust while the chain starts, and writes the settings once the
+    # chain's address is known: the process reads them then, whole (write_secret).
+    from lab.runfolder import write_secret
+
+    path = tmp_path / ".secrets" / "locust-settings.json"
+    code = "from lab.load.settings import LoadSettings\nprint(LoadSettings.from_env().url)\n"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "LAB_LOCUST_SETTINGS": str(path)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(1.0)  # still waiting: the file is not there
+        settings = LoadSettings(url="http://127.0.0.1:9/mcp", run_dir=str(tmp_path))
+        assert write_secret(tmp_path, "locust-settings.json", settings.to_json()) == path
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert out.split() == ["http://127.0.0.1:9/mcp"]
+    assert oct(path.stat().st_mode & 0o777) == "0o600" and not path.with_name(f"{path.name}.tmp").exists()
+
+
+def test_settings_that_never_come_are_named_once_the_wait_is_over(tmp_path: Path) -> None:
+    missing = tmp_path / "never.json"
+    code = "from lab.load.settings import LoadSettings\nLoadSettings.from_env(wait_s=0.3)\n"
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**os.environ, "LAB_LOCUST_SETTINGS": str(missing)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0 and f"LAB_LOCUST_SETTINGS={missing}" in out.stderr
