@@ -48,6 +48,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lab.server import ledger as L
+from lab.server import modern
 from lab.server.admin import admin_control
 from lab.server.config import ServerConfig, matches
 from lab.server.defects import SLOW_RESUME_S, Defect
@@ -80,6 +81,8 @@ from lab.wire.revisions import (
     LAST_EVENT_ID_HEADER,
     PROTOCOL_VERSION_HEADER,
     SESSION_HEADER,
+    SUPPORTED_REVISIONS,
+    UNSUPPORTED_VERSION,
     negotiate,
     revision,
 )
@@ -228,8 +231,14 @@ class McpApp:
     def _log(self, req: Request, status: int, reason: str | None, cursor_verdict: str | None = None) -> None:
         log_request(self.ledger, req, status, reason, cursor_verdict)
 
-    def _retry_after(self) -> list[tuple[bytes, bytes]]:
+    def log_request(self, req: Request, status: int, reason: str | None) -> None:
+        """The request in the ledger (lab.server.modern's answers)."""
+        self._log(req, status, reason)
+
+    def retry_after(self) -> list[tuple[bytes, bytes]]:
         return [(b"retry-after", str(self.config.retry_after).encode())]
+
+    _retry_after = retry_after
 
     # ------------------------------------------------------------------ the MCP endpoint
 
@@ -243,7 +252,14 @@ class McpApp:
             req.origin_allowed = matches(origin, cfg.allowed_origins)
             if not req.origin_allowed and Defect.ANY_ORIGIN not in self.defects:  # defect: serve any Origin
                 raise Refused(403, "bad_origin", "Origin not allowed")
-        if req.method not in ("POST", "GET", "DELETE"):
+        version = req.header(PROTOCOL_VERSION_HEADER)
+        # The era of the request (docs/eras.md): a modern revision in the header, where the
+        # server serves one; else the handshake era's rules below.
+        modern_era = version in modern.served(self)
+        handshake = tuple(v for v in cfg.protocol_versions if v in SUPPORTED_REVISIONS)
+        if modern_era or not handshake:
+            allow = (b"allow", b"POST")
+        elif req.method not in ("POST", "GET", "DELETE"):
             raise Refused(
                 405, "method_not_allowed", "use GET, POST or DELETE", [(b"allow", b"GET, POST, DELETE")]
             )
@@ -251,9 +267,31 @@ class McpApp:
         now = time.time()
         if not self.rate.try_acquire(now):
             raise Refused(429, "rate_limited", "too many requests", self._retry_after())
-        version = req.header(PROTOCOL_VERSION_HEADER)
+        if modern_era:
+            await modern.handle(self, req, receive, send, subject)
+            return
+        if not handshake:
+            # A server of the modern era only: the handshake era's requests are refused,
+            # naming what it serves (a client may then speak 2026-07-28).
+            if req.method != "POST":
+                raise Refused(405, "method_not_allowed", "this server serves 2026-07-28 only: POST", [allow])
+            raise Refused(
+                400,
+                "bad_version",
+                f"this server serves {', '.join(cfg.protocol_versions)} only",
+                code=UNSUPPORTED_VERSION,
+                data={"supported": list(cfg.protocol_versions), "requested": version},
+            )
         if version is not None and version not in cfg.protocol_versions:
-            raise Refused(400, "bad_version", f"unsupported MCP-Protocol-Version {version!r}")
+            # Either era's answer: 400, and (2026-07-28's UnsupportedProtocolVersion) what
+            # it serves, so that a client of either era can choose.
+            raise Refused(
+                400,
+                "bad_version",
+                f"unsupported MCP-Protocol-Version {version!r}",
+                code=UNSUPPORTED_VERSION,
+                data={"supported": list(cfg.protocol_versions), "requested": version},
+            )
         if req.method == "POST":
             await self._post(req, receive, send, subject, now)
         elif req.method == "GET":
@@ -409,7 +447,8 @@ class McpApp:
         if msg.kind is not jsonrpc.MessageKind.REQUEST or msg.id is None:
             raise Refused(400, "invalid_message", "initialize must be a request")
         requested = msg.params.get("protocolVersion")
-        version = negotiate(requested if isinstance(requested, str) else "", self.config.protocol_versions)
+        handshake = tuple(v for v in self.config.protocol_versions if v in SUPPORTED_REVISIONS)
+        version = negotiate(requested if isinstance(requested, str) else "", handshake)
         result = {"protocolVersion": version, "capabilities": self.capabilities(), "serverInfo": SERVER_INFO}
         body = jsonrpc.dumps(jsonrpc.result(msg.id, result))
         try:

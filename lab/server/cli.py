@@ -132,7 +132,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     a("--max-header-bytes", type=int, help="bytes of a request head before 431 (65536)")
     a("--header-timeout", type=float, help="seconds to receive a request head before 408 (10)")
     a("--body-timeout", type=float, help="seconds to receive a request body before 408 (30)")
-    a("--protocol-versions", help="comma-separated revisions to negotiate (default: every one it knows)")
+    a(
+        "--protocol-versions",
+        help="comma-separated revisions it serves: handshake-era ones (negotiated at initialize) and "
+        "2026-07-28 (the modern era, sessionless; docs/eras.md) (default: every one it knows)",
+    )
     a(
         "--json-answers",
         action="store_const",

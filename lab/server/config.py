@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from lab.server.defects import DEFECT_NAMES
-from lab.wire.revisions import SUPPORTED_REVISIONS
+from lab.wire.revisions import MODERN_REVISIONS, SUPPORTED_REVISIONS
 
 CURSOR_REJECT_STATUSES = (400, 409, 410, 422)
 EVENT_ID_SCHEMES = ("e1", "seq", "uuid")
@@ -81,7 +81,7 @@ class ServerConfig:
     """Events kept per stream for replay; an older cursor is rejected."""
     completed_stream_ttl: float = 120.0
     """Seconds a completed stream stays resumable."""
-    protocol_versions: tuple[str, ...] = SUPPORTED_REVISIONS
+    protocol_versions: tuple[str, ...] = SUPPORTED_REVISIONS + MODERN_REVISIONS
     event_ids: str = "e1"
     """`e1`: structured, MAC'd IDs (lab.wire.event_ids); `seq`: server-wide sequential integers;
     `uuid`: random UUIDs. The last two are opaque, as most servers' IDs are."""
@@ -131,11 +131,12 @@ class ServerConfig:
             raise ValueError("session_ttl and max_streams must be > 0, max_rps >= 0")
         if self.admin_token is not None and len(self.admin_token) < 8:
             raise ValueError("admin_token must be at least 8 characters")
+        known = SUPPORTED_REVISIONS + MODERN_REVISIONS
         for v in self.protocol_versions:
-            if v not in SUPPORTED_REVISIONS:
-                raise ValueError(
-                    f"unsupported protocol version {v!r}; supported: {', '.join(SUPPORTED_REVISIONS)}"
-                )
+            if v not in known:
+                raise ValueError(f"unsupported protocol version {v!r}; supported: {', '.join(known)}")
+        if not self.protocol_versions:
+            raise ValueError("protocol_versions must name at least one revision")
         if self.event_ids not in EVENT_ID_SCHEMES:
             raise ValueError(
                 f"event_ids must be one of {', '.join(EVENT_ID_SCHEMES)}, got {self.event_ids!r}"

@@ -21,12 +21,27 @@ type Headers = list[tuple[bytes, bytes]]
 class Refused(Exception):
     """A request answered with an error status (reason goes to the ledger)."""
 
-    def __init__(self, status: int, reason: str, message: str = "", headers: Headers | None = None):
+    def __init__(
+        self,
+        status: int,
+        reason: str,
+        message: str = "",
+        headers: Headers | None = None,
+        *,
+        code: int | None = None,
+        mid: jsonrpc.JsonRpcId | None = None,
+        data: object = None,
+    ):
         super().__init__(reason)
         self.status = status
         self.reason = reason
         self.message = message or reason.replace("_", " ")
         self.headers = headers or []
+        self.code = code
+        """The JSON-RPC error code of the answer (None: parse error or invalid request)."""
+        self.mid = mid
+        """The request's ID, where it was read (the modern era answers it)."""
+        self.data = data
 
 
 class Request:
@@ -107,8 +122,12 @@ async def send_empty(send: Send, status: int, headers: Headers | None = None) ->
 
 
 async def send_refusal(send: Send, r: Refused, mid: jsonrpc.JsonRpcId | None = None) -> None:
-    code = jsonrpc.PARSE_ERROR if r.reason == "parse_error" else jsonrpc.INVALID_REQUEST
-    await send_json(send, r.status, jsonrpc.error(mid, code, r.message), r.headers)
+    code = r.code
+    if code is None:
+        code = jsonrpc.PARSE_ERROR if r.reason == "parse_error" else jsonrpc.INVALID_REQUEST
+    await send_json(
+        send, r.status, jsonrpc.error(mid if r.mid is None else r.mid, code, r.message, r.data), r.headers
+    )
 
 
 _MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")

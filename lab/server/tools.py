@@ -25,7 +25,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from json.encoder import encode_basestring
-from typing import Any
+from typing import Any, Protocol
 
 from lab.server import ledger as L
 from lab.server.defects import Defect
@@ -42,10 +42,75 @@ class ToolError(Exception):
         self.message = message
 
 
+class CallSite(Protocol):
+    """Where a tool call runs and what it may send: a session's POST stream in the
+    handshake era (`SessionSite`), the request's own response in the modern era
+    (lab.server.modern)."""
+
+    @property
+    def subject(self) -> str | None:
+        """The bearer token's subject (None without tokens): whose idempotency keys."""
+        ...
+
+    @property
+    def pseudonym(self) -> str:
+        """The session's pseudonym in the ledger (the modern era has none: `modern`)."""
+        ...
+
+    def emit(self, data: str, kind: str) -> None:
+        """A message about the call, on its stream (`kind` as in the ledger)."""
+        ...
+
+    def progress_sent(self, data: str) -> None:
+        """A progress notification, on its stream."""
+        ...
+
+    def log(self, level: str, logger: str, data: Any) -> None:
+        """A `notifications/message` the server may send unasked (where it can)."""
+        ...
+
+    def poll(self, close_after: int, retry_ms: int) -> None:
+        """The ticker's `close_after` (where the era has server-initiated closes)."""
+        ...
+
+
+@dataclass(slots=True)
+class SessionSite:
+    """A call of the handshake era: on its session's POST stream."""
+
+    state: ServerState
+    stream: Stream
+
+    @property
+    def subject(self) -> str | None:
+        return self.stream.session.subject
+
+    @property
+    def pseudonym(self) -> str:
+        return self.stream.session.pseudonym
+
+    def emit(self, data: str, kind: str) -> None:
+        self.state.emit(self.stream, data, kind, None, time.time())
+
+    def progress_sent(self, data: str) -> None:
+        now = time.time()
+        self.state.emit(self.stream, data, "notification", None, now)
+        g = self.stream.session.standalone
+        if Defect.BROADCAST in self.state.defects and g is not None and g.closed_at is None:
+            # defect: the same message on the standalone GET too (the ledger's kind says so)
+            self.state.emit(g, data, "stray_notification", None, now)
+
+    def log(self, level: str, logger: str, data: Any) -> None:
+        self.state.log_message(self.stream.session, level, logger, data, time.time())
+
+    def poll(self, close_after: int, retry_ms: int) -> None:
+        self.state.set_polling(self.stream, close_after, retry_ms)
+
+
 @dataclass(slots=True)
 class ToolCall:
     state: ServerState
-    stream: Stream
+    site: CallSite
     request_id: jsonrpc.JsonRpcId
     arguments: dict[str, Any]
     meta: dict[str, Any]
@@ -63,12 +128,7 @@ class ToolCall:
             if message is not None:
                 params["message"] = message
             data = jsonrpc.dumps(jsonrpc.notification(jsonrpc.PROGRESS, params))
-        now = time.time()
-        self.state.emit(self.stream, data, "notification", None, now)
-        g = self.stream.session.standalone
-        if Defect.BROADCAST in self.state.defects and g is not None and g.closed_at is None:
-            # defect: the same message on the standalone GET too (the ledger's kind says so)
-            self.state.emit(g, data, "stray_notification", None, now)
+        self.site.progress_sent(data)
 
 
 def progress_json(token: jsonrpc.JsonRpcId, n: int, total: int | None) -> str:
@@ -119,8 +179,7 @@ async def ticker(call: ToolCall) -> dict[str, Any]:
     interval = _int_arg(call.arguments, "interval_ms", 100, 0, 60_000) / 1000.0
     close_after = call.arguments.get("close_after")
     if close_after is not None:
-        call.state.set_polling(
-            call.stream,
+        call.site.poll(
             _int_arg(call.arguments, "close_after", 0, 1, 100_000),
             _int_arg(call.arguments, "retry_ms", 500, 0, 60_000),
         )
@@ -138,9 +197,9 @@ async def ledger_append(call: ToolCall) -> dict[str, Any]:
     entry = call.arguments.get("entry", "")
     if not isinstance(entry, str):
         raise ToolError(jsonrpc.INVALID_PARAMS, "entry must be a string")
-    state, session = call.state, call.stream.session
+    state, site = call.state, call.site
     now = time.time()
-    ikey = (session.subject, key)
+    ikey = (site.subject, key)
     receipt = state.receipts.get(ikey)
     if Defect.NO_IDEMPOTENCY in state.defects:  # defect: a repeated key performs the write again
         receipt = None
@@ -156,8 +215,8 @@ async def ledger_append(call: ToolCall) -> dict[str, Any]:
         L.INSERT_DISPATCH,
         (
             key,
-            session.pseudonym,
-            session.subject,
+            site.pseudonym,
+            site.subject,
             str(call.request_id),
             "ledger.append",
             effect,
@@ -176,16 +235,10 @@ async def ledger_append(call: ToolCall) -> dict[str, Any]:
             ) from None
         # A log message, which the server declares (capability `logging`) and may send
         # unasked; `notifications/resources/updated` would need `resources` and a subscription.
-        state.log_message(
-            session,
-            "info",
-            "mcp-lab/ledger",
-            {"receipt": receipt, "uri": f"lab://ledger/{receipt}"},
-            time.time(),
-        )
+        site.log("info", "mcp-lab/ledger", {"receipt": receipt, "uri": f"lab://ledger/{receipt}"})
         if Defect.UNDECLARED_CAPABILITY in state.defects:  # defect: a capability never declared
             note = jsonrpc.notification("notifications/resources/updated", {"uri": f"lab://ledger/{receipt}"})
-            state.emit(call.stream, jsonrpc.dumps(note), "notification", None, time.time())
+            site.emit(jsonrpc.dumps(note), "notification")
     # A retry is answered with the original receipt, byte for byte: whether this call
     # performed or replayed the write is the ledger's business (`dispatches.effect`), not
     # the answer's, so the wire shows one result per key unless a write really ran twice.
@@ -213,7 +266,7 @@ async def dispatch(state: ServerState, st: Stream, msg: jsonrpc.Message) -> json
         meta = params.get("_meta") or {}
         if not isinstance(args, dict) or not isinstance(meta, dict):
             raise ToolError(jsonrpc.INVALID_PARAMS, "arguments and _meta must be objects")
-        return await tool(ToolCall(state, st, msg.id, args, meta))
+        return await tool(ToolCall(state, SessionSite(state, st), msg.id, args, meta))
     if msg.method == "tools/list":
         return {"tools": TOOL_LIST}
     if msg.method == "ping":

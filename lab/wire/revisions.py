@@ -1,11 +1,15 @@
 """The Streamable HTTP revisions the lab speaks, and the rules that differ between them.
 
-Only the session-era revisions are here: 2025-03-26 introduced Streamable HTTP with
+The handshake (session) era is `REVISIONS`: 2025-03-26 introduced Streamable HTTP with
 `Mcp-Session-Id` and resumable SSE; 2025-06-18 added the `MCP-Protocol-Version` header
 and removed JSON-RPC batching; 2025-11-25 added the priming event (an event ID with
 empty data at the start of a POST stream), server-initiated close with `retry`
-("polling"), and made 403 the answer to an invalid `Origin`. Later revisions (the
-2026-07-28 one) removed sessions and resumption and are deliberately not listed.
+("polling"), and made 403 the answer to an invalid `Origin`.
+
+The modern era is `MODERN_REVISIONS`: 2026-07-28 removed the handshake, sessions, the GET
+stream, SSE event IDs and resumption; every POST names its revision in the
+`MCP-Protocol-Version` header and in `_meta` (docs/eras.md). A request belongs to the
+modern era when that header names a modern revision.
 """
 
 from __future__ import annotations
@@ -44,6 +48,21 @@ REVISIONS: dict[str, Revision] = {
 }
 
 SUPPORTED_REVISIONS: tuple[str, ...] = tuple(sorted(REVISIONS))
+"""The handshake era's revisions (what `initialize` negotiates)."""
+
+MODERN_REVISIONS: tuple[str, ...] = ("2026-07-28",)
+"""The modern era's revisions: no handshake, no session, no resumption."""
+
+MCP_METHOD_HEADER = "mcp-method"
+MCP_NAME_HEADER = "mcp-name"
+META_PROTOCOL_VERSION = "io.modelcontextprotocol/protocolVersion"
+META_CLIENT_CAPABILITIES = "io.modelcontextprotocol/clientCapabilities"
+META_CLIENT_INFO = "io.modelcontextprotocol/clientInfo"
+META_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
+HEADER_MISMATCH = -32020
+"""A required header missing, or not what the body says (2026-07-28)."""
+UNSUPPORTED_VERSION = -32022
+"""A protocol revision the server does not serve (2026-07-28); `data` lists those it does."""
 
 
 def revision(name: str) -> Revision:
