@@ -1,8 +1,10 @@
 """First contact with a target that is not ours, before any load: `lab run --target URL`.
 
-One `initialize`, `notifications/initialized`, one `tools/list`, then `DELETE` of the
-session, straight to the target (no proxy, no fault). The run is refused, naming the
-reason, when the target:
+What the target offers in each protocol era (docs/eras.md), straight to it (no proxy, no
+fault): first `server/discover` under 2026-07-28, as a client of both eras probes (its
+answer, or why there is none, is recorded: `eras.modern`); then one `initialize`,
+`notifications/initialized`, one `tools/list`, and `DELETE` of the session
+(`eras.handshake`). The run is refused, naming the reason, when the target:
 - does not answer, or answers `initialize` with an error;
 - negotiates a protocol revision without sessions (2026-07-28 and later removed
   sessions and resumption: there is nothing for this lab to check there), or one the lab
@@ -11,7 +13,9 @@ reason, when the target:
 - lacks a tool of the target contract (docs/targets.md): echo, clock, ticker,
   ledger.append — each missing one is named.
 
-The revision it negotiated goes into run.json (`target.protocol_version`).
+The revision it negotiated goes into run.json (`target.protocol_version`), and what it
+offers in each era (`target.eras`). A target of the modern era only is refused saying so:
+the lab's client speaks the handshake era as yet.
 """
 
 from __future__ import annotations
@@ -23,7 +27,16 @@ from typing import Any, Final
 
 import httpx
 
-from lab.wire.revisions import PROTOCOL_VERSION_HEADER, SESSION_HEADER, SUPPORTED_REVISIONS
+from lab.wire.revisions import (
+    MCP_METHOD_HEADER,
+    META_CLIENT_CAPABILITIES,
+    META_CLIENT_INFO,
+    META_PROTOCOL_VERSION,
+    MODERN_REVISIONS,
+    PROTOCOL_VERSION_HEADER,
+    SESSION_HEADER,
+    SUPPORTED_REVISIONS,
+)
 from lab.wire.sse import SseDecoder
 
 CONTRACT_TOOLS: Final = ("echo", "clock", "ticker", "ledger.append")
@@ -37,16 +50,34 @@ class PreflightRefused(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
+class ModernOffer:
+    """What the target answered `server/discover` under 2026-07-28."""
+
+    versions: tuple[str, ...]
+    """The modern revisions it lists (empty: it serves no modern era)."""
+    answer: str
+    """The answer in brief: the versions listed, or the error / status it gave."""
+
+    def as_json(self) -> dict[str, Any]:
+        return {"versions": list(self.versions), "answer": self.answer}
+
+
+@dataclass(frozen=True, slots=True)
 class TargetFacts:
     protocol_version: str
     server_info: dict[str, Any]
     tools: tuple[str, ...]
+    modern: ModernOffer | None = None
 
     def as_json(self) -> dict[str, Any]:
         return {
             "protocol_version": self.protocol_version,
             "server_info": self.server_info,
             "tools": self.tools,
+            "eras": {
+                "handshake": self.protocol_version,
+                "modern": None if self.modern is None else self.modern.as_json(),
+            },
         }
 
 
@@ -66,24 +97,28 @@ def check_target(
     if origin:
         headers["origin"] = origin
     with httpx.Client(timeout=timeout, headers=headers) as http:
-        init = _post(
-            http,
-            url,
-            {
-                "jsonrpc": "2.0",
-                "id": 1,
-                "method": "initialize",
-                "params": {
-                    "protocolVersion": protocol_version,
-                    "capabilities": {},
-                    "clientInfo": {"name": "lab-preflight", "version": "1"},
+        modern = probe_modern(http, url)
+        try:
+            init = _post(
+                http,
+                url,
+                {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "initialize",
+                    "params": {
+                        "protocolVersion": protocol_version,
+                        "capabilities": {},
+                        "clientInfo": {"name": "lab-preflight", "version": "1"},
+                    },
                 },
-            },
-            {},
-        )
+                {},
+            )
+        except PreflightRefused as e:
+            raise _modern_only(url, modern, str(e)) from None
         result = init.get("result")
         if not isinstance(result, dict):
-            raise PreflightRefused(f"target {url}: initialize was answered with {_brief(init)}")
+            raise _modern_only(url, modern, f"target {url}: initialize was answered with {_brief(init)}")
         revision = str(result.get("protocolVersion", ""))
         _check_revision(url, revision)
         session = init.get("_session")
@@ -109,7 +144,49 @@ def check_target(
             f"it offers: {', '.join(tools) or 'none'}"
         )
     info = result.get("serverInfo")
-    return TargetFacts(revision, info if isinstance(info, dict) else {}, tools)
+    return TargetFacts(revision, info if isinstance(info, dict) else {}, tools, modern)
+
+
+def probe_modern(http: httpx.Client, url: str) -> ModernOffer:
+    """`server/discover` under 2026-07-28, as the modern era asks it (`_meta`, the
+    mirrored headers); never raises: a handshake-only target answers it 400 or 404."""
+    version = MODERN_REVISIONS[-1]
+    message = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "server/discover",
+        "params": {
+            "_meta": {
+                META_PROTOCOL_VERSION: version,
+                META_CLIENT_CAPABILITIES: {},
+                META_CLIENT_INFO: {"name": "lab-preflight", "version": "1"},
+            }
+        },
+    }
+    headers = {PROTOCOL_VERSION_HEADER: version, MCP_METHOD_HEADER: "server/discover"}
+    try:
+        answer = _post(http, url, message, headers)
+    except PreflightRefused as e:
+        return ModernOffer((), str(e).removeprefix(f"target {url}: "))
+    result = answer.get("result")
+    listed = result.get("supportedVersions") if isinstance(result, dict) else None
+    if not isinstance(listed, list):
+        return ModernOffer((), f"server/discover was answered with {_brief(answer)}")
+    versions = tuple(v for v in listed if isinstance(v, str) and v in MODERN_REVISIONS)
+    return ModernOffer(versions, f"server/discover lists {', '.join(map(str, listed)) or 'nothing'}")
+
+
+def _modern_only(url: str, modern: ModernOffer, why: str) -> PreflightRefused:
+    """The refusal of a target whose `initialize` failed: saying, when it serves the modern
+    era, that it serves that era only."""
+    if not modern.versions:
+        return PreflightRefused(why)
+    return PreflightRefused(
+        f"target {url} serves the modern protocol era only ({modern.answer}; {why.removeprefix(f'target {url}: ')}): "
+        "this lab's client speaks the handshake era (initialize, sessions, resumption) as yet, and the "
+        "modern era's rules are not checked yet (docs/eras.md); serve a handshake revision too "
+        f"({', '.join(SUPPORTED_REVISIONS)})"
+    )
 
 
 def _check_revision(url: str, revision: str) -> None:

@@ -144,3 +144,43 @@ def test_a_run_against_a_url_target_records_the_negotiated_revision(tmp_path: Pa
     target = json.loads((folder / "run.json").read_text())["target"]
     assert target["kind"] == "url" and target["url"] == srv.url
     assert target["protocol_version"] == "2025-11-25" and set(CONTRACT_TOOLS) <= set(target["tools"])
+    # What it offers in each era: the reference server serves both.
+    assert target["eras"]["handshake"] == "2025-11-25"
+    assert target["eras"]["modern"]["versions"] == ["2026-07-28"]
+
+
+def test_what_the_target_offers_in_each_era_is_probed_and_recorded(tmp_path: Path) -> None:
+    with reference_server(tmp_path, ledger=False) as srv:
+        both = check_target(srv.url, protocol_version="2025-11-25")
+    assert both.modern is not None and both.modern.versions == ("2026-07-28",)
+    assert "server/discover lists" in both.modern.answer
+    with reference_server(tmp_path, "--protocol-versions", "2025-06-18,2025-11-25", ledger=False) as srv:
+        handshake = check_target(srv.url, protocol_version="2025-11-25")
+    assert handshake.modern is not None and handshake.modern.versions == ()
+    assert "server/discover got HTTP 400" in handshake.modern.answer
+    assert handshake.as_json()["eras"] == {
+        "handshake": "2025-11-25",
+        "modern": {"versions": [], "answer": handshake.modern.answer},
+    }
+
+
+@pytest.mark.parametrize("serve_stub", [(list(CONTRACT_TOOLS), "2025-11-25")], indirect=True)
+def test_a_target_that_answers_discover_with_something_else_offers_no_modern_era(serve_stub: str) -> None:
+    facts = check_target(serve_stub, protocol_version="2025-11-25")
+    assert facts.modern is not None and facts.modern.versions == ()
+    assert facts.modern.answer.startswith("server/discover was answered with")
+
+
+def test_a_target_of_the_modern_era_only_is_refused_saying_so(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    with reference_server(tmp_path, "--protocol-versions", "2026-07-28", ledger=False) as srv:
+        with pytest.raises(PreflightRefused, match="serves the modern protocol era only"):
+            check_target(srv.url, protocol_version="2025-11-25")
+        proc = subprocess.run(
+            [LAB, "run", str(HERE / "url.toml"), "--target", srv.url, "--out", str(results)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 3 and "modern protocol era only" in proc.stderr, proc.stderr
+    assert "docs/eras.md" in proc.stderr and "nothing was started" in proc.stderr
