@@ -203,3 +203,28 @@ def test_an_answer_a_toxic_held_back_is_the_labs_not_the_targets_nor_the_clients
     g = gate5(sim, tmp_path)
     assert g.verdict is Verdict.INCONCLUSIVE and "limited by the lab" in g.summary, g.summary
     assert p99(g, "lab") >= SLOW and p99(g, "target") < 0.5 and p99(g, "client") < 0.5
+
+
+def test_a_loss_the_client_declined_to_recover_by_the_retry_rule_is_no_latency(tmp_path: Path) -> None:
+    # A write's stream lost without a cursor: the client, by the retry rule, does not re-send
+    # it (outcome unknown, `not_resent_<cause>`), so its recovery never ends. That is the
+    # client's rule working, not a slow target: left out, and said in a note.
+    run = clean_run()
+    sim = run.sim
+    lost = sim.tick()
+    sim.client_row(
+        "recoveries", client_id="b", stream_key="post:9", operation_key="op-b-9", cause="peer_closed_mid_body",
+        lost_at=lost, recovered_at=None, path="abandoned", attempts=0, reinitialized=0,
+    )  # fmt: skip
+    sim.client_row(
+        "operations", client_id="b", operation_key="op-b-9", tool="ledger.append", write=1, outcome="unknown",
+        reason="not_resent_peer_closed_mid_body", attempts=1, started_at=lost - 0.1, finished_at=lost,
+        session_generation=sim.clients["b"].generation,
+    )  # fmt: skip
+    g = gate5(sim, tmp_path / "declined")
+    assert g.verdict is Verdict.PASS, g.summary
+    assert g.measured["declined"] == 1 and any("chose not to recover" in n for n in g.notes)
+    # The same loss without the client's word that it declined: never recovered, a failure.
+    sim.client_rows["operations"][-1]["reason"] = "gave_up_after_peer_closed_mid_body"
+    g = gate5(sim, tmp_path / "gave-up")
+    assert g.verdict is Verdict.FAIL and g.measured["declined"] == 0, g.summary

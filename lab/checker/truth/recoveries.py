@@ -58,13 +58,49 @@ def latencies(
 
 def run_latencies(ctx: Context) -> pd.DataFrame:
     """`latencies` of the run's client `recoveries`, as gate 5 judges them (computed once
-    per run: gate 5, the lab's limits and the lab-latency section all read it). Raises
-    `MissingInput` without a recoveries table."""
+    per run: gate 5, the lab's limits and the lab-latency section all read it), with
+    `declined`: a loss its client chose not to recover by the retry rule (`declined`),
+    left out as a censored one is. Raises `MissingInput` without a recoveries table."""
     rec = ctx.require_client("recoveries")
-    return ctx.cached(
-        "resume_latencies",
-        lambda: latencies(rec, ctx.budgets.resume_p99_s, ctx.stopped_at, client_ends(ctx.data)),
+
+    def compute() -> pd.DataFrame:
+        out = latencies(rec, ctx.budgets.resume_p99_s, ctx.stopped_at, client_ends(ctx.data))
+        out["declined"] = declined(out, ctx.data)
+        out["censored"] = out["censored"] | out["declined"]
+        return out
+
+    return ctx.cached("resume_latencies", compute)
+
+
+DECLINED_REASON = "not_resent_"
+"""The reason a call's outcome is unknown when the retry rule kept its client from
+re-sending it (`not_resent_<cause>`: lab.client, and the operations table)."""
+
+
+def declined(rec: pd.DataFrame, data: RunData) -> np.ndarray:
+    """Per recovery: it never recovered because its client declined to re-send the call
+    (the retry rule: the call may have run, and its tool was not declared safe to repeat;
+    its outcome is reported unknown). That is the client's rule working, not a latency:
+    nothing was asked of the target, so there is nothing to time."""
+    none = np.zeros(len(rec), dtype=bool)
+    if not len(rec) or data.client is None or "operations" in data.client_tables_absent:
+        return none
+    ops = data.client.get("operations")
+    if ops is None or not len(ops) or "reason" not in ops.columns or "operation_key" not in rec.columns:
+        return none
+    reason = ops["reason"].astype(str)
+    keys = set(
+        zip(
+            ops["client_id"].astype(str)[reason.str.startswith(DECLINED_REASON)],
+            ops["operation_key"].astype(str)[reason.str.startswith(DECLINED_REASON)],
+            strict=True,
+        )
     )
+    if not keys:
+        return none
+    never = pd.to_numeric(rec["recovered_at"], errors="coerce").isna().to_numpy()
+    pairs = zip(rec["client_id"].astype(str), rec["operation_key"].astype(str), strict=True)
+    return never & np.fromiter((k in keys for k in pairs), dtype=bool, count=len(rec))
 
 
 def client_ends(data: RunData) -> dict[str, float]:
