@@ -16,6 +16,7 @@ answers):
     a revision this server does not serve        400 (-32022, data: supported, requested)
     a method the era does not have (initialize, ping, logging/setLevel, ...)  404 (-32601)
     server/discover, tools/list                  200, JSON, `resultType: "complete"`
+    tools/call of an unknown tool                400 (-32602)
     tools/call                                   200, an SSE stream of the call's messages
 
 No session ID is minted or read (an `Mcp-Session-Id` is ignored, as is `Last-Event-ID`);
@@ -241,10 +242,9 @@ async def _call(
     tool = TOOLS.get(name) if isinstance(name, str) else None
     args, meta = params.get("arguments") or {}, params.get("_meta") or {}
     if tool is None or not isinstance(args, dict) or not isinstance(meta, dict):
+        # Invalid params, 400 (2026-07-28 answers its errors of the request itself so).
         why = f"unknown tool {name!r}" if tool is None else "arguments and _meta must be objects"
-        app.log_request(req, 200, None)
-        await send_json(send, 200, jsonrpc.error(msg.id, jsonrpc.INVALID_PARAMS, why))
-        return
+        raise _refused(400, "invalid_params", jsonrpc.INVALID_PARAMS, why, msg.id)
     if app.open_sse >= app.config.max_streams:
         raise Refused(503, "overloaded", "too many concurrent streams", app.retry_after())
     live = LiveConn(req.conn, app.config.max_session_event_bytes)

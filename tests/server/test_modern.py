@@ -125,6 +125,8 @@ def test_meta_missing_an_unsupported_revision_and_methods_of_the_other_era(srv: 
     assert MODERN in r.json()["error"]["data"]["supported"]
     r = httpx.get(srv.url, headers={"mcp-protocol-version": "2099-01-01", "authorization": f"Bearer {TOKEN}"})
     assert r.status_code == 400 and r.json()["error"]["code"] == -32022
+    r = post(srv, body(7, "tools/call", {"name": "nope", "arguments": {}}))
+    assert r.status_code == 400 and r.json()["error"]["code"] == -32602 and r.json()["id"] == 7
     for method in ("initialize", "ping", "logging/setLevel"):
         r = post(srv, body(7, method))
         assert r.status_code == 404 and r.json()["error"]["code"] == -32601, method
