@@ -9,6 +9,7 @@ import argparse
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from lab.exitcodes import ExitCode
@@ -64,24 +65,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=selftest)
 
 
-def _jobs(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a whole number of runs at a time, got {text!r}") from None
-    if not 1 <= value <= 4:
-        raise argparse.ArgumentTypeError(f"1 to 4 runs at a time, got {value}")
-    return value
+def _whole(lo: int, hi: int, what: str) -> Callable[[str], int]:
+    """An argparse type: a whole number of `what` within lo..hi, else a named error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"a whole number of {what}, got {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{lo} to {hi} {what}, got {value}")
+        return value
+
+    return parse
 
 
-def _retries(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a whole number of tries, got {text!r}") from None
-    if not 0 <= value <= 3:
-        raise argparse.ArgumentTypeError(f"0 to 3 tries again, got {value}")
-    return value
+_jobs = _whole(1, 4, "runs at a time")
+_retries = _whole(0, 3, "retries")
 
 
 def _list() -> int:

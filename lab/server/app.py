@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -59,8 +58,7 @@ from lab.server.http import (
     Request,
     Scope,
     Send,
-    lone_surrogate,
-    read_body,
+    read_json_post,
     send_empty,
     send_json,
     send_json_text,
@@ -275,29 +273,23 @@ class McpApp:
             # naming what it serves (a client may then speak 2026-07-28).
             if req.method != "POST":
                 raise Refused(405, "method_not_allowed", "this server serves 2026-07-28 only: POST", [allow])
-            raise Refused(
-                400,
-                "bad_version",
-                f"this server serves {', '.join(cfg.protocol_versions)} only",
-                code=UNSUPPORTED_VERSION,
-                data={"supported": list(cfg.protocol_versions), "requested": version},
-            )
+            raise self._unsupported(version, f"this server serves {', '.join(cfg.protocol_versions)} only")
         if version is not None and version not in cfg.protocol_versions:
-            # Either era's answer: 400, and (2026-07-28's UnsupportedProtocolVersion) what
-            # it serves, so that a client of either era can choose.
-            raise Refused(
-                400,
-                "bad_version",
-                f"unsupported MCP-Protocol-Version {version!r}",
-                code=UNSUPPORTED_VERSION,
-                data={"supported": list(cfg.protocol_versions), "requested": version},
-            )
+            raise self._unsupported(version, f"unsupported MCP-Protocol-Version {version!r}")
         if req.method == "POST":
             await self._post(req, receive, send, subject, now)
         elif req.method == "GET":
             await self._get(req, receive, send, subject, now)
         else:
             await self._delete(req, send, subject, now)
+
+    def _unsupported(self, version: str | None, message: str) -> Refused:
+        """Either era's answer to a revision it does not serve: 400, and (2026-07-28's
+        UnsupportedProtocolVersion) what it serves, so that a client of either era can
+        choose."""
+        served = list(self.config.protocol_versions)
+        data = {"supported": served, "requested": version}
+        return Refused(400, "bad_version", message, code=UNSUPPORTED_VERSION, data=data)
 
     def _authenticate(self, req: Request) -> str | None:
         if not self.config.tokens:
@@ -339,24 +331,7 @@ class McpApp:
     async def _post(
         self, req: Request, receive: Receive, send: Send, subject: str | None, now: float
     ) -> None:
-        ctype = (req.header("content-type") or "").split(";")[0].strip().lower()
-        if ctype != "application/json":
-            raise Refused(415, "bad_content_type", "Content-Type must be application/json")
-        accept = (req.header("accept") or "").lower()
-        if "application/json" not in accept or "text/event-stream" not in accept:
-            raise Refused(406, "bad_accept", "Accept must list application/json and text/event-stream")
-        raw = await read_body(receive, self.config.max_body)
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError) as e:
-            raise Refused(400, "parse_error", f"parse error: {e}") from None
-        where = lone_surrogate(raw, body)
-        if where is not None:
-            raise Refused(
-                400,
-                "not_unicode",
-                f"invalid request: the string at {where} holds a lone surrogate (not Unicode)",
-            )
+        raw, body = await read_json_post(req, receive, self.config.max_body)
         if isinstance(body, list):
             await self._batch(req, send, body, subject, now)
             return

@@ -4,6 +4,7 @@ text is Unicode."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -168,3 +169,28 @@ def _is_unicode(text: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+async def read_json_post(req: Request, receive: Receive, max_body: int) -> tuple[bytes, object]:
+    """A POST's JSON body, as both protocol eras take it: its bytes and their value.
+    Refused: Content-Type not JSON 415, Accept without JSON and SSE 406, too large 413
+    (read_body), not JSON 400 (parse error), a string that is not Unicode 400."""
+    ctype = (req.header("content-type") or "").split(";")[0].strip().lower()
+    if ctype != "application/json":
+        raise Refused(415, "bad_content_type", "Content-Type must be application/json")
+    accept = (req.header("accept") or "").lower()
+    if "application/json" not in accept or "text/event-stream" not in accept:
+        raise Refused(406, "bad_accept", "Accept must list application/json and text/event-stream")
+    raw = await read_body(receive, max_body)
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise Refused(400, "parse_error", f"parse error: {e}") from None
+    where = lone_surrogate(raw, body)
+    if where is not None:
+        raise Refused(
+            400,
+            "not_unicode",
+            f"invalid request: the string at {where} holds a lone surrogate (not Unicode)",
+        )
+    return raw, body

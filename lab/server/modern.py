@@ -29,7 +29,6 @@ are the server's, per token subject, whichever era asked.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import TYPE_CHECKING, Any
 
 from lab.server.http import (
@@ -37,8 +36,7 @@ from lab.server.http import (
     Refused,
     Request,
     Send,
-    lone_surrogate,
-    read_body,
+    read_json_post,
     send_empty,
     send_json,
 )
@@ -121,20 +119,7 @@ async def handle(app: McpApp, req: Request, receive: Receive, send: Send, subjec
         raise Refused(
             405, "method_not_allowed", "the 2026-07-28 revision has POST only", [(b"allow", b"POST")]
         )
-    ctype = (req.header("content-type") or "").split(";")[0].strip().lower()
-    if ctype != "application/json":
-        raise Refused(415, "bad_content_type", "Content-Type must be application/json")
-    accept = (req.header("accept") or "").lower()
-    if "application/json" not in accept or "text/event-stream" not in accept:
-        raise Refused(406, "bad_accept", "Accept must list application/json and text/event-stream")
-    raw = await read_body(receive, app.config.max_body)
-    try:
-        body = json.loads(raw)
-    except (ValueError, RecursionError) as e:
-        raise Refused(400, "parse_error", f"parse error: {e}") from None
-    where = lone_surrogate(raw, body)
-    if where is not None:
-        raise Refused(400, "not_unicode", f"invalid request: the string at {where} holds a lone surrogate")
+    _, body = await read_json_post(req, receive, app.config.max_body)
     if isinstance(body, list):
         raise Refused(400, "batch_not_allowed", "JSON-RPC batches are not allowed in 2026-07-28")
     try:
