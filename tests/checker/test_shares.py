@@ -228,3 +228,29 @@ def test_a_loss_the_client_declined_to_recover_by_the_retry_rule_is_no_latency(t
     sim.client_rows["operations"][-1]["reason"] = "gave_up_after_peer_closed_mid_body"
     g = gate5(sim, tmp_path / "gave-up")
     assert g.verdict is Verdict.FAIL and g.measured["declined"] == 0, g.summary
+
+
+def test_a_new_handshake_the_target_answered_is_not_its_silence(tmp_path: Path) -> None:
+    # A recovery that never ended, whose last attempt was a new handshake the target
+    # answered 200 (in JSON: no event): the session was made again, so what kept it from
+    # ending came after (behind round-robin replicas: the next request went to a replica
+    # without the session). The target's share is what it took to answer, not "never".
+    run = clean_run()
+    sim, st = run.sim, run.get_b
+    lost = sim.tick()
+    sent = sim.tick(0.2)
+    conn, conn_id = sim._conn(st.client)
+    sim.flow_record(sim._flow(), conn, "POST", None, t_request=sent + 0.005, jsonrpc_method="initialize")
+    sim.exchange(st.client, conn_id, "reinitialize", "POST", None, 200, started_at=sent, ended_at=sent + 0.05)
+    sim.client_row(
+        "reconnects", client_id=st.client, kind="reinitialize", stream_key=None, cause="session_gone",
+        advised_delay=None, planned_delay=0.2, lost_at=lost, sent_at=sent, waited=0.2, attempt=0,
+        conn_id=conn_id, session_generation=sim.clients[st.client].generation,
+    )  # fmt: skip
+    sim.client_row(
+        "recoveries", client_id=st.client, stream_key=st.key, operation_key=None, cause="session_gone",
+        lost_at=lost, recovered_at=None, path="session_lost", attempts=1, reinitialized=1,
+    )  # fmt: skip
+    g = gate5(sim, tmp_path)
+    assert g.verdict is not Verdict.FAIL, g.summary  # never recovered, but not the target's doing
+    assert p99(g, "target") < 1.0 and "limited by the lab" in g.summary

@@ -32,7 +32,9 @@ A recovery that never ended is infinite in one share: the target's when its last
 was answered by the target and that flow carried no event; the lab's when the target did
 send events there (they never reached the client), when the proxy answered it (a storm)
 or never saw it; the client's when the target answered its last attempt 404 (the session
-was gone: by the rules the call's recovery ends there, and the client starts again). A
+was gone: by the rules the call's recovery ends there, and the client starts again), or
+when its last attempt was a new handshake the target answered 2xx (the session was made
+again: what kept the recovery from ending came after). A
 recovery without any attempt in the ledgers (a call waiting for an answer that never came,
 a client that never tried again: the ledgers cannot tell which), or whose attempts the
 tap cannot place (no tap, an older tap without `t_request`, the last attempt never seen
@@ -63,6 +65,8 @@ RECONNECT_KINDS_OF_STREAM = ("resume", "reopen", "resend")
 """Attempts that carry the stream itself (a re-handshake only makes the session again)."""
 SESSION_GONE = 404
 """The status that says the session is gone: the client must start a new one."""
+REHANDSHAKE = "reinitialize"
+"""The reconnects' kind of a new handshake (lab.client)."""
 SLACK_S = 0.001
 """Clock rounding allowed when an attempt is placed inside its recovery."""
 
@@ -253,6 +257,12 @@ def _split(pairs: pd.DataFrame, rec: pd.DataFrame) -> pd.DataFrame:
     seen = np.isfinite(t_req)
     status = final["status"].reindex(sums.index).to_numpy(dtype="float64")
     gone = never & seen & by_target & (status == SESSION_GONE)
+    # A new handshake the target answered (2xx) is no silence: the session was made again,
+    # and what kept the recovery from ending came after it, on the client's side (or the
+    # deployment's: each next request routed to a replica that lacks the new session).
+    rehandshake = final["kind"].reindex(sums.index).astype(str).to_numpy() == REHANDSHAKE
+    made_again = never & seen & by_target & rehandshake & (status >= 200) & (status < 300)
+    gone = gone | made_again
     silent_target = never & seen & by_target & ~np.isfinite(first) & ~gone
     target = np.where(silent_target, math.inf, target)
     lab = np.where(never & ~silent_target & ~gone, math.inf, lab)
