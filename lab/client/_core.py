@@ -151,6 +151,11 @@ class ClientCore:
     def fx(self) -> Effects:
         return self.client_state.fx
 
+    @property
+    def tools_pending(self) -> bool:
+        """The retry rule's `tools/list` is on its way (what may be re-sent is not known yet)."""
+        return self.tools.pending()
+
     def stream_key_of(self, conn_id: int) -> str | None:
         """The client's name of the stream a connection carries (None if none, or unknown)."""
         conn = self.http.live.get(conn_id)

@@ -63,6 +63,12 @@ class ToolHints:
             Purpose.TOOLS_LIST, "POST", now, body=jsonrpc.request(c.new_request_id(), TOOLS_LIST, {})
         )
 
+    def pending(self) -> bool:
+        """The tools are not known yet and their `tools/list` is on its way."""
+        return self.state.resend_safe is None and any(
+            x.purpose is Purpose.TOOLS_LIST for x in self.http.live.values()
+        )
+
     def may_resend(self, tool: str, cause: str) -> bool:
         """May a call of `tool`, lost by `cause`, be sent again?"""
         if cause in REFUSED_UNPROCESSED:

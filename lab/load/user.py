@@ -45,6 +45,9 @@ INJECTED_TYPE = "MCP injected fault"
 """The Locust request type of a call that failed after a response the lab's proxy marked as
 its own injected fault (`x-lab-fault`): shown in Locust's table as an intended outcome,
 not among its failures."""
+TOOLS_WAIT_S = 5.0
+"""How long a new client waits for the server's tools (the retry rule's tools/list) before
+its first call."""
 log = logging.getLogger(__name__)
 
 
@@ -193,6 +196,12 @@ class McpClient:
         self.driver.call(self.core.connect)
         ok = self.driver.wait_for(lambda: self.sessions > 0, self.ctx.settings.call_timeout)
         self._fire("initialize", (time.time() - t0) * 1000, None if ok else TimeoutError("no session"))
+        if ok:
+            # As clients do, the tools are known before the first call: a call lost before
+            # they are is not re-sent (the retry rule: nothing is known safe), and the
+            # lab's own client would report its outcome unknown for want of an answer it
+            # had asked for. Bounded: a tools/list that never answers stops no one.
+            self.driver.wait_for(lambda: not self.core.tools_pending, TOOLS_WAIT_S)
         return ok
 
     def call(self, tool: str, arguments: dict[str, Any], *, write: bool = False) -> CallFinished | None:

@@ -455,3 +455,17 @@ def test_without_the_rule_the_core_re_sends_whatever_the_tool() -> None:
     link.run(cmds)
     link.settle(patience=5.0)
     assert len([r for r in link.requests if r.purpose is Purpose.CALL]) == 2
+
+
+def test_the_tools_are_pending_until_their_list_is_answered() -> None:
+    # What a Locust user waits for before its first call (lab.load.user: TOOLS_WAIT_S): a
+    # call lost while the list is on its way would not be re-sent, nothing being known safe.
+    core, _, link, _ = make(retry_rule=True, defer={Purpose.TOOLS_LIST})
+    (conn,) = link.deferred  # the list asked, its answer held back
+    assert core.tools_pending
+    link.deliver_head(conn)
+    link.settle()
+    assert not core.tools_pending and core.client_state.resend_safe is not None
+    # Without the rule no list is asked for, and nothing is ever pending.
+    core, _, link, _ = make()
+    assert not core.tools_pending and not link.conns(Purpose.TOOLS_LIST)
