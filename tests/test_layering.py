@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"lab.wire", "lab.exitcodes", "lab.resources", "lab.runfolder", "lab.oslimits"}),
+    frozenset({"lab.wire", "lab.exitcodes", "lab.cliargs", "lab.resources", "lab.runfolder", "lab.oslimits"}),
     # Every part's stderr scrubbed of secrets (lab.wire's `scrub` on a stream).
     frozenset({"lab.logscrub"}),
     # Independent of one another: the client core, the reference server, the fault layer,

@@ -11,17 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lab.cliargs import whole
 from lab.exitcodes import ExitCode
 
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a whole number 1..9, got {text!r}") from None
-    if not 1 <= value <= 9:
-        raise argparse.ArgumentTypeError(f"a whole number 1..9, got {value}")
-    return value
+_count = whole(1, 9, "runs")
 
 
 def _seconds(text: str) -> float:

@@ -9,9 +9,9 @@ import argparse
 import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
+from lab.cliargs import whole
 from lab.exitcodes import ExitCode
 
 DEFAULT_SCENARIO = "selftest"
@@ -65,23 +65,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=selftest)
 
 
-def _whole(lo: int, hi: int, what: str) -> Callable[[str], int]:
-    """An argparse type: a whole number of `what` within lo..hi, else a named error."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"a whole number of {what}, got {text!r}") from None
-        if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"{lo} to {hi} {what}, got {value}")
-        return value
-
-    return parse
-
-
-_jobs = _whole(1, 4, "runs at a time")
-_retries = _whole(0, 3, "retries")
+_jobs = whole(1, 4, "runs at a time")
+_retries = whole(0, 3, "retries")
 
 
 def _list() -> int:
