@@ -5,6 +5,9 @@
   that cannot be resumed is re-sent with the same idempotency key (a new JSON-RPC request
   ID, as JSON-RPC requires), never as a new operation. Cancelling means sending
   `notifications/cancelled`.
+- In the modern era (2026-07-28) nothing is resumed: a broken stream *is* its request's
+  cancellation, so the call is re-issued (the re-send above, a new request ID, the same
+  key, within the retry rule), and cancelling is closing the stream.
 - Every call ends with one outcome (ok, error, unknown, cancelled), one operations row
   and one `CallFinished` notice; a call the client leaves or stops still waiting for ends
   UNKNOWN, so a run's end cannot hide a hang.
@@ -96,7 +99,12 @@ class Calling:
         call = c.calls[handle.operation_key]
         if call.done:
             return
-        if call.request_id is not None and not call.queued and c.session_usable():
+        if self.http.modern:
+            # 2026-07-28: closing the response stream is the cancellation (a posted
+            # notifications/cancelled is not one), also before its answer's head came.
+            for conn in [x for x in self.http.live.values() if x.call is call]:
+                self.http.abort(conn, now, "cancelled")
+        elif call.request_id is not None and not call.queued and c.session_usable():
             body = jsonrpc.notification(jsonrpc.CANCELLED, {"requestId": call.request_id, "reason": reason})
             self.http.open(Purpose.CANCEL, "POST", now, body=body)
         st = c.streams.get(call.stream_key or "")

@@ -23,6 +23,8 @@ class Purpose(enum.StrEnum):
     """Why an HTTP request is made (written to the client ledger)."""
 
     INITIALIZE = "initialize"
+    DISCOVER = "discover"
+    """The modern era's first request (`server/discover`): it stands where initialize did."""
     INITIALIZED = "initialized"
     CALL = "call"
     STANDALONE = "standalone"
@@ -31,6 +33,9 @@ class Purpose(enum.StrEnum):
     DELETE = "delete"
     TOOLS_LIST = "tools_list"
 
+
+HANDSHAKES = frozenset({Purpose.INITIALIZE, Purpose.DISCOVER})
+"""The first request of a client (and of a new session), by era."""
 
 type Headers = tuple[tuple[str, str], ...]
 

@@ -47,7 +47,7 @@ from __future__ import annotations
 from lab.client._acceptance import ConnectionView, InboxStore
 from lab.client._calls import Calling
 from lab.client._client_state import ClientState
-from lab.client._commands import CallHandle, CloseConnection, Effects, Headers, Output, Purpose
+from lab.client._commands import HANDSHAKES, CallHandle, CloseConnection, Effects, Headers, Output, Purpose
 from lab.client._config import ClientConfig
 from lab.client._handshake import Handshake
 from lab.client._http import Connections
@@ -187,7 +187,8 @@ class ClientCore:
         return self.fx.take()
 
     def cancel(self, handle: CallHandle, now: float, reason: str = "cancelled by user") -> Output:
-        """Cancel = `notifications/cancelled`, never just a dropped connection."""
+        """Cancel = `notifications/cancelled`, never just a dropped connection; in the
+        modern era, where closing the call's stream is its cancellation, that close."""
         self.calling.cancel(handle, now, reason)
         return self.fx.take()
 
@@ -237,7 +238,7 @@ class ClientCore:
             )
         if conn.sse:
             conn.decoder = SseDecoder()
-        if conn.purpose is Purpose.INITIALIZE:
+        if conn.purpose in HANDSHAKES:
             if status == 200:
                 self.handshake.pending_session_id = h.get(SESSION_HEADER)
             else:
@@ -273,7 +274,7 @@ class ClientCore:
             if conn_id not in self.http.live:
                 self.streaming.after_close(conn, events[i:], now)
                 break
-            if conn.purpose is Purpose.INITIALIZE:
+            if conn.purpose in HANDSHAKES:
                 self.handshake.event(conn, ev, now)  # no session yet: not the session's door
             elif conn.purpose is Purpose.TOOLS_LIST:
                 self.tools.event(conn, ev, now)  # the client's own question, not a call's stream
@@ -300,7 +301,7 @@ class ClientCore:
         if conn.decoder is not None:
             cut = conn.decoder.end_of_stream()
             self._connection_over(conn, now, "cut_mid_event" if cut else "server_closed")
-        elif conn.purpose is Purpose.INITIALIZE:
+        elif conn.purpose in HANDSHAKES:
             self.handshake.body(conn, now)
         elif conn.purpose is Purpose.CALL and conn.status == 200:
             self.streaming.json_body(conn, now)
@@ -325,7 +326,7 @@ class ClientCore:
     def _connection_over(self, conn: Conn, now: float, cause: str) -> None:
         """A connection the core still held ended: its exchange record, then the part
         whose request it was."""
-        if conn.purpose is Purpose.INITIALIZE:
+        if conn.purpose in HANDSHAKES:
             self.http.over(conn, now, cause)
             self.handshake.failed(conn, now, cause, ended=True)
         elif conn.purpose is Purpose.DELETE:

@@ -13,6 +13,7 @@ from lab.client._acceptance import RejectReason
 from lab.client._calls import Calling
 from lab.client._client_state import ClientState
 from lab.client._commands import (
+    HANDSHAKES,
     CallHandle,
     CallOutcome,
     LeaveFinished,
@@ -89,10 +90,15 @@ class Handshake:
     # ------------------------------------------------------------------ handshake
 
     def send_initialize(self, now: float) -> SendRequest:
+        """The handshake's first request: `initialize`, or in the modern era `server/discover`
+        (no session comes of it; it tells whether the server speaks the client's revision)."""
         c = self.state
         c.session.process(Trigger.INITIALIZE_SENT)
         c.session_id = None
         self.pending_session_id = None
+        if self.http.modern:
+            body = jsonrpc.request(c.new_request_id(), jsonrpc.DISCOVER, {})
+            return self.http.open(Purpose.DISCOVER, "POST", now, body=body)
         params = {
             "protocolVersion": self.config.protocol_version,
             "capabilities": {},
@@ -140,16 +146,25 @@ class Handshake:
         if msg.kind is not jsonrpc.MessageKind.RESPONSE or not isinstance(result, dict):
             self.failed(conn, now, "initialize_error", ended=True)
             return
-        version = result.get("protocolVersion")
-        if version not in SUPPORTED_REVISIONS:
-            self.failed(conn, now, f"unsupported_version:{version}", ended=True)
-            return
-        caps = result.get("capabilities")
-        exp = caps.get("experimental") if isinstance(caps, dict) else None
-        ids = exp.get(EVENT_ID_CAPABILITY) if isinstance(exp, dict) else None
+        if self.http.modern:
+            # server/discover: the revisions the server serves must include the client's.
+            listed = result.get("supportedVersions")
+            version: object = self.config.protocol_version
+            if not isinstance(listed, list) or version not in listed:
+                self.failed(conn, now, f"unsupported_version:{listed}", ended=True)
+                return
+            ids = None
+        else:
+            version = result.get("protocolVersion")
+            if version not in SUPPORTED_REVISIONS:
+                self.failed(conn, now, f"unsupported_version:{version}", ended=True)
+                return
+            caps = result.get("capabilities")
+            exp = caps.get("experimental") if isinstance(caps, dict) else None
+            ids = exp.get(EVENT_ID_CAPABILITY) if isinstance(exp, dict) else None
         c.session.process(Trigger.INITIALIZE_OK)
         c.generation += 1
-        c.session_id = self.pending_session_id
+        c.session_id = None if self.http.modern else self.pending_session_id
         c.tag = None if c.session_id is None else session_tag(c.session_id)
         c.protocol_version = str(version)
         c.structured_ids = isinstance(ids, dict) and ids.get("scheme") == "e1" and c.tag is not None
@@ -160,10 +175,11 @@ class Handshake:
             self.reconnector.recovered(reinit, now)
         c.session_event("established", now, version=c.protocol_version)
         c.fx.notices.append(SessionEstablished(c.generation, c.protocol_version, now))
-        self.http.open(Purpose.INITIALIZED, "POST", now, body=jsonrpc.notification(jsonrpc.INITIALIZED))
+        if not self.http.modern:  # (the modern era has no initialized notification, no GET stream)
+            self.http.open(Purpose.INITIALIZED, "POST", now, body=jsonrpc.notification(jsonrpc.INITIALIZED))
         if self.config.retry_rule:
             self.tools.send(now)  # once per client: what may be re-sent after an unknown outcome
-        if self.config.open_standalone_stream and not c.leave_requested:
+        if self.config.open_standalone_stream and not c.leave_requested and not self.http.modern:
             self.streaming.open_standalone(now)
         for call in c.calls.values():
             loss = self.reconnector.get(Target.CALL, call.handle.operation_key)
@@ -237,7 +253,7 @@ class Handshake:
                 st.machine.process(Trigger.SESSION_GONE)
             self.table.close_conn(st, now, reason)
         for conn in list(self.http.live.values()):
-            if conn.view.session_generation == c.generation and conn.purpose is not Purpose.INITIALIZE:
+            if conn.view.session_generation == c.generation and conn.purpose not in HANDSHAKES:
                 self.http.abort(conn, now, reason)
         unknown: list[CallHandle] = []
         for call in c.calls.values():

@@ -14,17 +14,30 @@ from lab.client._model import Call, Conn
 from lab.wire import jsonrpc
 from lab.wire.client_ledger import HttpExchange
 from lab.wire.extensions import LAB_CONN_HEADER
-from lab.wire.revisions import LAST_EVENT_ID_HEADER, PROTOCOL_VERSION_HEADER, SESSION_HEADER, revision
+from lab.wire.revisions import (
+    LAST_EVENT_ID_HEADER,
+    MCP_METHOD_HEADER,
+    MCP_NAME_HEADER,
+    META_CLIENT_CAPABILITIES,
+    META_CLIENT_INFO,
+    META_PROTOCOL_VERSION,
+    PROTOCOL_VERSION_HEADER,
+    SESSION_HEADER,
+    revision,
+)
 
 
 class Connections:
-    __slots__ = ("_next", "config", "live", "state")
+    __slots__ = ("_next", "config", "live", "modern", "state")
 
     def __init__(self, state: ClientState, config: ClientConfig) -> None:
         self.state = state
         self.config = config
         self.live: dict[int, Conn] = {}
         self._next = 1
+        self.modern = revision(config.protocol_version).modern
+        """The client speaks the modern era (2026-07-28): every request names its revision
+        and method in headers and `_meta`; there is no session to carry."""
 
     def headers(
         self, conn_id: int, purpose: Purpose, *, with_session: bool, last_event_id: str | None
@@ -44,11 +57,37 @@ class Connections:
             h.append(("authorization", f"Bearer {cfg.token}"))
         if with_session and c.session_id is not None:
             h.append((SESSION_HEADER, c.session_id))
-        if purpose is not Purpose.INITIALIZE and revision(c.protocol_version).version_header:
+        if (
+            purpose is not Purpose.INITIALIZE
+            and not self.modern
+            and revision(c.protocol_version).version_header
+        ):
             h.append((PROTOCOL_VERSION_HEADER, c.protocol_version))
         if last_event_id is not None:
             h.append((LAST_EVENT_ID_HEADER, last_event_id))
         return tuple(h)
+
+    def modern_request(self, body: jsonrpc.JsonObject) -> tuple[jsonrpc.JsonObject, Headers]:
+        """A request of the modern era as it goes out: `_meta` with the revision and the
+        client's capabilities and name, and the headers that mirror the body (its revision,
+        its method, and the tool's name on a `tools/call`), which the server compares."""
+        cfg = self.config
+        params = dict(body.get("params") or {})
+        method = str(body.get("method", ""))
+        h: list[tuple[str, str]] = [
+            (PROTOCOL_VERSION_HEADER, cfg.protocol_version),
+            (MCP_METHOD_HEADER, method),
+        ]
+        if method == "tools/call":
+            h.append((MCP_NAME_HEADER, str(params.get("name", ""))))
+        if "id" in body:
+            params["_meta"] = {
+                **(params.get("_meta") or {}),
+                META_PROTOCOL_VERSION: cfg.protocol_version,
+                META_CLIENT_CAPABILITIES: {},
+                META_CLIENT_INFO: {"name": cfg.client_name, "version": "1"},
+            }
+        return {**body, "params": params}, tuple(h)
 
     def open(
         self,
@@ -65,8 +104,11 @@ class Connections:
         c = self.state
         conn_id = self._next
         self._next += 1
-        with_session = purpose is not Purpose.INITIALIZE
+        with_session = purpose is not Purpose.INITIALIZE and not self.modern
         headers = self.headers(conn_id, purpose, with_session=with_session, last_event_id=last_event_id)
+        if self.modern and body is not None:
+            body, mirrored = self.modern_request(body)
+            headers += mirrored
         view = ConnectionView(conn_id, c.generation, c.protocol_version, self.config.auth_subject)
         carried = with_session and c.session_id is not None
         self.live[conn_id] = Conn(

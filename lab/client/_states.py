@@ -80,6 +80,7 @@ class Trigger(enum.StrEnum):
     CANCELLED = "CANCELLED"  # we sent notifications/cancelled
     ABANDONED = "ABANDONED"  # the client stops waiting: it gave up resuming, or it leaves or stops
     SESSION_GONE = "SESSION_GONE"  # the session this stream belongs to expired or ended
+    REISSUED = "REISSUED"  # modern era: a lost stream is never resumed; its call goes again as a new request
 
 
 class Role(enum.StrEnum):
@@ -115,6 +116,7 @@ TRANSITIONS: Mapping[Role, Mapping[State, Mapping[Trigger, State]]] = {
         S.DISCONNECTED: {
             T.RESUME_SCHEDULED: S.RESUME_PENDING,
             T.NO_VALID_CURSOR: S.CURSOR_REJECTED,
+            T.REISSUED: S.CLOSED,
             T.CANCELLED: S.CLOSED,
             T.ABANDONED: S.CLOSED,
             T.SESSION_GONE: S.SESSION_EXPIRED,

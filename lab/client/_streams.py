@@ -8,6 +8,8 @@
   stream, after checking the cursor belongs to this session and this stream. A stream
   without a valid cursor (or whose cursor the server refused) falls back to the next kind
   of the reconnector's table: its call is re-sent, or a fresh standalone stream opened.
+- In the modern era (2026-07-28) a lost call stream is not resumed but re-issued
+  (`Calling.lost`): its request was cancelled by the break.
 - A resumed call stream that stays silent, or a call stream that only keeps itself alive,
   is lost like any other (`ClientConfig.resume_silence_s`, `stream_idle_s`; the deadlines
   are kept by `_stream_table`, which `_calls` shares, and `tick` acts on them here).
@@ -285,6 +287,12 @@ class Streaming:
         c = self.state
         if c.leave_requested or c.stopped or c.session.state is not State.SESSION_ACTIVE:
             st.machine.process(Trigger.ABANDONED)
+            return
+        if self.http.modern and st.call is not None:
+            # 2026-07-28: no resumption; the close cancelled the request, so the call is
+            # re-issued as a new request (its idempotency key kept, within the retry rule).
+            st.machine.process(Trigger.REISSUED)
+            self.calling.lost(st.call, now, cause, None)
             return
         target, name = (
             (Target.CALL, st.call.handle.operation_key) if st.call is not None else (Target.STANDALONE, "")

@@ -19,6 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from lab.wire.revisions import MODERN_REVISIONS, era_of_client
+
 SETTINGS_ENV = "LAB_LOCUST_SETTINGS"
 SETTINGS_WAIT_S = 120.0
 """How long a Locust process waits for `lab run` to write its settings (the chain's start,
@@ -119,6 +121,8 @@ class LoadSettings:
     """Where clients connect: the front of the fault chain (nemesis proxy or mitmdump)."""
     run_dir: str
     protocol_version: str = "2025-11-25"
+    era: str = "handshake"
+    """handshake, modern or both (`client_revision` chooses each client's revision)."""
     origin: str | None = "http://127.0.0.1"
     tokens: tuple[tuple[str, str], ...] = ()
     """(token, subject) pairs; each client takes one by `token_for` (from the seed and its
@@ -251,6 +255,13 @@ def stable_index(seed: int, name: str, n: int) -> int:
         raise ValueError("a choice among no items")
     digest = hashlib.sha256(f"{seed}\0{name}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % n
+
+
+def client_revision(settings: LoadSettings, client_id: str) -> str:
+    """The revision a client speaks: the handshake era's `protocol_version`, the modern
+    era's newest revision, or (era `both`) one of the two by its ID (`era_of_client`)."""
+    era = settings.era if settings.era != "both" else era_of_client(client_id)
+    return MODERN_REVISIONS[-1] if era == "modern" else settings.protocol_version
 
 
 def token_for(settings: LoadSettings, client_id: str) -> tuple[str | None, str | None]:

@@ -36,7 +36,7 @@ from lab.client import (
 from lab.drivers.sync import SyncDriver, default_client
 from lab.inbox import InboxDatabase
 from lab.load.clock import LoadZero, ScriptBook
-from lab.load.settings import LoadSettings, rng_for, run_tag, script_counters, token_for
+from lab.load.settings import LoadSettings, client_revision, rng_for, run_tag, script_counters, token_for
 from lab.wire.client_ledger import EventRejected, ReconnectAttempt, Record, Recovery
 from lab.wire.redact import Redactor
 
@@ -120,7 +120,7 @@ class McpClient:
         self.core = ClientCore(
             ClientConfig(
                 client_id=self.client_id,
-                protocol_version=s.protocol_version,
+                protocol_version=client_revision(s, self.client_id),
                 origin=s.origin,
                 token=token,
                 auth_subject=subject,

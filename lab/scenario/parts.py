@@ -68,6 +68,11 @@ class TargetSpec:
     """reference (started by `lab run`) or url (any MCP server)."""
     url: str | None = None
     protocol_version: str = "2025-11-25"
+    """The handshake era's revision the clients ask for (in `initialize`)."""
+    era: str = "handshake"
+    """Which protocol era the run tests (docs/eras.md): `handshake` (sessions, resumption;
+    `protocol_version`), `modern` (2026-07-28: no session, a broken stream re-issued) or
+    `both` (each client speaks one, chosen by its ID: half and half, one server)."""
     session_ttl: float = 300.0
     delete: str = "allow"
     tokens: dict[str, str] = field(default_factory=dict)
@@ -327,6 +332,7 @@ class Scenario:
             url=url,
             run_dir=run_dir,
             protocol_version=self.target.protocol_version,
+            era=self.target.era,
             tokens=tuple(sorted(self.target.tokens.items())),
             mix=ToolMix(**lo.mix),
             ticker=dict(self.ticker_arguments()),

@@ -27,7 +27,7 @@ from lab.scenario.parts import (
     Ticker,
 )
 from lab.scenario.rules import cross_checks, read_budgets, read_faults, read_restarts, read_toxics
-from lab.wire.revisions import SUPPORTED_REVISIONS
+from lab.wire.revisions import ERAS, SUPPORTED_REVISIONS, is_modern
 
 _NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,63}")
 _URL = re.compile(r"https?://[^/\s]+(/\S*)?")
@@ -242,10 +242,23 @@ def _target(f: Fields) -> TargetSpec:
         else:
             tokens[str(token)] = subject
     origins = f.string_list("allowed_origins", what="an origin pattern like 'http://127.0.0.1:*'")
+    asked = f.get("protocol_version")
+    if isinstance(asked, str) and is_modern(asked):
+        f.problem(
+            "protocol_version",
+            f"{asked} is the modern era's revision: set era = \"modern\" (or \"both\"); protocol_version "
+            f"names the handshake era's revision, one of {', '.join(map(repr, SUPPORTED_REVISIONS))}",
+        )
+        asked = None
     t = TargetSpec(
         kind=kind,
         url=url,
-        protocol_version=f.choice("protocol_version", d.protocol_version, SUPPORTED_REVISIONS),
+        protocol_version=(
+            d.protocol_version
+            if asked is None and f.has("protocol_version")
+            else f.choice("protocol_version", d.protocol_version, SUPPORTED_REVISIONS)
+        ),
+        era=f.choice("era", d.era, ERAS),
         session_ttl=f.duration("session_ttl", d.session_ttl, positive=True),
         delete=f.choice("delete", d.delete, ("allow", "refuse")),
         tokens=tokens,

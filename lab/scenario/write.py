@@ -161,7 +161,7 @@ def scenario_dict(sc: Scenario) -> dict[str, object]:
     windows resolved (a `phase = ...` binding becomes its window), no `name` (a
     scenario's name is its file's)."""
     t, lo = sc.target, sc.load
-    target: dict[str, object] = {"kind": t.kind, "protocol_version": t.protocol_version}
+    target: dict[str, object] = {"kind": t.kind, "protocol_version": t.protocol_version, "era": t.era}
     if t.kind == "url":
         target["url"] = t.url
         if t.restart_command:

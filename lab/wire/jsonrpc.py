@@ -17,6 +17,8 @@ PROGRESS = "notifications/progress"
 CANCELLED = "notifications/cancelled"
 INITIALIZED = "notifications/initialized"
 INITIALIZE = "initialize"
+DISCOVER = "server/discover"
+"""The modern era's first request (2026-07-28): what the server serves, without a session."""
 
 # JSON-RPC / MCP error codes the lab uses.
 PARSE_ERROR = -32700

@@ -14,6 +14,7 @@ modern era when that header names a modern revision.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 
 SESSION_HEADER = "mcp-session-id"
@@ -36,6 +37,9 @@ class Revision:
     """A POST stream starts with an event that has an ID and empty data."""
     polling_close: bool
     """The server may close a connection mid-stream after sending `retry`."""
+    modern: bool = False
+    """The modern era (2026-07-28): no handshake, session, GET stream or resumption; every
+    POST names its revision in headers and `_meta`, and a broken stream is re-issued."""
 
 
 REVISIONS: dict[str, Revision] = {
@@ -50,8 +54,22 @@ REVISIONS: dict[str, Revision] = {
 SUPPORTED_REVISIONS: tuple[str, ...] = tuple(sorted(REVISIONS))
 """The handshake era's revisions (what `initialize` negotiates)."""
 
-MODERN_REVISIONS: tuple[str, ...] = ("2026-07-28",)
+MODERN: dict[str, Revision] = {
+    r.name: r for r in (Revision("2026-07-28", True, False, False, False, modern=True),)
+}
+MODERN_REVISIONS: tuple[str, ...] = tuple(sorted(MODERN))
 """The modern era's revisions: no handshake, no session, no resumption."""
+
+ERAS: tuple[str, ...] = ("handshake", "modern", "both")
+"""What a run may test: one era, or both at once (each client speaking one)."""
+
+
+def era_of_client(client_id: str) -> str:
+    """In a run of both eras, the era of client `client_id`: by a stable hash of its ID, so
+    that a client keeps its era across processes and replays, and the checker can tell it
+    from the ID alone (about half of the clients each)."""
+    return "modern" if zlib.crc32(client_id.encode("utf-8")) & 1 else "handshake"
+
 
 MCP_METHOD_HEADER = "mcp-method"
 MCP_NAME_HEADER = "mcp-name"
@@ -66,11 +84,17 @@ UNSUPPORTED_VERSION = -32022
 
 
 def revision(name: str) -> Revision:
-    """The rules of revision `name`; KeyError names what is supported."""
-    try:
-        return REVISIONS[name]
-    except KeyError:
-        raise KeyError(f"unsupported protocol revision {name!r}; supported: {', '.join(REVISIONS)}") from None
+    """The rules of revision `name`, of either era; KeyError names what is supported."""
+    found = REVISIONS.get(name) or MODERN.get(name)
+    if found is None:
+        known = ", ".join((*REVISIONS, *MODERN))
+        raise KeyError(f"unsupported protocol revision {name!r}; supported: {known}")
+    return found
+
+
+def is_modern(name: str) -> bool:
+    """Is `name` a revision of the modern era (2026-07-28 on)?"""
+    return name in MODERN
 
 
 def negotiate(requested: str, supported: tuple[str, ...] = SUPPORTED_REVISIONS) -> str:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from lab.load.settings import LoadSettings, rng_for, stable_index, token_for
+from lab.load.settings import LoadSettings, client_revision, rng_for, stable_index, token_for
+from lab.wire.revisions import era_of_client
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -146,3 +147,21 @@ def test_settings_that_never_come_are_named_once_the_wait_is_over(tmp_path: Path
         timeout=60,
     )
     assert out.returncode != 0 and f"LAB_LOCUST_SETTINGS={missing}" in out.stderr
+
+
+def test_each_client_speaks_the_era_the_run_tests() -> None:
+    ids = [f"w0-u{n}" for n in range(1, 401)]
+    hs = LoadSettings(url="u", run_dir="r", protocol_version="2025-06-18")
+    assert {client_revision(hs, c) for c in ids} == {"2025-06-18"}
+    modern = LoadSettings(url="u", run_dir="r", era="modern")
+    assert {client_revision(modern, c) for c in ids} == {"2026-07-28"}
+    both = LoadSettings(url="u", run_dir="r", protocol_version="2025-06-18", era="both")
+    revisions = [client_revision(both, c) for c in ids]
+    # Both eras, about half each, and each client's era is a function of its ID alone
+    # (the checker tells a client's era from its ID).
+    assert 150 < revisions.count("2026-07-28") < 250 and revisions.count(
+        "2025-06-18"
+    ) == 400 - revisions.count("2026-07-28")
+    assert all(
+        (r == "2026-07-28") == (era_of_client(c) == "modern") for c, r in zip(ids, revisions, strict=True)
+    )
