@@ -6,6 +6,7 @@ raw tokens and payloads in memory only; nothing of it is written anywhere.
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict, deque
 from typing import NamedTuple
 
@@ -107,6 +108,23 @@ class Memory:
         cands = [q[-1] for q in self._recent if q and q[-1].session != session and q[-1].event_id is not None]
         return cands[d.pick(len(cands))] if cands else None
 
+    def other_request(self, stream: str, request_id: object, d: Decision) -> Remembered | None:
+        """Without sessions (the modern era, where events carry no IDs): the latest message
+        of another request's stream that names its request (its `id`, or its progress
+        token) and does not name `request_id`. Only such a message can be told foreign by a
+        client: a log message names no request, and request IDs are each client's own (so
+        another client's message for the same ID is no different from its own)."""
+        cands = [q[-1] for q in self._recent if q and q[-1].session is None and q[-1].stream != stream]
+        if not cands:
+            return None
+        start = d.pick(len(cands))
+        for i in range(len(cands)):
+            got = cands[(start + i) % len(cands)]
+            named = _request_named(got.data)
+            if named is not None and named != request_id:
+                return got
+        return None
+
     def remember_token(self, session: str, token: str) -> None:
         self._tokens[session] = token
         self._tokens.move_to_end(session)
@@ -117,3 +135,17 @@ class Memory:
         """A token an earlier, other session was opened with, different from `token`."""
         cands = [t for s, t in reversed(self._tokens.items()) if s != session and t != token][:16]
         return cands[d.pick(len(cands))] if cands else None
+
+
+def _request_named(data: str) -> object:
+    """The request the message `data` answers (`id`) or reports progress of (its progress
+    token); None if it names none."""
+    try:
+        msg = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(msg, dict):
+        return None
+    params = msg.get("params")
+    token = params.get("progressToken") if isinstance(params, dict) else None
+    return msg.get("id", token)

@@ -236,6 +236,25 @@ async def test_4_inject_foreign_event_from_another_session(tmp_path: Path) -> No
     assert inj["source"]["flow"] == a.id
 
 
+async def test_4_inject_foreign_without_sessions_takes_another_requests_message(tmp_path: Path) -> None:
+    """The modern era: no session, no event IDs. The foreign message is another request's,
+    and never one naming this request's ID (another client's request 1 is not foreign to
+    this client's request 1 in any way a client could see)."""
+    rules = [{"kind": "inject_foreign", "rate": 1.0, "match": {"tools": ["c"]}}]
+    h = Harness(tmp_path, rules)
+    same = h.request(h.flow(body=call("a", rid=7), conn="a:1", session=None))
+    h.respond(same)
+    await h.stream(same, sse_stream("pA", 1, rid=7, priming=False))
+    other = h.request(h.flow(body=call("b", rid=3), conn="b:1", session=None))
+    h.respond(other)
+    await h.stream(other, sse_stream("pB", 1, rid=3, priming=False))
+    c = h.request(h.flow(body=call("c", rid=7), conn="c:1", session=None))
+    h.respond(c)
+    await h.stream(c, sse_stream("pC", 1, rid=7, priming=False))
+    injected = [x for x in h.tap(type="forwarded", flow=c.id) if x["fault"] == "inject_foreign"]
+    assert injected and {x["source"]["flow"] for x in injected} == {other.id}
+
+
 async def test_13_cut_stream_cuts_after_the_forwarded_bytes(tmp_path: Path) -> None:
     h = Harness(tmp_path, [{"kind": "cut_stream", "rate": 1.0, "params": {"min_index": 2}}])
     f = h.request(h.flow(body=call("ticker")))

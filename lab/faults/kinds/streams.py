@@ -129,6 +129,10 @@ class InjectForeign(FaultKind[ForeignParams]):
 
 def _foreign(mem: Memory, scope: EventScope, source: str) -> Remembered | None:
     d = scope.decision
+    if scope.session is None:
+        # No session (the modern era): nothing to tell streams apart but their requests, so
+        # the foreign message is another request's, whatever the source asked for.
+        return mem.other_request(scope.stream, scope.jsonrpc_id, d)
     order = {
         "other_stream": ("s",),
         "other_session": ("x",),
