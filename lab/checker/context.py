@@ -22,6 +22,7 @@ import pandas as pd
 from lab.checker.inputs.load import RunData
 from lab.checker.model import Evidence, Scalar
 from lab.wire.budgets import GATE_EVENTS, SPEC_BUDGETS
+from lab.wire.revisions import MODERN_REVISIONS
 
 SPEC_DEFAULTS: dict[str, float | int] = {
     **SPEC_BUDGETS,
@@ -101,6 +102,28 @@ class Context:
         if isinstance(hit, Exception):
             raise hit
         return cast(T, hit)
+
+    def eras(self) -> frozenset[str]:
+        """The protocol eras the run tested (docs/eras.md): run.json `target.era`
+        (`handshake`, `modern`, or `both`); where run.json does not say (a client under
+        test, an older run), the wire's: a flow carrying a modern revision in
+        `MCP-Protocol-Version` is the modern era's, any other the handshake era's."""
+        return self.cached("eras", self._eras)
+
+    def _eras(self) -> frozenset[str]:
+        target = (self.data.run or {}).get("target")
+        said = target.get("era") if isinstance(target, dict) else None
+        if said in ("handshake", "modern"):
+            return frozenset({str(said)})
+        if said == "both":
+            return frozenset({"handshake", "modern"})
+        flows = None if self.data.tap is None else self.data.tap["flow"]
+        if flows is None or not len(flows) or "protocol_version_in" not in flows.columns:
+            return frozenset({"handshake"})
+        versions = flows["protocol_version_in"].astype("object")
+        modern = versions.isin(MODERN_REVISIONS)
+        found = ({"modern"} if modern.any() else set()) | ({"handshake"} if (~modern).any() else set())
+        return frozenset(found)
 
     def event_count(self) -> tuple[int | None, str]:
         """(count, source): SSE events carrying a message that the server sent, as the tap

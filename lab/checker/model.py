@@ -29,6 +29,10 @@ class Verdict(enum.StrEnum):
     INCONCLUSIVE = "inconclusive"
     INCOMPLETE = "incomplete"
     """Only as a run's verdict (never a gate's): the run did not finish and no gate failed."""
+    NOT_APPLICABLE = "not_applicable"
+    """Only as a gate's verdict: the rule does not exist in the protocol era(s) the run
+    tested (docs/eras.md), e.g. a re-handshake after a lost session in the modern era,
+    which has no sessions. Never a pass nor a fail, and it counts for nothing in the run's."""
 
     @property
     def exit_code(self) -> ExitCode:
@@ -42,8 +46,9 @@ class Verdict(enum.StrEnum):
 
 
 def combine(verdicts: Iterable[Verdict]) -> Verdict:
-    """Fail outranks inconclusive, which outranks pass. No verdict at all is inconclusive."""
-    seen = set(verdicts)
+    """Fail outranks inconclusive, which outranks pass; not applicable counts for nothing.
+    No verdict at all is inconclusive."""
+    seen = set(verdicts) - {Verdict.NOT_APPLICABLE}
     if Verdict.FAIL in seen:
         return Verdict.FAIL
     if Verdict.INCONCLUSIVE in seen or not seen:

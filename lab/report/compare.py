@@ -33,7 +33,7 @@ LATENCY_FLOOR_S = 0.1
 ERROR_RATE_FLOOR = 0.01
 """...and a call error rate by more than one percentage point."""
 
-_RANK = {"pass": 0, "inconclusive": 1, "fail": 2}
+_RANK = {"not_applicable": 0, "pass": 0, "inconclusive": 1, "fail": 2}
 
 
 class CompareInputError(Exception):

@@ -161,6 +161,8 @@ def _gate(g: Mapping[str, Any], evidence: Mapping[str, str], *, unproven: bool =
         "verdict": g["verdict"],
         "badge": ("no violation", "held")
         if unproven and g["verdict"] == "pass"
+        else ("N/A", g["verdict"])
+        if g["verdict"] == "not_applicable"
         else (g["verdict"].upper(), g["verdict"]),
         "summary": (f"{said[0]}. " if g.get("expected") else "") + g["summary"],
         "evidence": [

@@ -1,6 +1,7 @@
 """junit.xml — one test case per gate, for CI systems.
 
 pass -> a plain test case; fail -> `<failure>` whose text lists the witnesses;
+not applicable (a rule of another protocol era) -> `<skipped>`;
 inconclusive -> `<error type="inconclusive">` (not `<skipped>`: a gate that could not be
 decided must not look green in CI, as in the MCP conformance suite's "could not test").
 An incomplete run adds a test case `run complete` with `<error type="incomplete">`, so
@@ -26,6 +27,7 @@ def render(doc: Mapping[str, Any]) -> str:
         if (g["verdict"] == "fail" and g.get("expected") != "known") or g.get("expected") == "fixed"
     )
     errors = sum(1 for g in gates if g["verdict"] == "inconclusive") + int(incomplete)
+    skipped = sum(1 for g in gates if g["verdict"] == "not_applicable" or g.get("expected") == "known")
     tests = len(gates) + int(incomplete)
     seconds = f"{doc['checker']['check_seconds']:.3f}"
     suites = ET.Element(
@@ -38,7 +40,7 @@ def render(doc: Mapping[str, Any]) -> str:
         tests=str(tests),
         failures=str(failures),
         errors=str(errors),
-        skipped="0",
+        skipped=str(skipped),
         time=seconds,
     )
     props = ET.SubElement(suite, "properties")
@@ -77,6 +79,8 @@ def render(doc: Mapping[str, Any]) -> str:
         elif g["verdict"] == "inconclusive":
             node = ET.SubElement(case, "error", message=g["summary"], type="inconclusive")
             node.text = "\n".join(details)
+        elif g["verdict"] == "not_applicable":  # the rule does not exist in the era tested
+            ET.SubElement(case, "skipped", message=g["summary"])
         else:
             ET.SubElement(case, "system-out").text = "\n".join(details)
     if incomplete:

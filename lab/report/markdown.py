@@ -24,7 +24,13 @@ from lab.report.html import banner, liveness_lines
 from lab.report.table import markdown as blocks_markdown
 from lab.report.table import md_cell
 
-VERDICT_MARK = {"pass": "PASS", "fail": "FAIL", "inconclusive": "INCONCLUSIVE", "incomplete": "INCOMPLETE"}
+VERDICT_MARK = {
+    "pass": "PASS",
+    "fail": "FAIL",
+    "inconclusive": "INCONCLUSIVE",
+    "incomplete": "INCOMPLETE",
+    "not_applicable": "N/A",
+}
 
 
 def gate_table(doc: Mapping[str, Any]) -> str:

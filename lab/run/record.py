@@ -129,6 +129,7 @@ class RunRecord:
             "kind": "reference" if self.target == "reference" else "url",
             "url": None if self.target == "reference" else self.target,
             "protocol_version": self.sc.target.protocol_version,
+            "era": self.sc.target.era,
         }
         if self.target_facts is not None:
             target.update(self.target_facts)

@@ -246,7 +246,7 @@ def _target(f: Fields) -> TargetSpec:
     if isinstance(asked, str) and is_modern(asked):
         f.problem(
             "protocol_version",
-            f"{asked} is the modern era's revision: set era = \"modern\" (or \"both\"); protocol_version "
+            f'{asked} is the modern era\'s revision: set era = "modern" (or "both"); protocol_version '
             f"names the handshake era's revision, one of {', '.join(map(repr, SUPPORTED_REVISIONS))}",
         )
         asked = None

@@ -72,7 +72,9 @@ class Cell:
     def text(self, expected: bool) -> str:
         if not self.verdict:
             return "-"
-        word = {"pass": "pass", "fail": "FAIL", "inconclusive": "inc"}.get(self.verdict, self.verdict)
+        word = {"pass": "pass", "fail": "FAIL", "inconclusive": "inc", "not_applicable": "n/a"}.get(
+            self.verdict, self.verdict
+        )
         if self.server:
             word += f" s{self.server}"
         return f"{word}*" if expected else word

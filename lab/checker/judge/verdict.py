@@ -47,6 +47,7 @@ from lab.checker.model import (
     Evidence,
     FaultCount,
     GateResult,
+    JsonValue,
     Liveness,
     NotApplicable,
     Problem,
@@ -87,13 +88,19 @@ def judge(
     under_test = sut.under_test(data.run)
     audience = Audience.UNDER_TEST if under_test else Audience.LAB
     judged = applicable(rules, ctx, audience)
-    gates = tuple(run_rule(rule, ctx, audience) for rule in judged)
+    # A rule of no era the run tested is not applicable: shown as such, judging nothing.
+    era_problems: list[Problem] = []
+    eras = _eras(ctx, era_problems)
+    in_era = tuple(rule for rule in judged if rule.eras & eras)
+    gates = tuple(
+        run_rule(rule, ctx, audience) if rule in in_era else not_in_era(rule, eras) for rule in judged
+    )
     # The lab's own limits, the sections beside the rules (lab.checker.judge.sections).
     gates, sections, section_problems = extras.finish(
-        ctx, gates, timed_rules(judged, audience), rejudger(judged, audience)
+        ctx, gates, timed_rules(in_era, audience), rejudger(in_era, audience)
     )
     expectations = baseline.apply(gates, client.expected_failures if client is not None else ())
-    problems = list(data.problems)
+    problems = list(data.problems) + era_problems
     sources, notes = list(data.sources), list(data.notes) + bound_notes(ctx)
     if under_test and client is not None:
         logs = sut.logs_of(ctx)
@@ -199,6 +206,35 @@ def unfinished_reason(run: dict[str, Any] | None) -> str | None:
         # False, or absent/mistyped (refused by the loader too): no claim of a finished run.
         return f"complete: {run.get('complete')!r}, end_reason: {short_reason(run.get('end_reason'))}"
     return None
+
+
+ERA_NAMES = {
+    "handshake": "the handshake era (2025-03-26 to 2025-11-25)",
+    "modern": "the modern era (2026-07-28)",
+}
+
+
+def _eras(ctx: Context, problems: list[Problem]) -> frozenset[str]:
+    try:
+        return ctx.eras()
+    except Exception as e:  # every rule then judges, as in a run of the handshake era
+        problems.append(Problem("eras", f"the run's protocol eras are not known: {type(e).__name__}: {e}"))
+        return frozenset({"handshake", "modern"})
+
+
+def not_in_era(rule: Rule, eras: frozenset[str]) -> GateResult:
+    """The verdict of a rule that does not exist in the eras the run tested."""
+    tested = " and ".join(ERA_NAMES.get(e, e) for e in sorted(eras))
+    why = f": {rule.era_note}" if rule.era_note else ""
+    return GateResult(
+        verdict=Verdict.NOT_APPLICABLE,
+        summary=f"not applicable: the run tested {tested}, where this rule does not exist{why}",
+        budget={},
+        measured={"eras": list[JsonValue](sorted(eras)), "rule_eras": list[JsonValue](sorted(rule.eras))},
+        number=rule.number,
+        gate=rule.id,
+        title=rule.title,
+    )
 
 
 def applicable(rules: Registry, ctx: Context, audience: Audience) -> tuple[Rule, ...]:

@@ -26,6 +26,10 @@ from lab.checker.model import Attribution, GateResult
 
 type Check = Callable[[Context], GateResult]
 
+BOTH_ERAS = frozenset({"handshake", "modern"})
+HANDSHAKE_ONLY = frozenset({"handshake"})
+"""A rule of sessions or resumption: the modern era (2026-07-28) removed both."""
+
 
 class Audience(enum.StrEnum):
     """Whose clients a run's load was, and so whose ledgers a rule may read."""
@@ -63,6 +67,11 @@ class Rule:
     """In a capacity ramp past its knee, judged on the rows before the first step past it."""
     liveness: bool = False
     """It judges liveness (calls that never recovered): an interrupted run cannot fail on it."""
+    eras: frozenset[str] = BOTH_ERAS
+    """The protocol eras the rule exists in (docs/eras.md); in a run of none of them it is
+    not applicable, never a pass or a fail."""
+    era_note: str = ""
+    """Why it does not exist in the era(s) it lacks, in words, for the report."""
 
     def check_for(self, audience: Audience) -> Check | None:
         return self.check if audience is Audience.LAB else self.check_under_test

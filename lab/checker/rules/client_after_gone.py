@@ -17,7 +17,7 @@ import pandas as pd
 from lab.checker.context import Context
 from lab.checker.explain import at, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
-from lab.checker.rules.base import Rule
+from lab.checker.rules.base import HANDSHAKE_ONLY, Rule
 from lab.checker.rules.rehandshake_sut import session_404s
 from lab.checker.truth import client_wire
 
@@ -107,4 +107,6 @@ RULE = Rule(
     evidence="404s to a session on the wire",
     check=None,
     check_under_test=check,
+    eras=HANDSHAKE_ONLY,
+    era_note="it has no sessions to be gone",
 )

@@ -20,7 +20,7 @@ import pandas as pd
 from lab.checker.context import Context
 from lab.checker.explain import at, present, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
-from lab.checker.rules.base import Rule
+from lab.checker.rules.base import HANDSHAKE_ONLY, Rule
 from lab.checker.truth import client_wire
 from lab.checker.truth.applog import app_logs, app_ref
 from lab.checker.truth.client_delivery import recoveries
@@ -125,4 +125,6 @@ RULE = Rule(
     evidence="calls whose stream was lost on the wire",
     check=None,
     check_under_test=check,
+    eras=HANDSHAKE_ONLY,
+    era_note="there, a closed response stream is the cancellation of its request",
 )

@@ -24,7 +24,7 @@ import pandas as pd
 from lab.checker.context import Context
 from lab.checker.explain import at, present, row_of, short
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
-from lab.checker.rules.base import Rule
+from lab.checker.rules.base import HANDSHAKE_ONLY, Rule
 from lab.checker.truth import client_wire
 
 TRUTH_FROM = "the wire (the proxy's record): the IDs forwarded to each client and the Last-Event-ID it sent"
@@ -135,4 +135,6 @@ RULE = Rule(
     evidence="resumptions on the wire",
     check=None,
     check_under_test=check,
+    eras=HANDSHAKE_ONLY,
+    era_note="it has no SSE event IDs and no resumption (no Last-Event-ID)",
 )

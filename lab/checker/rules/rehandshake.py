@@ -42,7 +42,7 @@ import pandas as pd
 from lab.checker.context import Context, split_conn
 from lab.checker.explain import at, client_ref, present, row_of
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
-from lab.checker.rules.base import Rule
+from lab.checker.rules.base import HANDSHAKE_ONLY, Rule
 from lab.checker.rules.rehandshake_sut import check as read_under_test
 from lab.checker.truth import wire_sessions
 from lab.checker.truth.not_applicable import kill_session_refused
@@ -266,4 +266,6 @@ RULE = Rule(
     check=check,
     check_under_test=read_under_test,
     placed_in_time=True,
+    eras=HANDSHAKE_ONLY,
+    era_note="it has no sessions, so no session is lost and there is no handshake to make again",
 )

@@ -34,7 +34,7 @@ from lab.checker.context import Context
 from lab.checker.explain import at, row_of
 from lab.checker.inputs.jsonl import LINE
 from lab.checker.model import Attribution, Evidence, GateResult, Witness, decide
-from lab.checker.rules.base import Rule
+from lab.checker.rules.base import HANDSHAKE_ONLY, Rule
 from lab.checker.truth import client_wire
 
 TRUTH_FROM = (
@@ -194,4 +194,6 @@ RULE = Rule(
     check=check,
     check_under_test=check,
     applies=applies,
+    eras=HANDSHAKE_ONLY,
+    era_note="it has no sessions to route",
 )
