@@ -69,6 +69,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="reference servers behind the lab's proxy, which balances over them (target.replicas; "
         "the scenario says target.affinity and target.store)",
     )
+    size.add_argument(
+        "--era",
+        choices=("handshake", "modern", "both"),
+        help="the protocol era the clients speak (target.era; docs/eras.md): handshake (sessions, "
+        "resumption), modern (2026-07-28) or both at once",
+    )
     p.add_argument("--toxiproxy", help="URL of a real Toxiproxy API to use instead of the embedded nemesis")
     p.add_argument("--out", type=Path, default=Path("results"), help="results root (default: ./results)")
     p.add_argument("--ui", action="store_true", help="serve Locust's web UI (127.0.0.1) while the run goes")

@@ -174,6 +174,7 @@ class Run:
             facts = check_target(
                 self.target,
                 protocol_version=self.sc.target.protocol_version,
+                era=self.sc.target.era,
                 token=token,
                 origin=client_origin(self.sc.target.allowed_origins),
             )

@@ -14,8 +14,10 @@ answer, or why there is none, is recorded: `eras.modern`); then one `initialize`
   ledger.append — each missing one is named.
 
 The revision it negotiated goes into run.json (`target.protocol_version`), and what it
-offers in each era (`target.eras`). A target of the modern era only is refused saying so:
-the lab's client speaks the handshake era as yet.
+offers in each era (`target.eras`). The run's era (`target.era`: handshake, modern or
+both) decides what the target must serve: a run of the modern era asks only
+`server/discover` and a modern `tools/list`; a target that does not serve an era the run
+asks for is refused, saying which era it does serve and the `--era` that would run.
 """
 
 from __future__ import annotations
@@ -64,7 +66,8 @@ class ModernOffer:
 
 @dataclass(frozen=True, slots=True)
 class TargetFacts:
-    protocol_version: str
+    protocol_version: str | None
+    """The handshake era's revision it negotiated (None: a run of the modern era only)."""
     server_info: dict[str, Any]
     tools: tuple[str, ...]
     modern: ModernOffer | None = None
@@ -85,12 +88,13 @@ def check_target(
     url: str,
     *,
     protocol_version: str,
+    era: str = "handshake",
     token: str | None = None,
     origin: str | None = None,
     timeout: float = 10.0,
 ) -> TargetFacts:
-    """Initialize a session on `url`, list its tools, delete the session; PreflightRefused
-    when the target cannot serve this lab (see the module docstring)."""
+    """What `url` serves in the era(s) the run tests (`era`: handshake, modern or both):
+    PreflightRefused when it cannot serve this run (see the module docstring)."""
     headers = {"accept": "application/json, text/event-stream", "content-type": "application/json"}
     if token:
         headers["authorization"] = f"Bearer {token}"
@@ -98,6 +102,14 @@ def check_target(
         headers["origin"] = origin
     with httpx.Client(timeout=timeout, headers=headers) as http:
         modern = probe_modern(http, url)
+        if era in ("modern", "both") and not modern.versions:
+            raise PreflightRefused(
+                f"target {url} does not serve the modern protocol era ({modern.answer}), and the run asks for "
+                f'era = "{era}": run it in the handshake era (era = "handshake", --era handshake), or serve '
+                f"{MODERN_REVISIONS[-1]} (docs/eras.md)"
+            )
+        if era == "modern":
+            return _modern_facts(http, url, modern)
         try:
             init = _post(
                 http,
@@ -132,6 +144,13 @@ def check_target(
         listed = _post(http, url, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, after)
         with contextlib.suppress(httpx.HTTPError):  # leaving politely is not part of the contract
             http.delete(url, headers=after)
+    tools = _contract_tools(url, listed)
+    info = result.get("serverInfo")
+    return TargetFacts(revision, info if isinstance(info, dict) else {}, tools, modern)
+
+
+def _contract_tools(url: str, listed: dict[str, Any]) -> tuple[str, ...]:
+    """The tools a `tools/list` answer names; PreflightRefused without the contract's."""
     tools_obj = listed.get("result", {}).get("tools") if isinstance(listed.get("result"), dict) else None
     if not isinstance(tools_obj, list):
         raise PreflightRefused(f"target {url}: tools/list was answered with {_brief(listed)}")
@@ -143,8 +162,7 @@ def check_target(
             f"{', '.join(missing)} of the target contract (docs/targets.md: {', '.join(CONTRACT_TOOLS)}); "
             f"it offers: {', '.join(tools) or 'none'}"
         )
-    info = result.get("serverInfo")
-    return TargetFacts(revision, info if isinstance(info, dict) else {}, tools, modern)
+    return tools
 
 
 def probe_modern(http: httpx.Client, url: str) -> ModernOffer:
@@ -182,11 +200,31 @@ def _modern_only(url: str, modern: ModernOffer, why: str) -> PreflightRefused:
     if not modern.versions:
         return PreflightRefused(why)
     return PreflightRefused(
-        f"target {url} serves the modern protocol era only ({modern.answer}; {why.removeprefix(f'target {url}: ')}): "
-        "this lab's client speaks the handshake era (initialize, sessions, resumption) as yet, and the "
-        "modern era's rules are not checked yet (docs/eras.md); serve a handshake revision too "
-        f"({', '.join(SUPPORTED_REVISIONS)})"
+        f"target {url} serves the modern protocol era only ({modern.answer}; {why.removeprefix(f'target {url}: ')}), "
+        "and the run asks for the handshake era (initialize, sessions, resumption): run it in the modern era "
+        f'(era = "modern", --era modern), or serve a handshake revision too ({", ".join(SUPPORTED_REVISIONS)}; '
+        "docs/eras.md)"
     )
+
+
+def _modern_facts(http: httpx.Client, url: str, modern: ModernOffer) -> TargetFacts:
+    """A run of the modern era only: the tools, listed as a modern client lists them."""
+    version = modern.versions[-1]
+    message = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/list",
+        "params": {
+            "_meta": {
+                META_PROTOCOL_VERSION: version,
+                META_CLIENT_CAPABILITIES: {},
+                META_CLIENT_INFO: {"name": "lab-preflight", "version": "1"},
+            }
+        },
+    }
+    listed = _post(http, url, message, {PROTOCOL_VERSION_HEADER: version, MCP_METHOD_HEADER: "tools/list"})
+    tools = _contract_tools(url, listed)
+    return TargetFacts(None, {}, tools, modern)
 
 
 def _check_revision(url: str, revision: str) -> None:

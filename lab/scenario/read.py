@@ -60,6 +60,7 @@ OVERRIDABLE: Final = {
     "events": "load.event_target",
     "seed": "seed",
     "replicas": "target.replicas",
+    "era": "target.era",
 }
 """`lab run` flags (`--users`, ...) -> the scenario key each one sets."""
 _SET_BY_PHASES: Final = ("load.users", "load.spawn_rate", "load.duration")

@@ -171,16 +171,51 @@ def test_a_target_that_answers_discover_with_something_else_offers_no_modern_era
     assert facts.modern.answer.startswith("server/discover was answered with")
 
 
-def test_a_target_of_the_modern_era_only_is_refused_saying_so(tmp_path: Path) -> None:
+def test_a_target_of_the_modern_era_only_is_refused_for_the_handshake_era_and_served_in_its_own(
+    tmp_path: Path,
+) -> None:
     results = tmp_path / "results"
     with reference_server(tmp_path, "--protocol-versions", "2026-07-28", ledger=False) as srv:
         with pytest.raises(PreflightRefused, match="serves the modern protocol era only"):
             check_target(srv.url, protocol_version="2025-11-25")
+        for era in ("both", "handshake"):
+            with pytest.raises(PreflightRefused, match="--era modern"):
+                check_target(srv.url, protocol_version="2025-11-25", era=era)
+        facts = check_target(srv.url, protocol_version="2025-11-25", era="modern")
         proc = subprocess.run(
             [LAB, "run", str(HERE / "url.toml"), "--target", srv.url, "--out", str(results)],
             capture_output=True,
             text=True,
             timeout=60,
         )
+    assert set(CONTRACT_TOOLS) <= set(facts.tools) and facts.protocol_version is None
+    assert facts.as_json()["eras"]["modern"]["versions"] == ["2026-07-28"]
     assert proc.returncode == 3 and "modern protocol era only" in proc.stderr, proc.stderr
-    assert "docs/eras.md" in proc.stderr and "nothing was started" in proc.stderr
+    assert "--era modern" in proc.stderr and "docs/eras.md" in proc.stderr and "nothing was started" in proc.stderr
+
+
+def test_a_target_of_the_handshake_era_only_is_refused_for_the_modern_era(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    with reference_server(tmp_path, "--protocol-versions", "2025-11-25", ledger=False) as srv:
+        for era in ("modern", "both"):
+            with pytest.raises(PreflightRefused, match="does not serve the modern protocol era"):
+                check_target(srv.url, protocol_version="2025-11-25", era=era)
+        proc = subprocess.run(
+            [
+                LAB,
+                "run",
+                str(HERE / "url.toml"),
+                "--target",
+                srv.url,
+                "--era",
+                "modern",
+                "--out",
+                str(results),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert proc.returncode == 3, proc.stderr
+    assert "does not serve the modern protocol era" in proc.stderr and "--era handshake" in proc.stderr
+    assert "nothing was started" in proc.stderr
