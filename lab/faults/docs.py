@@ -38,8 +38,8 @@ def _cell(text: str) -> str:
 
 def kinds_table() -> list[str]:
     rows = [
-        "| # | kind | family | unit | applies to | what it does | evidence in the tap | gate evidence | needs |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| # | kind | family | unit | applies to | what it does | evidence in the tap | gate evidence | needs | eras |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for k in REGISTRY.values():
         evidence = ", ".join(f"`{e}`" for e in k.evidence)
@@ -57,6 +57,7 @@ def kinds_table() -> list[str]:
             evidence,
             gates,
             needs,
+            "both" if k.not_modern is None else f"handshake only: {k.not_modern}",
         ]
         rows.append("| " + " | ".join(_cell(c) if i > 1 else c for i, c in enumerate(cells)) + " |")
     rows += [

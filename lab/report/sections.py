@@ -448,6 +448,42 @@ def restarts_block(doc: Mapping[str, Any]) -> Block | None:
     return Block("restarts", "Restarts of the target", lines, [Table(columns, rows, "Per restart.")])
 
 
+def _outcomes(row: Mapping[str, Any]) -> str:
+    got = row.get("outcomes") or {}
+    return ", ".join(f"{k} {v}" for k, v in sorted(got.items(), key=lambda kv: -kv[1])) or NONE
+
+
+ERA_COLUMNS: tuple[Column[Mapping[str, Any]], ...] = (
+    Column("era", lambda r: "modern (2026-07-28)" if r["era"] == "modern" else "handshake"),
+    Column("clients", lambda r: num(r.get("clients"))),
+    Column("calls", lambda r: num(r.get("calls"))),
+    Column("outcomes", _outcomes),
+    Column("writes sent again", lambda r: num(r.get("writes_sent_again"))),
+    Column("messages accepted", lambda r: num(r.get("accepted"))),
+    Column("refused", lambda r: num(r.get("rejected"))),
+    Column("requests", lambda r: num(r.get("requests"))),
+    Column("4xx", lambda r: num(r.get("status_4xx"))),
+    Column("5xx", lambda r: num(r.get("status_5xx"))),
+    Column("recoveries (got back)", lambda r: f"{num(r.get('recoveries'))} ({num(r.get('recovered'))})"),
+    Column("recovery p50", lambda r: secs(r.get("recovery_p50_s"))),
+    Column("recovery p99", lambda r: secs(r.get("recovery_p99_s"))),
+)
+
+
+def eras_block(doc: Mapping[str, Any]) -> Block | None:
+    es = doc.get("eras")
+    if not isinstance(es, Mapping):
+        return None
+    lines = [
+        "The run tested both protocol eras at once against one server (docs/eras.md): each client spoke one "
+        "(the era it established its session in). A recovery is a resumption in the handshake era, a "
+        "re-issue of the call in the modern era; got back: its call answered, or its stream open again."
+    ]
+    lines += [str(n) for n in es.get("notes") or []]
+    rows = [r for r in es.get("eras") or [] if isinstance(r, Mapping)]
+    return Block("eras", "By protocol era", lines, [table(ERA_COLUMNS, rows, "Per era.")])
+
+
 def blocks(doc: Mapping[str, Any]) -> list[Block]:
     made = (
         unanswered_block(doc),
@@ -457,6 +493,7 @@ def blocks(doc: Mapping[str, Any]) -> list[Block]:
         capacity_block(doc),
         rollout_block(doc),
         restarts_block(doc),
+        eras_block(doc),
         processes_block(doc),
     )
     return [b for b in made if b is not None]

@@ -191,7 +191,11 @@ def test_a_target_of_the_modern_era_only_is_refused_for_the_handshake_era_and_se
     assert set(CONTRACT_TOOLS) <= set(facts.tools) and facts.protocol_version is None
     assert facts.as_json()["eras"]["modern"]["versions"] == ["2026-07-28"]
     assert proc.returncode == 3 and "modern protocol era only" in proc.stderr, proc.stderr
-    assert "--era modern" in proc.stderr and "docs/eras.md" in proc.stderr and "nothing was started" in proc.stderr
+    assert (
+        "--era modern" in proc.stderr
+        and "docs/eras.md" in proc.stderr
+        and "nothing was started" in proc.stderr
+    )
 
 
 def test_a_target_of_the_handshake_era_only_is_refused_for_the_modern_era(tmp_path: Path) -> None:

@@ -207,10 +207,20 @@ def test_minimal_is_valid(tmp_path: Path) -> None:
         ('[target]\nurl = "http://x/mcp"', "target.url: only for kind = 'url'"),
         (
             '[target]\nprotocol_version = "2026-07-28"',
-            "target.protocol_version: 2026-07-28 is the modern era's revision: set era = \"modern\"",
+            'target.protocol_version: 2026-07-28 is the modern era\'s revision: set era = "modern"',
         ),
-        ('[target]\nprotocol_version = "2024-01-01"', "target.protocol_version: expected one of '2025-03-26'"),
-        ('[target]\nera = "future"', "target.era: expected one of 'handshake', 'modern', 'both', got 'future'"),
+        (
+            '[target]\nprotocol_version = "2024-01-01"',
+            "target.protocol_version: expected one of '2025-03-26'",
+        ),
+        (
+            '[target]\nera = "future"',
+            "target.era: expected one of 'handshake', 'modern', 'both', got 'future'",
+        ),
+        (
+            '[target]\nera = "modern"\n[[faults]]\nkind = "drop_priming"\nrate = 0.1',
+            "faults[0].kind: drop_priming has no meaning in the modern era (2026-07-28 has no priming event)",
+        ),
         ('[target.tokens]\n"bad token" = "x"', "target.tokens.bad token: expected a bearer token"),
         ("[reconnect]\nbudget_qps = 0", "reconnect.budget_qps: expected a number > 0, got 0"),
         (

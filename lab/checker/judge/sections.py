@@ -28,7 +28,7 @@ from lab.checker.health import lab_latency, lab_limits, processes, unanswered
 from lab.checker.model import GateResult, JsonValue
 from lab.checker.rules import resume, rollout
 from lab.checker.timeline import capacity, phases, restarts
-from lab.checker.truth import fault_outcomes, triggers
+from lab.checker.truth import eras, fault_outcomes, triggers
 
 
 def finish(
@@ -79,7 +79,8 @@ def sections(
 ) -> tuple[dict[str, JsonValue], list[str]]:
     """(report.json sections, problems in computing them): `unanswered`, `fault_outcomes`,
     `fault_triggers`, `lab_latency`, `phases`, `capacity` (null without ramp phases), `rollout` (null without
-    rollout knobs), `restarts` (null without restarts), `processes`."""
+    rollout knobs), `restarts` (null without restarts), `eras` (null in a run of one protocol
+    era), `processes`."""
     out: dict[str, JsonValue] = {}
     problems: list[str] = []
     makers: list[tuple[str, Callable[[], JsonValue]]] = [
@@ -98,6 +99,7 @@ def sections(
         ("capacity", lambda: capacity.section(ctx, gates, timed)),
         ("rollout", lambda: rollout.section(ctx)),
         ("restarts", lambda: restarts.section(ctx)),
+        ("eras", lambda: eras.section(ctx)),
         ("processes", lambda: processes.section(processes.samples(ctx))),
     ]
     for name, make in makers:

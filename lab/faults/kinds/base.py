@@ -428,6 +428,10 @@ class FaultKind[P]:
     so that no other request fault applies to a request it answers."""
     event_order: ClassVar[int] = 100
     """Per SSE event, hooks run in this order (lowest first)."""
+    not_modern: ClassVar[str | None] = None
+    """Why it has no meaning in the modern era (2026-07-28: no session, no event IDs, no
+    resumption), in a few words; None: it applies there too. A scenario of the modern era
+    only refuses such a fault, saying this (docs/eras.md)."""
     params_type: type[P]
 
     # ------------------------------------------------------------------ validation

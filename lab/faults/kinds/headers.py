@@ -89,6 +89,7 @@ class LastEventIdParams:
 
 class RewriteLastEventId(FaultKind[LastEventIdParams]):
     name = "rewrite_last_event_id"
+    not_modern = "2026-07-28 has no Last-Event-ID (no resumption)"
     number = 10
     family = FAMILY
     unit = Unit.FLOW
@@ -138,6 +139,7 @@ class RewriteLastEventId(FaultKind[LastEventIdParams]):
 
 class OldToken(FaultKind[NoParams]):
     name = "old_token"
+    not_modern = "it takes another session's token, and 2026-07-28 has no sessions"
     number = 11
     family = FAMILY
     unit = Unit.FLOW
@@ -161,6 +163,7 @@ class OldToken(FaultKind[NoParams]):
 
 class StripSessionId(FaultKind[NoParams]):
     name = "strip_session_id"
+    not_modern = "2026-07-28 has no MCP-Session-Id"
     number = 15
     family = FAMILY
     unit = Unit.FLOW

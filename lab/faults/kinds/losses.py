@@ -50,6 +50,7 @@ class ExecutedThenLost(FaultKind[NoParams]):
 
 class LoseDeleteResponse(FaultKind[NoParams]):
     name = "lose_delete_response"
+    not_modern = "2026-07-28 has no session to DELETE"
     number = 8
     family = FAMILY
     unit = Unit.FLOW

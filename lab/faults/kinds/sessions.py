@@ -67,6 +67,7 @@ class _SessionRace(FaultKind[RaceParams]):
 
 class ExpiryRace(_SessionRace):
     name = "expiry_race"
+    not_modern = "it expires a session, and 2026-07-28 has no sessions"
     number = 12
     summary = (
         "as the response passes, calls the reference server's admin control `POST /lab-admin/expire` "
@@ -100,6 +101,7 @@ class ExpiryRace(_SessionRace):
 
 class KillSession(_SessionRace):
     name = "kill_session"
+    not_modern = "it ends a session, and 2026-07-28 has no sessions"
     number = 14
     summary = (
         "as the response passes, sends the server a real `DELETE` of the session (the request's path, "

@@ -28,6 +28,7 @@ FAMILY: Final = "SSE streams"
 
 class DropPriming(FaultKind[NoParams]):
     name = "drop_priming"
+    not_modern = "2026-07-28 has no priming event"
     number = 1
     family = FAMILY
     unit = Unit.FLOW
@@ -48,6 +49,7 @@ class DropPriming(FaultKind[NoParams]):
 
 class CrossIds(FaultKind[NoParams]):
     name = "cross_ids"
+    not_modern = "2026-07-28 has no SSE event IDs"
     number = 2
     family = FAMILY
     unit = Unit.EVENT
@@ -75,6 +77,7 @@ class ReplayParams:
 
 class ReplayAfterAck(FaultKind[ReplayParams]):
     name = "replay_after_ack"
+    not_modern = "2026-07-28 has no event IDs to acknowledge and no resumption"
     number = 3
     family = FAMILY
     unit = Unit.EVENT

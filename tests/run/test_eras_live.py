@@ -1,0 +1,45 @@
+"""Both protocol eras in one run against the reference server (docs/eras.md): the lab's
+clients speak one era each (half sessions and resumption, half 2026-07-28 re-issues), the
+run passes, its rules of sessions are judged on the handshake clients, and the report
+splits the clients' figures by era. (`lab run modern-smoke` and `lab run dual-era` are the
+full-size runs of the same; this one is shorter and smaller.)"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tests.livesrv import ROOT, run_scenario
+
+pytestmark = pytest.mark.live
+
+
+def test_a_run_of_both_eras_passes_and_splits_its_figures_by_era(tmp_path: Path) -> None:
+    text = (ROOT / "scenarios" / "dual-era.toml").read_text()
+    done, run = run_scenario(tmp_path, "dual", text, "--duration", "14s", "--users", "12", timeout=150)
+    report = json.loads((run / "report.json").read_text())
+    assert done.returncode == 0, (done.stderr[-2000:], {k: g["summary"] for k, g in report["rules"].items()})
+    assert json.loads((run / "run.json").read_text())["target"]["era"] == "both"
+    by_era = {row["era"]: row for row in report["eras"]["eras"]}
+    assert set(by_era) == {"handshake", "modern"}
+    for era, row in by_era.items():
+        assert row["clients"] >= 1 and row["calls"] >= 10 and row["accepted"] >= 10, (era, row)
+    assert by_era["handshake"]["clients"] + by_era["modern"]["clients"] == 12
+    # On the wire: the modern clients sent no session ID, no GET and no DELETE; the
+    # handshake ones did their handshake.
+    flows = [json.loads(line) for line in (run / "proxy" / "tap.jsonl").read_text().splitlines()]
+    flows = [f for f in flows if f.get("type") == "flow"]
+    modern = [f for f in flows if f.get("protocol_version_in") == "2026-07-28"]
+    assert modern and all(f["method"] == "POST" and f["session"] is None for f in modern)
+    assert any(f.get("jsonrpc_method") == "initialize" for f in flows)
+    assert any(f.get("jsonrpc_method") == "server/discover" for f in modern)
+    # Gate 3 is judged (the handshake clients have sessions), not "not applicable".
+    assert report["rules"]["missing_rehandshake"]["verdict"] in ("pass", "inconclusive")
+    with sqlite3.connect(run / "clients" / "worker-0.sqlite") as db:
+        versions = {
+            v for (v,) in db.execute("SELECT protocol_version FROM sessions WHERE what = 'established'")
+        }
+    assert versions == {"2025-11-25", "2026-07-28"}
