@@ -29,6 +29,7 @@ GATES = {
     4: "4 Origins",
     5: "5 recoveries",
     6: "6 reconnects",
+    15: "15 modern requests",
 }
 
 
@@ -57,7 +58,11 @@ def kinds_table() -> list[str]:
             evidence,
             gates,
             needs,
-            "both" if k.not_modern is None else f"handshake only: {k.not_modern}",
+            "both"
+            if k.not_modern is None and k.only_modern is None
+            else f"handshake only: {k.not_modern}"
+            if k.not_modern is not None
+            else f"modern only: {k.only_modern}",
         ]
         rows.append("| " + " | ".join(_cell(c) if i > 1 else c for i, c in enumerate(cells)) + " |")
     rows += [

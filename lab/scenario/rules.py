@@ -227,6 +227,14 @@ def cross_checks(
     if knobs_refused is not None:
         issues.extend(Issue(f"phases[{i}].server", knobs_refused) for i, p in enumerate(phases) if p.server)
     for rule, key in zip(faults, keys, strict=True):
+        if target.era == "handshake" and rule.spec.only_modern is not None:
+            issues.append(
+                Issue(
+                    f"{key}.kind",
+                    f"{rule.kind} has no meaning in the handshake era ({rule.spec.only_modern}), and the "
+                    'scenario asks for era = "handshake" (docs/eras.md): set era = "modern" or "both"',
+                )
+            )
         if target.era == "modern" and rule.spec.not_modern is not None:
             issues.append(
                 Issue(

@@ -23,9 +23,9 @@ from lab.server.defects import DEFECT_NAMES, DESCRIPTIONS, Defect
 PRISTINE = "pristine"
 """The case without a defect: every gate must pass."""
 
-SELFTEST_RULES: tuple[str, ...] = ("declared_capabilities",)
-"""Rules beyond the core that every selftest run has: its tap records what each session
-declared at initialize."""
+SELFTEST_RULES: tuple[str, ...] = ("declared_capabilities", "modern_requests")
+"""Rules beyond the core that selftest runs have: its tap records what each session
+declared at initialize (13); the runs of the modern era have 15."""
 
 
 @cache
@@ -67,8 +67,8 @@ class Case:
         return None if self.gate is None else dict(gates())[self.gate]
 
 
-def _case(defect: Defect, gate: int, checks: tuple[str, ...], why: str) -> Case:
-    return Case(defect.value, DESCRIPTIONS[defect], gate, checks, why)
+def _case(defect: Defect, gate: int, checks: tuple[str, ...], why: str, scenario: str | None = None) -> Case:
+    return Case(defect.value, DESCRIPTIONS[defect], gate, checks, why, scenario=scenario)
 
 
 CASES: tuple[Case, ...] = (
@@ -197,6 +197,21 @@ CASES: tuple[Case, ...] = (
         "every stream counts its IDs from 0: the second stream of a session reuses the first's "
         "IDs live, and a resumption from such an ID is sent the first stream's events",
     ),
+    _case(
+        Defect.MODERN_HEADERS_UNCHECKED,
+        15,
+        ("mismatch_accepted",),
+        "the proxy makes a modern-era request's Mcp-Method or Mcp-Name disagree with its body: the "
+        "server serves it (2xx) instead of answering 400",
+        scenario="selftest-modern",
+    ),
+    _case(
+        Defect.MODERN_MINTS_SESSION,
+        15,
+        ("session_minted",),
+        "the tap records the Mcp-Session-Id of every answer: a modern-era request's answer carries one",
+        scenario="selftest-modern",
+    ),
 )
 SHAPES: tuple[Case, ...] = (
     Case(
@@ -222,6 +237,14 @@ SHAPES: tuple[Case, ...] = (
         None,
         server_args=("--protocol-versions", "2025-03-26"),
         scenario="selftest-2025-03-26",
+        shape=True,
+    ),
+    Case(
+        "shape-dual-era",
+        "legal shape: both protocol eras at once, the pristine server serving each its own way: "
+        "half the clients with sessions and resumption, half in 2026-07-28 (no session, re-issues)",
+        None,
+        scenario="selftest-dual",
         shape=True,
     ),
 )

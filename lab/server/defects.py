@@ -33,6 +33,8 @@ class Defect(enum.StrEnum):
     SERVE_WITHOUT_SESSION = "serve-without-session"
     UNDECLARED_CAPABILITY = "undeclared-capability"
     PER_STREAM_IDS = "per-stream-ids"
+    MODERN_HEADERS_UNCHECKED = "modern-headers-unchecked"
+    MODERN_MINTS_SESSION = "modern-mints-session"
 
 
 SLOW_RESUME_S = 6.0
@@ -88,6 +90,14 @@ DESCRIPTIONS: dict[Defect, str] = {
         "event IDs are counted per stream (0, 1, ... on every stream of a session), and a "
         "cursor is looked up as the first stream that sent that ID: a resumption of one "
         "stream can replay another's events"
+    ),
+    Defect.MODERN_HEADERS_UNCHECKED: (
+        "in the modern era (2026-07-28), Mcp-Method and Mcp-Name are not compared with the body: "
+        "a request whose headers the body contradicts is served"
+    ),
+    Defect.MODERN_MINTS_SESSION: (
+        "in the modern era (2026-07-28), every answer carries a fresh Mcp-Session-Id, as a "
+        "handshake-era server would"
     ),
 }
 

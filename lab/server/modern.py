@@ -29,8 +29,10 @@ are the server's, per token subject, whichever era asked.
 from __future__ import annotations
 
 import asyncio
+import secrets
 from typing import TYPE_CHECKING, Any
 
+from lab.server.defects import Defect
 from lab.server.http import (
     Receive,
     Refused,
@@ -54,6 +56,7 @@ from lab.wire.revisions import (
     META_SERVER_INFO,
     MODERN_REVISIONS,
     PROTOCOL_VERSION_HEADER,
+    SESSION_HEADER,
     UNSUPPORTED_VERSION,
 )
 from lab.wire.sse import encode_event
@@ -106,6 +109,13 @@ class ModernSite:
         raise ToolError(
             jsonrpc.INVALID_PARAMS, "close_after needs resumption, which the 2026-07-28 revision removed"
         )
+
+
+def _minted(app: McpApp) -> list[tuple[bytes, bytes]]:
+    """No session header in this era; with the defect `modern-mints-session`, a fresh one."""
+    if Defect.MODERN_MINTS_SESSION not in app.defects:
+        return []
+    return [(SESSION_HEADER.encode(), secrets.token_hex(16).encode())]  # defect: a session ID minted
 
 
 def served(app: McpApp) -> tuple[str, ...]:
@@ -168,8 +178,9 @@ def _check(app: McpApp, req: Request, msg: jsonrpc.Message) -> None:
             f"MCP-Protocol-Version {header!r} is not _meta's {version!r}",
             mid,
         )
-    method = req.header(MCP_METHOD_HEADER)
-    if method != msg.method:
+    if Defect.MODERN_HEADERS_UNCHECKED in app.defects:  # defect: the mirrored headers are not compared
+        pass
+    elif (method := req.header(MCP_METHOD_HEADER)) != msg.method:
         raise _refused(
             400,
             "header_mismatch",
@@ -177,7 +188,7 @@ def _check(app: McpApp, req: Request, msg: jsonrpc.Message) -> None:
             f"Mcp-Method {method!r} is not the method {msg.method!r}",
             mid,
         )
-    if msg.method == "tools/call":
+    if msg.method == "tools/call" and Defect.MODERN_HEADERS_UNCHECKED not in app.defects:
         name, sent = msg.params.get("name"), req.header(MCP_NAME_HEADER)
         if sent is None or sent != name:
             raise _refused(
@@ -214,7 +225,7 @@ async def _answer(
     app: McpApp, req: Request, send: Send, mid: jsonrpc.JsonRpcId, result: jsonrpc.JsonObject
 ) -> None:
     app.log_request(req, 200, None)
-    await send_json(send, 200, jsonrpc.result(mid, result))
+    await send_json(send, 200, jsonrpc.result(mid, result), _minted(app))
 
 
 async def _call(
@@ -238,7 +249,7 @@ async def _call(
     app.log_request(req, 200, None)
     app.open_sse += 1
     try:
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + _minted(app)})
         await serve_live(receive, send, live, app.config.keepalive_s)
     except OSError:
         live.end("client_gone")

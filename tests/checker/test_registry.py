@@ -117,11 +117,15 @@ def test_every_rule_of_the_lab_has_its_stable_id_and_audience() -> None:
         "client_resend",
         "declared_capabilities",
         "session_routing",
+        "modern_requests",
     )
-    assert [r.number for r in REGISTRY] == list(range(1, 15))
+    assert [r.number for r in REGISTRY] == list(range(1, 16))
     lab = {r.id for r in REGISTRY.for_audience(Audience.LAB)}
     sut = {r.id for r in REGISTRY.for_audience(Audience.UNDER_TEST)}
-    assert lab == {*REGISTRY.ids()[:8], "declared_capabilities", "session_routing"} and sut == set(
-        REGISTRY.ids()
-    )
+    assert lab == {
+        *REGISTRY.ids()[:8],
+        "declared_capabilities",
+        "session_routing",
+        "modern_requests",
+    } and sut == set(REGISTRY.ids())
     assert [r.id for r in REGISTRY.core()] == list(REGISTRY.ids()[:6])

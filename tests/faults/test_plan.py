@@ -63,7 +63,7 @@ def test_every_kind_has_a_unit_and_defaults() -> None:
         plan = parse_plan({"seed": 1, "rules": [{"kind": name, "rate": 0.1, "window": {"end": 5}}]})
         assert plan.rules[0].kind == name and plan.rules[0].unit in (Unit.FLOW, Unit.EVENT)
         assert plan.rules[0].params == REGISTRY[name].params_type()
-    assert len(NAMES) == 15
+    assert len(NAMES) == 16
 
 
 @pytest.mark.parametrize(

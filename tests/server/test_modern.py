@@ -207,3 +207,31 @@ def test_a_handshake_only_server_refuses_a_modern_request(tmp_path: Path) -> Non
         assert r.status_code == 400 and r.json()["error"]["code"] == -32022
         assert r.json()["error"]["data"]["supported"] == ["2025-11-25"]
         assert Mcp(srv.url).initialize().status_code == 200
+
+
+def test_the_modern_era_defects_show_on_the_wire(tmp_path: Path) -> None:
+    """`modern-headers-unchecked` serves a request whose Mcp-Method / Mcp-Name the body
+    contradicts; `modern-mints-session` answers with an Mcp-Session-Id. The pristine
+    server refuses the first with 400 (-32020) and mints nothing."""
+    call = body(5, "tools/call", {"name": "echo", "arguments": {"text": "x"}})
+    listing = body(6, "tools/list")
+    with reference_server(
+        tmp_path,
+        "--tokens",
+        f"{TOKEN}=mona",
+        "--defect",
+        "modern-headers-unchecked",
+        "--defect",
+        "modern-mints-session",
+    ) as bad:
+        served = post(bad, call, **{"mcp-name": "clock"})
+        listed = post(bad, listing, **{"mcp-method": "tools/call"})
+    assert served.status_code == 200 and listed.status_code == 200
+    assert served.headers.get("mcp-session-id") and listed.headers.get("mcp-session-id")
+    # The pristine server refuses both, and mints nothing.
+    (tmp_path / "pristine").mkdir()
+    with reference_server(tmp_path / "pristine", "--tokens", f"{TOKEN}=mona") as good:
+        refused = post(good, call, **{"mcp-name": "clock"})
+        ok = post(good, listing)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == -32020
+    assert ok.status_code == 200 and "mcp-session-id" not in ok.headers

@@ -19,6 +19,7 @@ budget key, which clients it judges), and one line below. The judge, the report,
     12 client_resend                a client under test only
     13 declared_capabilities        runs whose tap saw the initialize declarations
     14 session_routing              a target with replicas behind the proxy, or a URL target
+    15 modern_requests              runs of the modern era (2026-07-28) only
 """
 
 from lab.checker.rules import (
@@ -29,6 +30,7 @@ from lab.checker.rules import (
     client_resend,
     cross_stream,
     duplicates,
+    modern_requests,
     origin,
     reconnect,
     rehandshake,
@@ -55,6 +57,7 @@ for _module in (
     client_resend,
     capabilities,
     routing,
+    modern_requests,
 ):
     REGISTRY.register(_module.RULE)
 

@@ -432,6 +432,9 @@ class FaultKind[P]:
     """Why it has no meaning in the modern era (2026-07-28: no session, no event IDs, no
     resumption), in a few words; None: it applies there too. A scenario of the modern era
     only refuses such a fault, saying this (docs/eras.md)."""
+    only_modern: ClassVar[str | None] = None
+    """Why it has no meaning in the handshake era, in a few words; None: it applies there.
+    A scenario of the handshake era only refuses such a fault, saying this."""
     params_type: type[P]
 
     # ------------------------------------------------------------------ validation

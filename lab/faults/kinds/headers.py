@@ -24,7 +24,14 @@ from lab.faults.kinds.base import (
     param,
 )
 from lab.wire.jsonrpc import INITIALIZE
-from lab.wire.revisions import LAST_EVENT_ID_HEADER, PROTOCOL_VERSION_HEADER, SESSION_HEADER
+from lab.wire.revisions import (
+    LAST_EVENT_ID_HEADER,
+    MCP_METHOD_HEADER,
+    MCP_NAME_HEADER,
+    MODERN_REVISIONS,
+    PROTOCOL_VERSION_HEADER,
+    SESSION_HEADER,
+)
 
 FAMILY: Final = "request headers"
 ILLEGAL_ORIGIN: Final = "http://evil.invalid"
@@ -183,10 +190,56 @@ class StripSessionId(FaultKind[NoParams]):
         return Applied()
 
 
+@dataclass(frozen=True, slots=True)
+class MismatchParams:
+    header: str = param(
+        "any",
+        ChoiceSpec(("method", "name", "any")),
+        "which mirrored header to make disagree with the body: `Mcp-Method` (another method), "
+        "`Mcp-Name` (another tool's name, on tools/call), or either (`name` where there is one)",
+    )
+
+
+class MismatchHeader(FaultKind[MismatchParams]):
+    name = "mismatch_header"
+    number = 16
+    family = FAMILY
+    unit = Unit.FLOW
+    summary = (
+        "in the modern era, makes a header that mirrors the body disagree with it: `Mcp-Method` "
+        "names another method, or `Mcp-Name` another tool; the server must answer 400 "
+        "(`HeaderMismatch`, -32020), not serve the request"
+    )
+    applies_to = "modern-era requests (`MCP-Protocol-Version` 2026-07-28)"
+    evidence = (Evidence.FLOW,)
+    feeds = frozenset({15})
+    only_modern = "the handshake era has no headers that mirror the body"
+    params_type = MismatchParams
+
+    def applies(self, facts: RequestFacts, env: ProxyEnv) -> bool:
+        return facts.protocol_version in MODERN_REVISIONS and facts.rpc.method is not None
+
+    def on_request(self, scope: RequestScope, fired: Fired, params: MismatchParams) -> RequestEffect:
+        rpc = scope.facts.rpc
+        which = params.header
+        if which == "any":
+            which = "name" if rpc.tool is not None else "method"
+        if which == "name":
+            if rpc.tool is None:
+                return NOT_APPLIED
+            sent = f"{rpc.tool}-not-this-one"
+            scope.headers[MCP_NAME_HEADER] = sent
+        else:
+            sent = "tools/list" if rpc.method != "tools/list" else "tools/call"
+            scope.headers[MCP_METHOD_HEADER] = sent
+        return Applied({"header": which, "sent": sent})
+
+
 KINDS: Final[tuple[FaultKind[Any], ...]] = (
     RewriteOrigin(),
     StripProtocolVersion(),
     RewriteLastEventId(),
     OldToken(),
     StripSessionId(),
+    MismatchHeader(),
 )
