@@ -49,6 +49,7 @@ from locust.env import Environment
 from lab.load.clock import LoadZero, ScriptBook
 from lab.load.settings import (
     LoadSettings,
+    client_revision,
     ledger_key,
     run_tag,
     script_counters,
@@ -277,7 +278,7 @@ class SutUser(User):
             headers["Authorization"] = f"Bearer {token}"
         waiting = hub.expect("start", self.client_id)
         t0 = time.time()
-        hub.send(Start(self.client_id, s.url, s.protocol_version, headers))
+        hub.send(Start(self.client_id, s.url, client_revision(s, self.client_id), headers))
         rec = hub.wait("start", self.client_id, waiting, s.call_timeout)
         ms = (time.time() - t0) * 1000
         if rec is None:

@@ -15,7 +15,7 @@ answers):
       Mcp-Name not the tool's name (tools/call)  400 (-32020, HeaderMismatch)
     a revision this server does not serve        400 (-32022, data: supported, requested)
     a method the era does not have (initialize, ping, logging/setLevel, ...)  404 (-32601)
-    server/discover, tools/list                  200, JSON, `resultType: "complete"`
+    server/discover, tools/list                  200, JSON, `resultType: "complete"`, `ttlMs`, `cacheScope`
     tools/call of an unknown tool                400 (-32602)
     tools/call                                   200, an SSE stream of the call's messages
 
@@ -67,6 +67,10 @@ if TYPE_CHECKING:
 MODERN_PSEUDONYM = "modern"
 """The ledger's session column for a write asked in the modern era (it has no session)."""
 COMPLETE = {"resultType": "complete"}
+CACHE = {"ttlMs": 0, "cacheScope": "private"}
+"""A list's or discovery's caching directives, which 2026-07-28 requires on those results
+(the official SDK client refuses a tools/list without them): immediately stale, never
+shared."""
 NOT_IN_ERA = ("initialize", "ping", "logging/setLevel")
 """Methods 2026-07-28 removed: answered as unknown methods."""
 
@@ -146,7 +150,7 @@ async def handle(app: McpApp, req: Request, receive: Receive, send: Send, subjec
     if msg.method == "server/discover":
         await _answer(app, req, send, msg.id, _discover(app))
     elif msg.method == "tools/list":
-        await _answer(app, req, send, msg.id, {"tools": TOOL_LIST, **COMPLETE})
+        await _answer(app, req, send, msg.id, {"tools": TOOL_LIST, **COMPLETE, **CACHE})
     elif msg.method == "tools/call":
         await _call(app, req, receive, send, msg, subject)
     else:
@@ -214,6 +218,7 @@ def _discover(app: McpApp) -> jsonrpc.JsonObject:
 
     return {
         **COMPLETE,
+        **CACHE,
         # Both eras: a client of either can tell what it may speak here.
         "supportedVersions": list(app.config.protocol_versions),
         "capabilities": app.capabilities(),

@@ -6,7 +6,10 @@ with the initialize handshake of a session-era revision (2025-11-25 unless the s
 command names 2025-06-18 or 2025-03-26), so sessions and resumption exist. mcp 2.x's
 `Client` defaults to the 2026-07-28 revision, which has neither; `Client(mode="legacy")`
 is the SDK's switch to the handshake, and this adapter uses the same handshake through
-`ClientSession` because it also needs to see the SDK's streams.
+`ClientSession` because it also needs to see the SDK's streams. Asked for 2026-07-28 (a
+run of the modern era, docs/eras.md), it connects as `Client`'s default `mode="auto"`
+does, with the SDK's own `negotiate_auto`: `server/discover` first, and `initialize` only
+if the server does not speak the modern era.
 
 What the adapter adds sits at the SDK's public seams and changes no behaviour:
 - an httpx2 client of its own (the SDK's documented default timeouts, the start
@@ -38,6 +41,7 @@ from typing import Any, Final, Self, cast
 import httpx2
 from mcp import ClientSession
 from mcp import types as mcp_types
+from mcp.client._probe import negotiate_auto
 from mcp.client._transport import ReadStream, WriteStream
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -52,7 +56,10 @@ from lab.wire.extensions import IDEMPOTENCY_META, LAB_CONN_HEADER
 
 ADAPTER: Final = "python-sdk"
 SESSION_ERA: Final = ("2025-03-26", "2025-06-18", "2025-11-25")
-"""The revisions this adapter accepts in `start.protocolVersion`: those with sessions and resumption."""
+"""The handshake era's revisions this adapter accepts in `start.protocolVersion`."""
+MODERN_ERA: Final = ("2026-07-28",)
+"""The modern era's: the SDK connects as `Client(mode="auto")` does (`negotiate_auto`:
+`server/discover` first, `initialize` only if the server does not speak the modern era)."""
 
 TIMEOUT: Final = httpx2.Timeout(30.0, read=300.0)
 """The SDK's own default (`create_mcp_http_client`): 30 s, and 300 s to read a stream."""
@@ -226,6 +233,14 @@ async def _initialize(session: ClientSession, protocol_version: str | None) -> s
     return result.protocol_version
 
 
+async def _auto(session: ClientSession) -> str:
+    """The SDK's `mode="auto"` connect, as `Client` runs it: the revision it settled on."""
+    await negotiate_auto(session)
+    if session.protocol_version is None:
+        raise RuntimeError("the SDK's auto connect settled on no protocol revision")
+    return session.protocol_version
+
+
 class PythonSdkDriver:
     adapter = ADAPTER
 
@@ -243,9 +258,9 @@ class PythonSdkDriver:
     async def open(self, start: Start, ctx: ClientContext) -> AsyncIterator[_Connected]:
         if start.options:
             raise ValueError(f"the python-sdk adapter takes no options; got {sorted(start.options)}")
-        if start.protocol_version not in (None, *SESSION_ERA):
+        if start.protocol_version not in (None, *SESSION_ERA, *MODERN_ERA):
             raise ValueError(
-                f"protocolVersion must be one of {', '.join(SESSION_ERA)} (revisions with sessions); "
+                f"protocolVersion must be one of {', '.join((*SESSION_ERA, *MODERN_ERA))}; "
                 f"got {start.protocol_version!r}"
             )
         watch = _HttpWatch(ctx)
@@ -260,7 +275,10 @@ class PythonSdkDriver:
             streamable_http_client(start.url, http_client=http) as (read, write),
             ClientSession(_ReadTap(read, ctx), _WriteTap(write, ctx)) as session,
         ):
-            negotiated = await _initialize(session, start.protocol_version)
+            if start.protocol_version in MODERN_ERA:
+                negotiated = await _auto(session)
+            else:
+                negotiated = await _initialize(session, start.protocol_version)
             yield _Connected(session, negotiated)
 
 

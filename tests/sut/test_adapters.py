@@ -57,7 +57,7 @@ def test_bad_commands_are_refused_and_failed_clients_say_why(tmp_path: Path, nam
         adapter.send(Call("far", "far:1", "echo", {}, "k-far-1"))  # waits for a start that fails
         adapter.send(Start("far", closed_port_url(), None))  # the same ID twice
         adapter.send(Cancel("no-such-call"))
-        adapter.send(Start("future", closed_port_url(), "2026-07-28"))  # no sessions in that revision
+        adapter.send(Start("future", closed_port_url(), "2099-01-01"))  # a revision no SDK speaks
         records = wait_for(log, lambda r: len(by_ev(r, "start_failed")) == 2 and "far:1" in outcomes(r))
         adapter.send(Call("far", "far:2", "echo", {}, "k-far-2"))  # on a client that is gone
         wait_for(log, lambda r: "far:2" in outcomes(r))
@@ -70,7 +70,7 @@ def test_bad_commands_are_refused_and_failed_clients_say_why(tmp_path: Path, nam
     assert "exists" in rejected[5]
     assert "no running call" in rejected[6]
     failed = {r["client"]: r["error"] for r in by_ev(records, "start_failed")}
-    assert "2026-07-28" in failed["future"]
+    assert "2099-01-01" in failed["future"]
     assert failed["far"]  # the implementation's own words for a refused connection
     for call in ("far:1", "far:2"):
         assert outcomes(records)[call]["status"] == "exception"

@@ -159,12 +159,32 @@ def _altered_responses(out: pd.DataFrame, flows: pd.DataFrame, fwd: pd.DataFrame
         if not len(open_then):
             continue
         flow = open_then["flow"].iloc[-1]
+        last = open_then.iloc[-1]
+        if row["kind"] == "error" and _lost_before(last, t):
+            # The implementation's own error for a stream that was lost under the call (the
+            # SDK's "SSE stream ended without a response" in the modern era, where nothing
+            # is resumed): its report of the loss, made by it, not a message it took from
+            # another stream. Counted with the deliveries from no event, not judged.
+            continue
         out.loc[i, ["match", "flow", "stream_flow"]] = ["altered", flow, open_then["stream_flow"].iloc[-1]]
         before = faulted[(faulted["flow"] == flow) & (faulted["fwd_t"] <= t)]
         if len(before):
             last = before.iloc[-1]
             for name in ("fault", "decision", "fwd_line", "fwd_t", "event_id", "src_flow", "src_index"):
                 out.loc[i, name] = last[name]
+
+
+def _lost_before(flow: pd.Series, t: float) -> bool:
+    """Had the flow ended otherwise than complete (cut, reset, gone) by `t` (within the
+    matching slack)?"""
+    reason, end = flow.get("end_reason"), flow.get("end_t")
+    return (
+        isinstance(reason, str)
+        and reason != "complete"
+        and isinstance(end, int | float)
+        and not math.isnan(end)
+        and end <= t + MATCH_SLACK_S
+    )
 
 
 def _int(value: object) -> int | None:
