@@ -464,6 +464,7 @@ ERA_COLUMNS: tuple[Column[Mapping[str, Any]], ...] = (
     Column("requests", lambda r: num(r.get("requests"))),
     Column("4xx", lambda r: num(r.get("status_4xx"))),
     Column("5xx", lambda r: num(r.get("status_5xx"))),
+    Column("reconnects", lambda r: num(r.get("reconnects"))),
     Column("recoveries (got back)", lambda r: f"{num(r.get('recoveries'))} ({num(r.get('recovered'))})"),
     Column("recovery p50", lambda r: secs(r.get("recovery_p50_s"))),
     Column("recovery p99", lambda r: secs(r.get("recovery_p99_s"))),

@@ -27,6 +27,7 @@ def test_a_run_of_both_eras_passes_and_splits_its_figures_by_era(tmp_path: Path)
     assert set(by_era) == {"handshake", "modern"}
     for era, row in by_era.items():
         assert row["clients"] >= 1 and row["calls"] >= 10 and row["accepted"] >= 10, (era, row)
+        assert row["recoveries"] >= 1 and row["reconnects"] >= 1, (era, row)
     assert by_era["handshake"]["clients"] + by_era["modern"]["clients"] == 12
     # On the wire: the modern clients sent no session ID, no GET and no DELETE; the
     # handshake ones did their handshake.

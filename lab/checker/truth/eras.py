@@ -9,9 +9,10 @@ whatever its era; this section splits what the clients saw by era:
   `established`: a modern revision there is the modern era, whose "session" is its
   `server/discover`), else the one its ID gives (`lab.wire.revisions.era_of_client`, as
   the Locust user chose it);
-- per era: clients, calls by outcome, writes sent more than once, messages accepted and
-  refused, requests and their 4xx/5xx answers, recoveries (resumptions in the handshake
-  era, re-issues in the modern era) with how many got back and their latency p50/p99.
+- per era: clients, calls by outcome, writes sent more than once (gate 2's side), messages
+  accepted and refused (gate 1's), requests and their 4xx/5xx answers, reconnect attempts
+  (gate 6's), recoveries (resumptions in the handshake era, re-issues in the modern era)
+  with how many got back and their latency p50/p99 (gate 5's).
 
 None for a run of one era (the report's header says which).
 """
@@ -100,6 +101,7 @@ def _figures(ctx: Context, era: str, era_of: dict[str, str]) -> dict[str, JsonVa
         "requests": len(ex),
         "status_4xx": int(((status >= 400) & (status < 500)).sum()),
         "status_5xx": int((status >= 500).sum()),
+        "reconnects": len(table("reconnects")),
         "recoveries": len(rec),
         "recovered": len(back),
         "recovery_p50_s": _quantile(took, 0.50),
