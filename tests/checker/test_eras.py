@@ -107,3 +107,12 @@ def test_not_applicable_reads_as_such_in_the_markdown_and_junit(tmp_path: Path) 
     assert suite is not None and suite.get("skipped") == str(shown)
     skipped = [c.get("name") for c in suite.iter("testcase") if c.find("skipped") is not None]
     assert len(skipped) == shown
+
+
+def test_in_a_run_of_both_eras_a_rule_of_one_era_says_whose_clients_it_judged(tmp_path: Path) -> None:
+    both = {g.gate: g for g in _judged(tmp_path, "both").gates}
+    (note,) = [n for n in both["missing_rehandshake"].notes if n.startswith("a rule of")]
+    assert note.startswith("a rule of the handshake era") and "no session is lost" in note
+    assert not [n for n in both["cross_stream"].notes if n.startswith("a rule of")]
+    handshake = {g.gate: g for g in _judged(tmp_path, "handshake").gates}
+    assert not [n for n in handshake["missing_rehandshake"].notes if n.startswith("a rule of")]

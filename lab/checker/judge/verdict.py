@@ -93,7 +93,8 @@ def judge(
     eras = _eras(ctx, era_problems)
     in_era = tuple(rule for rule in judged if rule.eras & eras)
     gates = tuple(
-        run_rule(rule, ctx, audience) if rule in in_era else not_in_era(rule, eras) for rule in judged
+        era_said(run_rule(rule, ctx, audience), rule, eras) if rule in in_era else not_in_era(rule, eras)
+        for rule in judged
     )
     # The lab's own limits, the sections beside the rules (lab.checker.judge.sections).
     gates, sections, section_problems = extras.finish(
@@ -235,6 +236,19 @@ def not_in_era(rule: Rule, eras: frozenset[str]) -> GateResult:
         gate=rule.id,
         title=rule.title,
     )
+
+
+def era_said(result: GateResult, rule: Rule, eras: frozenset[str]) -> GateResult:
+    """In a run of both eras, a rule of one era says whose clients it judged."""
+    if len(eras) < 2 or rule.eras >= eras:
+        return result
+    era = next(iter(rule.eras & eras))
+    other = next(iter(eras - rule.eras))
+    note = (
+        f"a rule of {ERA_NAMES.get(era, era)} only: it judged that era's clients and requests "
+        f"(in {ERA_NAMES.get(other, other)}, {rule.era_note})"
+    )
+    return replace(result, notes=(*result.notes, note))
 
 
 def applicable(rules: Registry, ctx: Context, audience: Audience) -> tuple[Rule, ...]:
