@@ -63,6 +63,17 @@ def test_refused_mismatches_and_no_session_pass() -> None:
     assert g.measured["mismatched"] == 1 and g.measured["mismatch_refused_400"] == 1
 
 
+def test_a_mismatch_refused_for_another_reason_first_is_noted_not_judged() -> None:
+    # Seen on the pristine server: the proxy also made the Origin illegal, and the Origin
+    # check answers first (403).
+    origin = {"fault": "rewrite_origin", "rule": "rewrite_origin#0", "decision": "d-2"}
+    g = judged(
+        flow(1), flow(2, status=400, faults=[MISMATCH]), flow(3, status=403, faults=[origin, MISMATCH])
+    )
+    assert g.verdict is Verdict.PASS and g.violations == 0, g.summary
+    assert g.measured["mismatch_refused_otherwise"] == 1 and "another reason" in g.notes[0]
+
+
 @pytest.mark.parametrize(
     ("bad", "check"),
     [

@@ -6,7 +6,9 @@ names a modern revision (`protocol_version_in`). Two server violations:
 
 - `mismatch_accepted`: a modern request whose mirrored header the proxy made disagree with
   its body (the `mismatch_header` fault: `Mcp-Method` naming another method, or `Mcp-Name`
-  another tool) that the server answered otherwise than 400. "If the values do not match,
+  another tool) that the server served (2xx) instead of refusing with 400 (a request it
+  refused for another reason first, such as an illegal Origin's 403, is noted, not
+  judged). "If the values do not match,
   the server MUST reject the request with 400 Bad Request and a HeaderMismatch JSON-RPC
   error" (2026-07-28, Streamable HTTP § Standard Headers): a server that serves it lets a
   gateway route by a header the body contradicts.
@@ -50,7 +52,10 @@ def check(ctx: Context) -> GateResult:
     answered = modern & (flows["answered_by"] == "server") & status.notna()
     rows = flows[answered].assign(status=status[answered])
     mismatched = rows[rows["faults"].map(lambda fs: any(f.get("fault") == MISMATCH for f in _faults_of(fs)))]
-    accepted = mismatched[mismatched["status"] != 400]
+    # Served (2xx) is the violation; refused for another reason first (an illegal Origin's
+    # 403, a bad token's 401, load shedding) is no answer about the headers: noted.
+    accepted = mismatched[(mismatched["status"] >= 200) & (mismatched["status"] < 300)]
+    otherwise = int(((mismatched["status"] != 400) & ~mismatched.index.isin(accepted.index)).sum())
     minted = rows[rows["session_out"].notna()]
     bad = pd.concat(
         [accepted.assign(check=MISMATCH_ACCEPTED), minted.assign(check=SESSION_MINTED)], ignore_index=True
@@ -66,7 +71,15 @@ def check(ctx: Context) -> GateResult:
             "(the mismatch_header fault)",
         ),
     ]
-    refused = len(mismatched) - len(accepted)
+    refused = int((mismatched["status"] == 400).sum())
+    notes = (
+        (
+            f"{otherwise} modern-era request(s) with a contradicting header were refused for another reason "
+            "first (e.g. an illegal Origin's 403): not judged as to their headers",
+        )
+        if otherwise
+        else ()
+    )
     summary = (
         f"{len(accepted)} of {len(mismatched)} modern-era requests with a header the body contradicts were "
         f"served instead of refused with 400, and {len(minted)} of {len(rows)} modern-era answers minted a "
@@ -81,12 +94,14 @@ def check(ctx: Context) -> GateResult:
             "mismatched": len(mismatched),
             "mismatch_refused_400": refused,
             "mismatch_accepted": len(accepted),
+            "mismatch_refused_otherwise": otherwise,
             "session_minted": len(minted),
         },
         evidence=tuple(evidence),
         violations=len(bad),
         witnesses=tuple(_witness(r, ctx) for _, r in bad.head(ctx.witness_limit).iterrows()),
         attribution_counts={str(Attribution.SERVER): len(bad)},
+        notes=notes,
         truth_from="the wire (proxy tap)",
     )
 
@@ -100,7 +115,7 @@ def _witness(r: pd.Series, ctx: Context) -> Witness:
         text = (
             f"a modern-era {what} carried Mcp-{str(told.get('header', '?')).capitalize()} "
             f"{told.get('sent')!r}, which its body contradicts (the proxy's mismatch_header), and the "
-            f"server answered {int(r['status'])}, not 400 HeaderMismatch"
+            f"server served it ({int(r['status'])}), where it must refuse it with 400 HeaderMismatch"
         )
     else:
         text = (
