@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,3 +117,13 @@ def test_in_a_run_of_both_eras_a_rule_of_one_era_says_whose_clients_it_judged(tm
     assert not [n for n in both["cross_stream"].notes if n.startswith("a rule of")]
     handshake = {g.gate: g for g in _judged(tmp_path, "handshake").gates}
     assert not [n for n in handshake["missing_rehandshake"].notes if n.startswith("a rule of")]
+
+
+def test_in_a_run_of_both_eras_gate_5_gives_its_p99_per_era(tmp_path: Path) -> None:
+    both = {g.gate: g for g in _judged(tmp_path, "both").gates}["resume_p99"]
+    by_era: Any = both.measured["by_era"]
+    assert isinstance(by_era, dict) and set(by_era) == {"handshake", "modern"}
+    assert sum(int(r["recoveries"]) for r in by_era.values()) == both.measured["recoveries"]
+    assert any(n.startswith("by era (resumptions in the handshake era") for n in both.notes)
+    one = {g.gate: g for g in _judged(tmp_path, "handshake").gates}["resume_p99"]
+    assert one.measured["by_era"] is None

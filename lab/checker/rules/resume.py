@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -45,6 +46,7 @@ from lab.checker.inputs.load import MissingInput
 from lab.checker.model import Attribution, Evidence, GateResult, JsonValue, Witness, decide
 from lab.checker.rules.base import Rule
 from lab.checker.rules.resume_sut import check as read_under_test
+from lab.checker.truth.eras import client_eras
 from lab.checker.truth.liveness import describe_stuck, never_finished_latencies
 from lab.checker.truth.owed import unreplayed_resumptions, unreplayed_witness
 from lab.checker.truth.recoveries import NEVER_FINISHED, PERCENTILE, nearest_rank, run_latencies
@@ -57,6 +59,24 @@ from lab.checker.truth.shares import (
     share_figures,
 )
 from lab.checker.truth.wire_streams import no_priming, no_priming_witness, silent_resumptions, silent_witness
+
+
+def _p99_text(p99: float) -> str:
+    return "n/a" if math.isnan(p99) else ("never (inf)" if math.isinf(p99) else f"{p99:.3f} s")
+
+
+def _by_era(ctx: Context, counted: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """In a run of both eras, the recoveries' count and p99 per era (the clients' eras,
+    lab.checker.truth.eras); empty otherwise, or without a client ledger."""
+    if len(ctx.eras()) < 2 or ctx.data.client is None or "client_id" not in counted.columns:
+        return {}
+    era_of = client_eras(ctx)
+    eras = counted["client_id"].map(lambda c: era_of.get(str(c)))
+    out: dict[str, dict[str, Any]] = {}
+    for era in ("handshake", "modern"):
+        values = counted.loc[eras == era, "latency"].to_numpy(dtype="float64")
+        out[era] = {"n": len(values), "p99": nearest_rank(values, PERCENTILE)}
+    return out
 
 
 def check(ctx: Context) -> GateResult:
@@ -96,7 +116,13 @@ def check(ctx: Context) -> GateResult:
     declined = int(lat["declined"].sum()) if "declined" in lat.columns else 0
     censored = int(lat["censored"].sum()) - declined
     notes = _notes(negative, censored, judged, figures, declined)
-    p99_text = "n/a" if math.isnan(p99) else ("never (inf)" if math.isinf(p99) else f"{p99:.3f} s")
+    p99_text = _p99_text(p99)
+    by_era = _by_era(ctx, counted)
+    if by_era:
+        notes.append(
+            "by era (resumptions in the handshake era, re-issues in the modern era): "
+            + "; ".join(f"{e} p99 {_p99_text(r['p99'])} over {r['n']}" for e, r in by_era.items())
+        )
     target_text = "" if judged is None else f"; {judged.text}"
     return GateResult(
         verdict=decide(failed, evidence),
@@ -129,6 +155,10 @@ def check(ctx: Context) -> GateResult:
             "resumptions_owing_events": owing,
             "judged_on": JUDGED_ON_TARGET if latency.on_target else "total",
             "shares": _shares_json(figures),
+            "by_era": {
+                e: {"recoveries": r["n"], "p99_s": finite_or_none(r["p99"])} for e, r in by_era.items()
+            }
+            or None,
         },
         evidence=tuple(evidence),
         violations=(len(slow) if slow_p99 else 0) + server_count,
