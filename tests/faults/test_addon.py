@@ -322,6 +322,41 @@ async def test_9_strip_protocol_version(tmp_path: Path) -> None:
     assert rec["protocol_version_in"] == "2025-11-25" and rec["protocol_version_out"] is None
 
 
+@pytest.mark.parametrize(
+    ("which", "header", "sent"),
+    [
+        ("name", "mcp-name", "echo-not-this-one"),
+        ("method", "mcp-method", "tools/list"),
+        ("version", "mcp-protocol-version", "2099-01-01"),
+    ],
+)
+async def test_16_mismatch_header_in_the_modern_era(
+    tmp_path: Path, which: str, header: str, sent: str
+) -> None:
+    h = Harness(tmp_path, [{"kind": "mismatch_header", "rate": 1.0, "params": {"header": which}}])
+    modern = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": "echo"}
+    f = h.request(h.flow(body=call("echo"), session=None, headers=modern))
+    assert f.request.headers[header] == sent
+    h.respond(f, 400, sse=False)
+    await h.finish(f)
+    [rec] = h.tap(type="flow")
+    assert rec["protocol_version_in"] == "2026-07-28"  # the client's: the flow stays the modern era's
+    assert rec["faults"][0]["fault"] == "mismatch_header" and rec["faults"][0]["detail"] == {
+        "header": which,
+        "sent": sent,
+    }
+
+
+async def test_16_mismatch_header_leaves_the_handshake_era_alone(tmp_path: Path) -> None:
+    h = Harness(tmp_path, [{"kind": "mismatch_header", "rate": 1.0}])
+    f = h.request(h.flow(body=call("echo")))  # 2025-11-25
+    assert "mcp-name" not in f.request.headers and f.request.headers["mcp-protocol-version"] == "2025-11-25"
+    h.respond(f, 200, sse=False)
+    await h.finish(f)
+    [rec] = h.tap(type="flow")
+    assert rec["faults"] == []
+
+
 async def test_15_strip_session_id(tmp_path: Path) -> None:
     h = Harness(tmp_path, [{"kind": "strip_session_id", "rate": 1.0}])
     f = h.request(h.flow(body=call("echo")))

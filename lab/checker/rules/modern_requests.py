@@ -5,8 +5,8 @@ A request belongs to the modern era when its `MCP-Protocol-Version`, as the clie
 names a modern revision (`protocol_version_in`). Two server violations:
 
 - `mismatch_accepted`: a modern request whose mirrored header the proxy made disagree with
-  its body (the `mismatch_header` fault: `Mcp-Method` naming another method, or `Mcp-Name`
-  another tool) that the server served (2xx) instead of refusing with 400 (a request it
+  its body (the `mismatch_header` fault: `Mcp-Method` naming another method, `Mcp-Name`
+  another tool, or `MCP-Protocol-Version` a revision nobody serves) that the server served (2xx) instead of refusing with 400 (a request it
   refused for another reason first, such as an illegal Origin's 403, is noted, not
   judged). "If the values do not match,
   the server MUST reject the request with 400 Bad Request and a HeaderMismatch JSON-RPC
@@ -67,7 +67,8 @@ def check(ctx: Context) -> GateResult:
             1,
             len(mismatched) - otherwise,
             len(mismatched) - otherwise >= 1,
-            "modern requests whose Mcp-Method or Mcp-Name the proxy made disagree with the body "
+            "modern requests whose Mcp-Method, Mcp-Name or MCP-Protocol-Version the proxy made disagree "
+            "with the body "
             "(the mismatch_header fault), less those refused for another reason first",
         ),
     ]
@@ -112,8 +113,9 @@ def _witness(r: pd.Series, ctx: Context) -> Witness:
     if r["check"] == MISMATCH_ACCEPTED:
         detail = next((f.get("detail") for f in faults if f.get("fault") == MISMATCH), None)
         told = detail if isinstance(detail, dict) else {}
+        header = {"version": "MCP-Protocol-Version", "method": "Mcp-Method", "name": "Mcp-Name"}
         text = (
-            f"a modern-era {what} carried Mcp-{str(told.get('header', '?')).capitalize()} "
+            f"a modern-era {what} carried {header.get(str(told.get('header')), 'a header')} "
             f"{told.get('sent')!r}, which its body contradicts (the proxy's mismatch_header), and the "
             f"server served it ({int(r['status'])}), where it must refuse it with 400 HeaderMismatch"
         )

@@ -194,10 +194,18 @@ class StripSessionId(FaultKind[NoParams]):
 class MismatchParams:
     header: str = param(
         "any",
-        ChoiceSpec(("method", "name", "any")),
+        ChoiceSpec(("method", "name", "version", "any")),
         "which mirrored header to make disagree with the body: `Mcp-Method` (another method), "
-        "`Mcp-Name` (another tool's name, on tools/call), or either (`name` where there is one)",
+        "`Mcp-Name` (another tool's name, on tools/call), `MCP-Protocol-Version` (a revision no "
+        "server serves, which `_meta` does not name either), or any of them (chosen by the "
+        "decision; `name` only where there is one)",
     )
+
+
+UNKNOWN_REVISION: Final = "2099-01-01"
+"""The revision `mismatch_header` puts in `MCP-Protocol-Version`: served by no one, so a dual-
+era server routes the request as a modern one (it is not a handshake revision) and must
+refuse it (400: the header is not `_meta`'s, and the revision is unsupported)."""
 
 
 class MismatchHeader(FaultKind[MismatchParams]):
@@ -207,8 +215,9 @@ class MismatchHeader(FaultKind[MismatchParams]):
     unit = Unit.FLOW
     summary = (
         "in the modern era, makes a header that mirrors the body disagree with it: `Mcp-Method` "
-        "names another method, or `Mcp-Name` another tool; the server must answer 400 "
-        "(`HeaderMismatch`, -32020), not serve the request"
+        "names another method, `Mcp-Name` another tool, or `MCP-Protocol-Version` an unknown "
+        "revision; the server must answer 400 (`HeaderMismatch` -32020, or -32022 for the "
+        "revision), not serve the request"
     )
     applies_to = "modern-era requests (`MCP-Protocol-Version` 2026-07-28)"
     evidence = (Evidence.FLOW,)
@@ -223,12 +232,16 @@ class MismatchHeader(FaultKind[MismatchParams]):
         rpc = scope.facts.rpc
         which = params.header
         if which == "any":
-            which = "name" if rpc.tool is not None else "method"
+            choices = ("name", "method", "version") if rpc.tool is not None else ("method", "version")
+            which = choices[scope.decision.pick(len(choices))]
         if which == "name":
             if rpc.tool is None:
                 return NOT_APPLIED
             sent = f"{rpc.tool}-not-this-one"
             scope.headers[MCP_NAME_HEADER] = sent
+        elif which == "version":
+            sent = UNKNOWN_REVISION
+            scope.headers[PROTOCOL_VERSION_HEADER] = sent
         else:
             sent = "tools/list" if rpc.method != "tools/list" else "tools/call"
             scope.headers[MCP_METHOD_HEADER] = sent
