@@ -163,6 +163,7 @@ class Run:
         from lab.run.preflight import PreflightRefused, check_target
 
         try:
+            sut.check_era(self.client, self.sc.target.era)
             self.client = sut.probe(self.client)
         except sut.ClientRefused as e:
             raise RunError(str(e)) from None

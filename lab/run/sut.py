@@ -127,6 +127,27 @@ def worker_env(client: ClientUnderTest) -> dict[str, str]:
     return {ADAPTER_CWD_ENV: os.getcwd(), NODE_DIR_ENV: str(node_dir())}
 
 
+ERAS_SPOKEN: dict[str, frozenset[str]] = {
+    "python-sdk": frozenset({"handshake", "modern"}),
+    "typescript-sdk": frozenset({"handshake"}),
+}
+"""The protocol eras each bundled adapter speaks (docs/clients.md): the TypeScript SDK's
+`Client` asks for 2025-11-25 only. A `cmd:` adapter is the user's to say (not checked)."""
+
+
+def check_era(client: ClientUnderTest, era: str) -> None:
+    """ClientRefused when the client's adapter does not speak an era the run asks for."""
+    spoken = ERAS_SPOKEN.get(client.kind)
+    wanted = {"handshake", "modern"} if era == "both" else {era}
+    if spoken is None or wanted <= spoken:
+        return
+    raise ClientRefused(
+        f"--client {client.spec} speaks the {' and '.join(sorted(spoken))} era only, and the run asks for "
+        f'era = "{era}" (docs/eras.md): run it with --era handshake, or choose a client that speaks '
+        "the modern era (python-sdk, or the lab's own)"
+    )
+
+
 def probe(client: ClientUnderTest) -> ClientUnderTest:
     """Start the adapter once and read its `ready` line; ClientRefused if it never says it."""
     if client.command is None:

@@ -14,7 +14,7 @@ import pytest
 from lab.checker import REGISTRY
 from lab.checker.judge.baseline import apply, counted
 from lab.checker.model import GateResult, Verdict
-from lab.run.sut import ClientRefused, resolve
+from lab.run.sut import ClientRefused, ClientUnderTest, check_era, resolve
 from lab.scenario import ScenarioError, load_baseline, load_scenario
 from tests.livesrv import LAB, ROOT
 
@@ -151,3 +151,14 @@ def test_an_unknown_client_and_a_bad_baseline_are_refused(tmp_path: Path) -> Non
     base.write_text('[expected_failures]\nlab = ["gate_seven"]\n')
     proc = _lab_run(tmp_path, "--baseline", str(base))
     assert proc.returncode == 3 and "gate_seven" in proc.stderr and str(base) in proc.stderr
+
+
+def test_a_client_is_refused_an_era_its_adapter_does_not_speak() -> None:
+    ts, py, lab = (ClientUnderTest(spec, None) for spec in ("typescript-sdk", "python-sdk", "lab"))
+    for era in ("modern", "both"):
+        with pytest.raises(ClientRefused, match=r"speaks the handshake era only.*--era handshake"):
+            check_era(ts, era)
+        check_era(py, era)
+        check_era(lab, era)
+    check_era(ts, "handshake")
+    check_era(ClientUnderTest("cmd:my-adapter", None), "modern")  # the user's adapter: theirs to say
