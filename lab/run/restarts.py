@@ -23,7 +23,9 @@ does not take a restart for a death.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import threading
@@ -178,7 +180,10 @@ class RestartDriver:
                 code = proc.wait(timeout=self.command_timeout)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                proc.kill()
+                # Its whole process group (it was started as one, by its PID): a shell's
+                # children would otherwise outlive the run.
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 code = proc.wait()
         ended = time.time()
         ok = code == 0 and not timed_out

@@ -106,10 +106,21 @@ def test_a_durable_reference_server_killed_keeps_its_sessions_and_nothing_privat
     assert not list(run.rglob("store*.sqlite"))
 
 
+def alive(pid: int) -> bool:
+    """Is `pid` a live process (not a zombie)?"""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
 RESTART_SCRIPT = """
-import pathlib, sys, time
+import pathlib, subprocess, sys, time
 marker = pathlib.Path(sys.argv[1])
 if marker.exists():
+    # A child of its own that hangs too (as a shell's would): killed with the command.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    pathlib.Path(sys.argv[1] + ".child").write_text(str(child.pid))
     print("second restart: hanging", flush=True)
     time.sleep(60)
 marker.write_text("restarted")
@@ -141,6 +152,9 @@ def test_a_url_target_is_restarted_by_its_command_and_a_hanging_command_is_kille
     assert "hanging" in (run / second["log"]).read_text()
     assert 0.9 <= second["ready"] - second["stop_sent"] < 10, second  # killed after about 1 s
     assert "restart 2: the restart command timed out after 1 s" in said
+    # The hanging command's own child went with it (its process group was killed).
+    child = int((tmp_path / "restarted.marker.child").read_text())
+    assert not alive(child), f"the restart command's child {child} outlived the run"
 
 
 def test_a_url_target_without_a_restart_command_says_not_applicable(tmp_path: Path) -> None:
