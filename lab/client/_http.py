@@ -16,13 +16,9 @@ from lab.wire.client_ledger import HttpExchange
 from lab.wire.extensions import LAB_CONN_HEADER
 from lab.wire.revisions import (
     LAST_EVENT_ID_HEADER,
-    MCP_METHOD_HEADER,
-    MCP_NAME_HEADER,
-    META_CLIENT_CAPABILITIES,
-    META_CLIENT_INFO,
-    META_PROTOCOL_VERSION,
     PROTOCOL_VERSION_HEADER,
     SESSION_HEADER,
+    modern_stamp,
     revision,
 )
 
@@ -67,28 +63,6 @@ class Connections:
             h.append((LAST_EVENT_ID_HEADER, last_event_id))
         return tuple(h)
 
-    def modern_request(self, body: jsonrpc.JsonObject) -> tuple[jsonrpc.JsonObject, Headers]:
-        """A request of the modern era as it goes out: `_meta` with the revision and the
-        client's capabilities and name, and the headers that mirror the body (its revision,
-        its method, and the tool's name on a `tools/call`), which the server compares."""
-        cfg = self.config
-        params = dict(body.get("params") or {})
-        method = str(body.get("method", ""))
-        h: list[tuple[str, str]] = [
-            (PROTOCOL_VERSION_HEADER, cfg.protocol_version),
-            (MCP_METHOD_HEADER, method),
-        ]
-        if method == "tools/call":
-            h.append((MCP_NAME_HEADER, str(params.get("name", ""))))
-        if "id" in body:
-            params["_meta"] = {
-                **(params.get("_meta") or {}),
-                META_PROTOCOL_VERSION: cfg.protocol_version,
-                META_CLIENT_CAPABILITIES: {},
-                META_CLIENT_INFO: {"name": cfg.client_name, "version": "1"},
-            }
-        return {**body, "params": params}, tuple(h)
-
     def open(
         self,
         purpose: Purpose,
@@ -107,7 +81,7 @@ class Connections:
         with_session = purpose is not Purpose.INITIALIZE and not self.modern
         headers = self.headers(conn_id, purpose, with_session=with_session, last_event_id=last_event_id)
         if self.modern and body is not None:
-            body, mirrored = self.modern_request(body)
+            body, mirrored = modern_stamp(body, self.config.protocol_version, self.config.client_name)
             headers += mirrored
         view = ConnectionView(conn_id, c.generation, c.protocol_version, self.config.auth_subject)
         carried = with_session and c.session_id is not None

@@ -29,15 +29,13 @@ from typing import Any, Final
 
 import httpx
 
+from lab.wire.jsonrpc import DISCOVER
 from lab.wire.revisions import (
-    MCP_METHOD_HEADER,
-    META_CLIENT_CAPABILITIES,
-    META_CLIENT_INFO,
-    META_PROTOCOL_VERSION,
     MODERN_REVISIONS,
     PROTOCOL_VERSION_HEADER,
     SESSION_HEADER,
     SUPPORTED_REVISIONS,
+    modern_stamp,
 )
 from lab.wire.sse import SseDecoder
 
@@ -168,22 +166,8 @@ def _contract_tools(url: str, listed: dict[str, Any]) -> tuple[str, ...]:
 def probe_modern(http: httpx.Client, url: str) -> ModernOffer:
     """`server/discover` under 2026-07-28, as the modern era asks it (`_meta`, the
     mirrored headers); never raises: a handshake-only target answers it 400 or 404."""
-    version = MODERN_REVISIONS[-1]
-    message = {
-        "jsonrpc": "2.0",
-        "id": 0,
-        "method": "server/discover",
-        "params": {
-            "_meta": {
-                META_PROTOCOL_VERSION: version,
-                META_CLIENT_CAPABILITIES: {},
-                META_CLIENT_INFO: {"name": "lab-preflight", "version": "1"},
-            }
-        },
-    }
-    headers = {PROTOCOL_VERSION_HEADER: version, MCP_METHOD_HEADER: "server/discover"}
     try:
-        answer = _post(http, url, message, headers)
+        answer = _post_modern(http, url, 0, DISCOVER, MODERN_REVISIONS[-1])
     except PreflightRefused as e:
         return ModernOffer((), str(e).removeprefix(f"target {url}: "))
     result = answer.get("result")
@@ -207,22 +191,16 @@ def _modern_only(url: str, modern: ModernOffer, why: str) -> PreflightRefused:
     )
 
 
+def _post_modern(http: httpx.Client, url: str, mid: int, method: str, version: str) -> dict[str, Any]:
+    """A request of the modern era, stamped as the lab's client stamps one (`_meta`, the
+    mirrored headers); its JSON-RPC answer (`_post`)."""
+    message, headers = modern_stamp({"jsonrpc": "2.0", "id": mid, "method": method}, version, "lab-preflight")
+    return _post(http, url, message, dict(headers))
+
+
 def _modern_facts(http: httpx.Client, url: str, modern: ModernOffer) -> TargetFacts:
     """A run of the modern era only: the tools, listed as a modern client lists them."""
-    version = modern.versions[-1]
-    message = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "tools/list",
-        "params": {
-            "_meta": {
-                META_PROTOCOL_VERSION: version,
-                META_CLIENT_CAPABILITIES: {},
-                META_CLIENT_INFO: {"name": "lab-preflight", "version": "1"},
-            }
-        },
-    }
-    listed = _post(http, url, message, {PROTOCOL_VERSION_HEADER: version, MCP_METHOD_HEADER: "tools/list"})
+    listed = _post_modern(http, url, 1, "tools/list", modern.versions[-1])
     tools = _contract_tools(url, listed)
     return TargetFacts(None, {}, tools, modern)
 

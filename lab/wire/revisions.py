@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Any
 
 SESSION_HEADER = "mcp-session-id"
 """Header carrying the session ID (HTTP header names are case-insensitive; we use lower case)."""
@@ -62,6 +63,12 @@ MODERN_REVISIONS: tuple[str, ...] = tuple(sorted(MODERN))
 
 ERAS: tuple[str, ...] = ("handshake", "modern", "both")
 """What a run may test: one era, or both at once (each client speaking one)."""
+BOTH_ERAS: frozenset[str] = frozenset({"handshake", "modern"})
+
+
+def eras_of(era: str) -> frozenset[str]:
+    """The eras a run of `era` (one of ERAS) tests: `both` is the two."""
+    return BOTH_ERAS if era == "both" else frozenset({era})
 
 
 def era_of_client(client_id: str) -> str:
@@ -81,6 +88,28 @@ HEADER_MISMATCH = -32020
 """A required header missing, or not what the body says (2026-07-28)."""
 UNSUPPORTED_VERSION = -32022
 """A protocol revision the server does not serve (2026-07-28); `data` lists those it does."""
+
+
+def modern_stamp(
+    message: dict[str, Any], version: str, client_name: str
+) -> tuple[dict[str, Any], tuple[tuple[str, str], ...]]:
+    """A message of the modern era as it goes out (a copy; `message` is left as it was):
+    a request's `_meta` with the revision and the client's capabilities and name, and the
+    headers that mirror the body (the revision, the method, and the tool's name on a
+    `tools/call`), which the server compares with it."""
+    params = dict(message.get("params") or {})
+    method = str(message.get("method", ""))
+    headers = [(PROTOCOL_VERSION_HEADER, version), (MCP_METHOD_HEADER, method)]
+    if method == "tools/call":
+        headers.append((MCP_NAME_HEADER, str(params.get("name", ""))))
+    if "id" in message:
+        params["_meta"] = {
+            **(params.get("_meta") or {}),
+            META_PROTOCOL_VERSION: version,
+            META_CLIENT_CAPABILITIES: {},
+            META_CLIENT_INFO: {"name": client_name, "version": "1"},
+        }
+    return {**message, "params": params}, tuple(headers)
 
 
 def revision(name: str) -> Revision:
