@@ -22,7 +22,7 @@ import pandas as pd
 from lab.checker.inputs.load import RunData
 from lab.checker.model import Evidence, Scalar
 from lab.wire.budgets import GATE_EVENTS, SPEC_BUDGETS
-from lab.wire.revisions import MODERN_REVISIONS
+from lab.wire.revisions import ERAS, MODERN_REVISIONS, eras_of
 
 SPEC_DEFAULTS: dict[str, float | int] = {
     **SPEC_BUDGETS,
@@ -113,10 +113,8 @@ class Context:
     def _eras(self) -> frozenset[str]:
         target = (self.data.run or {}).get("target")
         said = target.get("era") if isinstance(target, dict) else None
-        if said in ("handshake", "modern"):
-            return frozenset({str(said)})
-        if said == "both":
-            return frozenset({"handshake", "modern"})
+        if said in ERAS:
+            return eras_of(str(said))
         flows = None if self.data.tap is None else self.data.tap["flow"]
         if flows is None or not len(flows) or "protocol_version_in" not in flows.columns:
             return frozenset({"handshake"})

@@ -38,6 +38,7 @@ from lab.sut.host import (
     node_dir,
     read_app_log,
 )
+from lab.wire.revisions import BOTH_ERAS, eras_of
 
 APP_LOG_GLOB = "clients/app-*.jsonl"
 PROBE_TIMEOUT_S = 60.0
@@ -128,7 +129,7 @@ def worker_env(client: ClientUnderTest) -> dict[str, str]:
 
 
 ERAS_SPOKEN: dict[str, frozenset[str]] = {
-    "python-sdk": frozenset({"handshake", "modern"}),
+    "python-sdk": BOTH_ERAS,
     "typescript-sdk": frozenset({"handshake"}),
 }
 """The protocol eras each bundled adapter speaks (docs/clients.md): the TypeScript SDK's
@@ -138,8 +139,7 @@ ERAS_SPOKEN: dict[str, frozenset[str]] = {
 def check_era(client: ClientUnderTest, era: str) -> None:
     """ClientRefused when the client's adapter does not speak an era the run asks for."""
     spoken = ERAS_SPOKEN.get(client.kind)
-    wanted = {"handshake", "modern"} if era == "both" else {era}
-    if spoken is None or wanted <= spoken:
+    if spoken is None or eras_of(era) <= spoken:
         return
     raise ClientRefused(
         f"--client {client.spec} speaks the {' and '.join(sorted(spoken))} era only, and the run asks for "

@@ -62,6 +62,7 @@ from lab.checker.truth import liveness
 from lab.checker.truth.bounds import bound_notes
 from lab.checker.truth.faults import configured_faults, count_faults
 from lab.checker.truth.not_applicable import not_applicable
+from lab.wire.revisions import BOTH_ERAS
 
 
 def judge_dir(run_dir: Path, witness_limit: int = 5) -> tuple[RunData, RunReport]:
@@ -220,7 +221,7 @@ def _eras(ctx: Context, problems: list[Problem]) -> frozenset[str]:
         return ctx.eras()
     except Exception as e:  # every rule then judges, as in a run of the handshake era
         problems.append(Problem("eras", f"the run's protocol eras are not known: {type(e).__name__}: {e}"))
-        return frozenset({"handshake", "modern"})
+        return BOTH_ERAS
 
 
 def not_in_era(rule: Rule, eras: frozenset[str]) -> GateResult:

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 from lab.checker.context import Context
 from lab.checker.model import Attribution, GateResult
+from lab.wire.revisions import BOTH_ERAS
 
 type Check = Callable[[Context], GateResult]
 
-BOTH_ERAS = frozenset({"handshake", "modern"})
 HANDSHAKE_ONLY = frozenset({"handshake"})
 """A rule of sessions or resumption: the modern era (2026-07-28) removed both."""
 
