@@ -58,11 +58,7 @@ def kinds_table() -> list[str]:
             evidence,
             gates,
             needs,
-            "both"
-            if k.not_modern is None and k.only_modern is None
-            else f"handshake only: {k.not_modern}"
-            if k.not_modern is not None
-            else f"modern only: {k.only_modern}",
+            _eras_cell(k),
         ]
         rows.append("| " + " | ".join(_cell(c) if i > 1 else c for i, c in enumerate(cells)) + " |")
     rows += [
@@ -70,6 +66,15 @@ def kinds_table() -> list[str]:
         "Evidence: " + "; ".join(f"`{e}` — {_EVIDENCE[e]}" for e in Evidence) + ".",
     ]
     return rows
+
+
+def _eras_cell(k: FaultKind[Any]) -> str:
+    """The eras a kind has meaning in, and why not the other."""
+    if k.not_modern is not None:
+        return f"handshake only: {k.not_modern}"
+    if k.only_modern is not None:
+        return f"modern only: {k.only_modern}"
+    return "both"
 
 
 _EVIDENCE = {

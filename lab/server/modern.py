@@ -182,9 +182,8 @@ def _check(app: McpApp, req: Request, msg: jsonrpc.Message) -> None:
             f"MCP-Protocol-Version {header!r} is not _meta's {version!r}",
             mid,
         )
-    if Defect.MODERN_HEADERS_UNCHECKED in app.defects:  # defect: the mirrored headers are not compared
-        pass
-    elif (method := req.header(MCP_METHOD_HEADER)) != msg.method:
+    mirrored = Defect.MODERN_HEADERS_UNCHECKED not in app.defects  # defect: Mcp-Method/-Name not compared
+    if mirrored and (method := req.header(MCP_METHOD_HEADER)) != msg.method:
         raise _refused(
             400,
             "header_mismatch",
@@ -192,7 +191,7 @@ def _check(app: McpApp, req: Request, msg: jsonrpc.Message) -> None:
             f"Mcp-Method {method!r} is not the method {msg.method!r}",
             mid,
         )
-    if msg.method == "tools/call" and Defect.MODERN_HEADERS_UNCHECKED not in app.defects:
+    if mirrored and msg.method == "tools/call":
         name, sent = msg.params.get("name"), req.header(MCP_NAME_HEADER)
         if sent is None or sent != name:
             raise _refused(

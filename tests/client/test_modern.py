@@ -98,6 +98,15 @@ class Wire:
         return [n for o in self.out for n in o.notices if isinstance(n, CallFinished)]
 
 
+def progress_of(rid: object) -> dict[str, object]:
+    """The first progress notification of request `rid`."""
+    return {
+        "jsonrpc": "2.0",
+        "method": "notifications/progress",
+        "params": {"progressToken": rid, "progress": 1},
+    }
+
+
 def body(send: SendRequest) -> dict[str, object]:
     return json.loads(send.body or b"{}")  # type: ignore[no-any-return]
 
@@ -143,11 +152,7 @@ def test_a_call_completes_on_a_stream_of_events_without_ids() -> None:
     w.take(out)
     call = w.last(Purpose.CALL)
     rid = body(call)["id"]
-    progress = {
-        "jsonrpc": "2.0",
-        "method": "notifications/progress",
-        "params": {"progressToken": rid, "progress": 1},
-    }
+    progress = progress_of(rid)
     w.sse(call, progress, {"jsonrpc": "2.0", "id": rid, "result": {"resultType": "complete", "content": []}})
     (done,) = w.finished()
     assert done.call == handle and done.outcome is CallOutcome.OK
@@ -160,11 +165,7 @@ def test_a_broken_stream_is_re_issued_with_a_new_request_id_and_the_same_key() -
     w.take(out)
     first = w.last(Purpose.CALL)
     rid = body(first)["id"]
-    progress = {
-        "jsonrpc": "2.0",
-        "method": "notifications/progress",
-        "params": {"progressToken": rid, "progress": 1},
-    }
+    progress = progress_of(rid)
     w.sse(first, progress)
     w.take(w.core.connection_failed(first.conn_id, w.now, "connection_lost"))
     # Never a GET with Last-Event-ID: the era has no resumption.
@@ -245,11 +246,7 @@ def test_event_ids_from_a_modern_server_do_not_make_the_client_resume() -> None:
     call = w.last(Purpose.CALL)
     rid = body(call)["id"]
     w.take(w.core.response_head(call.conn_id, 200, SSE, w.now))
-    progress = {
-        "jsonrpc": "2.0",
-        "method": "notifications/progress",
-        "params": {"progressToken": rid, "progress": 1},
-    }
+    progress = progress_of(rid)
     event = b"id: s1-7\nevent: message\ndata: " + json.dumps(progress).encode() + b"\n\n"
     w.take(w.core.response_data(call.conn_id, event, w.now))
     w.take(w.core.connection_failed(call.conn_id, w.now, "connection_lost"))
