@@ -26,6 +26,7 @@ import pandas as pd
 
 from lab.checker.context import Context
 from lab.checker.model import JsonValue
+from lab.checker.truth.recoveries import nearest_rank
 from lab.wire.revisions import MODERN_REVISIONS, era_of_client
 
 ERAS = ("handshake", "modern")
@@ -110,7 +111,6 @@ def _figures(ctx: Context, era: str, era_of: dict[str, str]) -> dict[str, JsonVa
 
 
 def _quantile(values: np.ndarray, q: float) -> float | None:
-    if not len(values):
-        return None
-    v = float(np.quantile(values, q, method="higher"))
+    """Gate 5's percentile (`nearest_rank`), rounded to the millisecond; None for no values."""
+    v = nearest_rank(values, q)
     return None if math.isnan(v) else round(v, 3)
