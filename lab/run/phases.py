@@ -168,7 +168,12 @@ class PhaseDriver:
                 Action(opened, "probe:open", lambda: self.probe.open(PROBE_SESSIONS, before=rollback_at))
             )
             out.append(
-                Action(back, "probe:come_back", partial(self.come_back_after_rollback, back - r.start))
+                # Right after the open: it keeps the sessions alive until the return is due.
+                Action(
+                    opened,
+                    "probe:come_back",
+                    partial(self.come_back_after_rollback, back - r.start, rollback_at),
+                )
             )
             if late < sc.horizon - 1.0:
                 out.append(Action(late, "probe:come_back_late", partial(self.come_back_late_after, ttl)))
@@ -288,14 +293,24 @@ class PhaseDriver:
             self._rolled_back_at = record["t"]
             self._rolled_back.set()
 
-    def come_back_after_rollback(self, after_s: float) -> None:
+    def come_back_after_rollback(self, after_s: float, rollback_at: float | None = None) -> None:
         """The probe's return, `after_s` after the rollback knob was *answered* (a busy box
         can answer it late; the checker counts a request within a second of the knob as
-        possibly served before it). Waits for the knob at most ADMIN_TIMEOUT + 1 s."""
-        if self._rolled_back.wait(ADMIN_TIMEOUT + 1.0) and self._rolled_back_at is not None:
-            wait = self._rolled_back_at + after_s - time.time()
-            if wait > 0 and self._stop.wait(wait):
-                return
+        possibly served before it). Waits for the knob, planned at the epoch time
+        `rollback_at` (now if None), at most ADMIN_TIMEOUT + 1 s past it, and keeps the
+        probe's sessions alive meanwhile (a ping in each every TTL/3 at most)."""
+        every = max(0.5, self.sc.target.session_ttl / 3)  # each session pinged well within its TTL
+        knob_by = max(time.time(), rollback_at or 0.0) + ADMIN_TIMEOUT + 1.0
+        while not self._rolled_back.is_set() and time.time() < knob_by:
+            self.probe.keep_alive()
+            if self._rolled_back.wait(min(every, max(0.0, knob_by - time.time()))):
+                break
+        if self._rolled_back.is_set() and self._rolled_back_at is not None:
+            back_at = self._rolled_back_at + after_s
+            while back_at - time.time() > 0:
+                self.probe.keep_alive()
+                if self._stop.wait(min(every, max(0.0, back_at - time.time()))):
+                    return
         self.probe.come_back()
         self._came_back_at = time.time()
 

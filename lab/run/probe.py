@@ -8,6 +8,9 @@ rollout's last promise is about. The probe plays that client, through the whole 
     open()            before the rollback: sessions (resumable ones) each start a long
                       `ticker` call, read a few events and go away mid-stream: the
                       stream goes on, and its last event ID is the *old cursor*
+    keep_alive()      while it waits for the rollback and its return: a `ping` in each
+                      session, so that a busy box, slow to carry the moves, cannot let
+                      a session expire before it comes back (its TTL counts idle time)
     come_back()       after the rollback, within the session TTL: resume each old cursor
                       (the documented rollback answers 200 and replays), and open a new
                       stream in the old session (it must carry no event ID)
@@ -205,6 +208,22 @@ class Probe:
             self.log(
                 {"type": "probe", "t": time.time(), "action": action, "conn": conn, "error": type(e).__name__}
             )
+
+    def keep_alive(self) -> None:
+        """A `ping` in each old session: the server counts a session's TTL from its last
+        request, and the cursors must come back to a session that still lives."""
+        for s in self.sessions:
+            conn = s.conn()
+            body = jsonrpc.request(s.next_id, "ping", {})
+            s.next_id += 1
+            record: dict[str, Any] = {"type": "probe", "action": "keep_alive", "conn": conn}
+            try:
+                with self._stream("POST", s, conn, body, {}) as (r, _events):
+                    r.read()
+                record["status"] = r.status_code
+            except httpx.HTTPError as e:
+                record["error"] = type(e).__name__
+            self.log({**record, "t": time.time()})
 
     def come_back(self) -> None:
         """Resume each old cursor, and open a new stream in each old session."""
