@@ -471,6 +471,28 @@ ERA_COLUMNS: tuple[Column[Mapping[str, Any]], ...] = (
 )
 
 
+VERDICT_WORDS = {"pass": "pass", "fail": "FAIL", "inconclusive": "inconclusive", "not_applicable": "N/A"}
+
+
+def _era_verdict(era: str) -> Column[Mapping[str, Any]]:
+    def cell(r: Mapping[str, Any]) -> str:
+        v = (r.get("by_era") or {}).get(era)
+        if not isinstance(v, Mapping):
+            return "not of this era"
+        word = VERDICT_WORDS.get(str(v.get("verdict")), str(v.get("verdict")))
+        counts = [f"{v[k]} {k}" for k in ("server", "client") if v.get(k)]
+        return f"{word} ({', '.join(counts)})" if counts else word
+
+    return Column("modern (2026-07-28)" if era == "modern" else "handshake", cell)
+
+
+ERA_GATE_COLUMNS: tuple[Column[Mapping[str, Any]], ...] = (
+    Column("rule", lambda r: f"{r.get('number')} {r.get('title')}"),
+    _era_verdict("handshake"),
+    _era_verdict("modern"),
+)
+
+
 def eras_block(doc: Mapping[str, Any]) -> Block | None:
     es = doc.get("eras")
     if not isinstance(es, Mapping):
@@ -482,7 +504,19 @@ def eras_block(doc: Mapping[str, Any]) -> Block | None:
     ]
     lines += [str(n) for n in es.get("notes") or []]
     rows = [r for r in es.get("eras") or [] if isinstance(r, Mapping)]
-    return Block("eras", "By protocol era", lines, [table(ERA_COLUMNS, rows, "Per era.")])
+    tables = [table(ERA_COLUMNS, rows, "Per era.")]
+    gates = [g for g in es.get("gates") or [] if isinstance(g, Mapping)]
+    if gates:
+        tables.append(
+            table(
+                ERA_GATE_COLUMNS,
+                gates,
+                "Each rule judged again on each era's part of the run alone (its clients, their flows and "
+                "sessions): figures, not the run's verdict, which judges every client at once. Violations "
+                "by whom in brackets; an era's part may be too thin for a rule's evidence minima.",
+            )
+        )
+    return Block("eras", "By protocol era", lines, tables)
 
 
 def blocks(doc: Mapping[str, Any]) -> list[Block]:

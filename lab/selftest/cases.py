@@ -212,6 +212,15 @@ CASES: tuple[Case, ...] = (
         "the tap records the Mcp-Session-Id of every answer: a modern-era request's answer carries one",
         scenario="selftest-modern",
     ),
+    _case(
+        Defect.MODERN_NO_IDEMPOTENCY,
+        2,
+        ("wire_different_results",),
+        "in a run of both eras, a write re-issued after its answer was lost is answered with a second, "
+        "different result, by the modern era's path only: the report's by-era verdicts show gate 2 "
+        "failing for the modern clients and holding for the handshake ones",
+        scenario="selftest-dual",
+    ),
 )
 SHAPES: tuple[Case, ...] = (
     Case(

@@ -35,6 +35,7 @@ class Defect(enum.StrEnum):
     PER_STREAM_IDS = "per-stream-ids"
     MODERN_HEADERS_UNCHECKED = "modern-headers-unchecked"
     MODERN_MINTS_SESSION = "modern-mints-session"
+    MODERN_NO_IDEMPOTENCY = "modern-no-idempotency"
 
 
 SLOW_RESUME_S = 6.0
@@ -98,6 +99,11 @@ DESCRIPTIONS: dict[Defect, str] = {
     Defect.MODERN_MINTS_SESSION: (
         "in the modern era (2026-07-28), every answer carries a fresh Mcp-Session-Id, as a "
         "handshake-era server would"
+    ),
+    Defect.MODERN_NO_IDEMPOTENCY: (
+        "in the modern era (2026-07-28) only, ledger.append ignores the idempotency key: a write "
+        "re-issued after a broken stream is performed again (the handshake era's path keeps its "
+        "receipts: a server whose modern path breaks what its handshake path does right)"
     ),
 }
 

@@ -44,7 +44,7 @@ from lab.server.http import (
 )
 from lab.server.model import LiveConn
 from lab.server.sse_out import SSE_HEADERS, serve_live
-from lab.server.tools import TOOL_LIST, TOOLS, ToolCall, ToolError
+from lab.server.tools import MODERN_PSEUDONYM, TOOL_LIST, TOOLS, ToolCall, ToolError
 from lab.wire import jsonrpc
 from lab.wire.errors import RemoteProtocolError
 from lab.wire.revisions import (
@@ -64,8 +64,6 @@ from lab.wire.sse import encode_event
 if TYPE_CHECKING:
     from lab.server.app import McpApp
 
-MODERN_PSEUDONYM = "modern"
-"""The ledger's session column for a write asked in the modern era (it has no session)."""
 COMPLETE = {"resultType": "complete"}
 CACHE = {"ttlMs": 0, "cacheScope": "private"}
 """A list's or discovery's caching directives, which 2026-07-28 requires on those results

@@ -42,6 +42,10 @@ class ToolError(Exception):
         self.message = message
 
 
+MODERN_PSEUDONYM = "modern"
+"""The ledger's session column for a write asked in the modern era (it has no session)."""
+
+
 class CallSite(Protocol):
     """Where a tool call runs and what it may send: a session's POST stream in the
     handshake era (`SessionSite`), the request's own response in the modern era
@@ -203,6 +207,8 @@ async def ledger_append(call: ToolCall) -> dict[str, Any]:
     receipt = state.receipts.get(ikey)
     if Defect.NO_IDEMPOTENCY in state.defects:  # defect: a repeated key performs the write again
         receipt = None
+    elif Defect.MODERN_NO_IDEMPOTENCY in state.defects and site.pseudonym == MODERN_PSEUDONYM:
+        receipt = None  # defect: the same, on the modern era's path only
     effect = "replayed" if receipt is not None else "performed"
     if receipt is None:
         # Check-and-set without an await in between: two concurrent retries cannot both perform.

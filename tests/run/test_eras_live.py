@@ -35,6 +35,14 @@ def test_a_run_of_both_eras_passes_and_splits_its_figures_by_era(tmp_path: Path)
         assert row["clients"] >= 1 and row["calls"] >= 10 and row["accepted"] >= 10, (era, row)
         assert row["recoveries"] >= 1 and row["reconnects"] >= 1, (era, row)
     assert by_era["handshake"]["clients"] + by_era["modern"]["clients"] == 12
+    # Every rule judged again on each era's part: none fails on the pristine server (a part
+    # may be too thin for a rule's minima), and the session rules have no modern part.
+    parts = {g["gate"]: g["by_era"] for g in report["eras"]["gates"]}
+    assert set(parts) == set(report["rules"])
+    for gate, part in parts.items():
+        assert all(v is None or v["verdict"] != "fail" for v in part.values()), (gate, part)
+    assert parts["missing_rehandshake"]["modern"] is None and parts["modern_requests"]["handshake"] is None
+    assert parts["cross_stream"]["handshake"] is not None and parts["cross_stream"]["modern"] is not None
     # On the wire: the modern clients sent no session ID, no GET and no DELETE; the
     # handshake ones did their handshake.
     flows = [json.loads(line) for line in (run / "proxy" / "tap.jsonl").read_text().splitlines()]

@@ -7,10 +7,11 @@ gate 1), resumptions that owe what they never replay (`resume-forget`, `resume-e
 gate 5), a request without its session served (`serve-without-session`, gate 3), a
 capability never declared (`undeclared-capability`, check 13), IDs counted per stream
 (`per-stream-ids`, gate 1); and two legal shapes, which must pass like the pristine run
-(`shape-poll`, `shape-2025-03-26`); and the modern era's (2026-07-28) two defects,
+(`shape-poll`, `shape-2025-03-26`); and the modern era's (2026-07-28) defects,
 headers the body contradicts served (`modern-headers-unchecked`) and a session ID minted
-(`modern-mints-session`), both check 15, with both eras at once on the pristine server
-(`shape-dual-era`). Each of the others is caught by its check in unit
+(`modern-mints-session`), both check 15, and writes performed again on the modern path
+only (`modern-no-idempotency`, gate 2 failing in the modern era's part of a run of both),
+with both eras at once on the pristine server (`shape-dual-era`). Each of the others is caught by its check in unit
 tests and shown on the wire in tests/server/test_defects.py; the whole matrix is run by
 hand (`lab selftest`, docs/selftest.md).
 """
@@ -43,11 +44,11 @@ SUBSETS = (
         "per-stream-ids",
         "shape-2025-03-26",
     ),
-    ("modern-headers-unchecked", "modern-mints-session", "shape-dual-era"),
+    ("modern-headers-unchecked", "modern-mints-session", "modern-no-idempotency", "shape-dual-era"),
 )
 """Three parts, three tests: the suite's workers run them side by side, one run at a time
 each (one test of ten runs was the suite's longest by far). The third is the modern era's:
-its two defects (check 15) and both eras at once on the pristine server."""
+its defects (check 15, and gate 2 era by era) and both eras at once on the pristine server."""
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -124,6 +125,13 @@ def test_the_ci_subset_catches_every_defect_and_the_pristine_server_passes(
         assert (folder / case["run_dir"] / "report.json").is_file()
         assert not (folder / case["run_dir"] / "server" / "ledger.sqlite").exists()
         assert (folder / "servers" / name / "ledger.sqlite").is_file()
+    if "modern-no-idempotency" in subset:
+        # A server whose modern path breaks what its handshake path does right: the report
+        # judges each era's part alone, and only the modern one fails gate 2.
+        report = json.loads((folder / cases["modern-no-idempotency"]["run_dir"] / "report.json").read_text())
+        (g2,) = [g for g in report["eras"]["gates"] if g["number"] == 2]
+        assert g2["by_era"]["modern"]["verdict"] == "fail" and g2["by_era"]["modern"]["server"] >= 1, g2
+        assert g2["by_era"]["handshake"]["verdict"] == "pass", g2
     if "pristine" in subset:
         compare_runs(folder, cases)
     print(f"CI subset of lab selftest: {len(subset)} runs in {wall:.0f} s")

@@ -40,7 +40,7 @@ from lab.checker.explain import short_reason
 from lab.checker.inputs.load import MissingInput, RunData, load_run
 from lab.checker.inputs.records import run_data_from_records
 from lab.checker.inputs.schemas import RUN_STATES_UNFINISHED
-from lab.checker.judge import baseline
+from lab.checker.judge import baseline, by_era
 from lab.checker.judge import sections as extras
 from lab.checker.judge import under_test as sut
 from lab.checker.model import (
@@ -101,6 +101,7 @@ def judge(
     gates, sections, section_problems = extras.finish(
         ctx, gates, timed_rules(in_era, audience), rejudger(in_era, audience)
     )
+    section_problems += _by_era(ctx, sections, eras, in_era, audience)
     expectations = baseline.apply(gates, client.expected_failures if client is not None else ())
     problems = list(data.problems) + era_problems
     sources, notes = list(data.sources), list(data.notes) + bound_notes(ctx)
@@ -222,6 +223,29 @@ def _eras(ctx: Context, problems: list[Problem]) -> frozenset[str]:
     except Exception as e:  # every rule then judges, as in a run of the handshake era
         problems.append(Problem("eras", f"the run's protocol eras are not known: {type(e).__name__}: {e}"))
         return BOTH_ERAS
+
+
+def _by_era(
+    ctx: Context,
+    sections: dict[str, JsonValue],
+    eras: frozenset[str],
+    rules: tuple[Rule, ...],
+    audience: Audience,
+) -> list[str]:
+    """In a run of both eras, every rule judged again on each era's part of it, into the
+    `eras` section (lab.checker.judge.by_era): figures, never the run's verdict."""
+    found = sections.get("eras")
+    if eras != BOTH_ERAS or not isinstance(found, dict) or not found.get("eras"):
+        return []
+
+    def judge(rule: Rule, part: Context) -> GateResult:
+        return extras.qualify(part, (run_rule(rule, part, audience),))[0]
+
+    try:
+        found["gates"] = by_era.gates(ctx, rules, judge)
+    except Exception as e:
+        return [f"eras: the rules could not be judged era by era: {type(e).__name__}: {e}"]
+    return []
 
 
 def not_in_era(rule: Rule, eras: frozenset[str]) -> GateResult:
