@@ -360,6 +360,39 @@ def test_the_retry_rule_reads_only_what_the_client_was_told_before_it_resent(tmp
     assert "never annotated to it" in g.witnesses[0].explanation
 
 
+@pytest.mark.parametrize(
+    ("version", "same_id", "verdict"),
+    [
+        ("2026-07-28", True, Verdict.FAIL),
+        ("2026-07-28", False, Verdict.PASS),
+        # The rule is the modern era's: a handshake-era re-send is judged by the retry rule only.
+        ("2025-11-25", True, Verdict.PASS),
+    ],
+)
+def test_a_modern_reissue_carries_a_new_request_id(
+    tmp_path: Path, version: str, same_id: bool, verdict: Verdict
+) -> None:
+    # A read-only call whose stream broke (the cancellation of its request in the modern
+    # era) is re-issued, as it may be: under a new request ID, or under the old one.
+    w = Wire()
+    c = w.init("c1", T0)
+    w.tools_list(c, T0 + 0.5, {"echo": {"readOnlyHint": True}})
+    first, _ = w.call(c, T0 + 1, "c1/1", cut_after=1, outcome=None)
+    again, _ = w.call(c, T0 + 2, "c1/1")
+    flows = {r["flow"]: r for r in w.tap if r["type"] == "flow"}
+    for f in (first, again):
+        flows[f]["protocol_version_in"] = version
+    if same_id:
+        flows[again]["jsonrpc_id"] = flows[first]["jsonrpc_id"]
+    g = gate(judged(tmp_path, w), "client_resend")
+    assert g.verdict is verdict, g.summary
+    assert g.measured["resent_allowed"] == 1 and g.measured["resent"] == 0
+    assert g.measured["modern_reissues"] == (1 if version == "2026-07-28" else 0)
+    if verdict is Verdict.FAIL:
+        assert client_witnesses(g) == ["reissued_same_id"]
+        assert "under request ID" in g.witnesses[0].explanation and g.violations == 1
+
+
 # -- known failures ---------------------------------------------------------------------------
 
 

@@ -16,8 +16,17 @@ re-send found here carries its key, since the key is how it is found) — as the
 `tools` records show the client was told before the re-send — else report the outcome as
 unknown to the application. A re-send of such a tool is allowed (`resent_allowed`); one
 of any other tool, or of a tool the client was never told about (the spec's default for
-both hints is false), is the finding. Attribution: client. Evidence: at least one stream
-of a call lost on the wire.
+both hints is false), is the finding (`resent_request`).
+
+In the modern era (2026-07-28) a broken response stream is the cancellation of its
+request, and a client that still wants the result re-issues the call: the re-send is
+how that era recovers, judged by the same rule of the tool. It must carry a new request
+ID every time: a re-issue under the JSON-RPC ID of the request it replaces
+(`reissued_same_id`, judged on requests whose `MCP-Protocol-Version` names a modern
+revision) answers a request the server was told is gone; a server may take it for a
+duplicate, or relabel the old stream's late answer as the new one's.
+
+Attribution: client. Evidence: at least one stream of a call lost on the wire.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from lab.checker.rules.base import Rule
 from lab.checker.truth import client_wire
 from lab.checker.truth.client_delivery import recoveries
 from lab.wire.extensions import IDEMPOTENCY_META as KEY_HONOURED
+from lab.wire.revisions import MODERN_REVISIONS
 
 TRUTH_FROM = "the wire (the proxy's record): idempotency keys of each client's tools/call requests"
 
@@ -43,7 +53,8 @@ call's idempotency key for the tool."""
 
 
 def findings(ctx: Context) -> pd.DataFrame:
-    """Every re-send, with `allowed`: its tool was annotated safe to re-send."""
+    """Every re-send, with `allowed`: its tool was annotated safe to re-send; and
+    `same_id`: a modern-era re-issue under the request ID of the request it replaces."""
     flows = client_wire.flows(ctx)
     att = client_wire.attempts(ctx)
     resent = att[att["kind"] == "resend"]
@@ -53,6 +64,14 @@ def findings(ctx: Context) -> pd.DataFrame:
         tool=resent["flow"].map(by_flow["tool"]),
         session=resent["flow"].map(by_flow["session"]),
         first_session=resent["previous"].map(by_flow["session"]),
+        rpc_id=resent["flow"].map(by_flow["rpc_id"]),
+        first_rpc_id=resent["previous"].map(by_flow["rpc_id"]),
+        version=resent["flow"].map(by_flow["version"]),
+    )
+    out["same_id"] = (
+        out["version"].astype("object").isin(MODERN_REVISIONS)
+        & out["rpc_id"].notna()
+        & (out["rpc_id"].astype("object") == out["first_rpc_id"].astype("object"))
     )
     out["new_session"] = out["session"].astype(object) != out["first_session"].astype(object)
     told = _told(ctx, by_flow["client_id"])
@@ -88,29 +107,48 @@ def _known(told: list[tuple[float, dict[str, Any]]], before: float) -> dict[str,
 def check(ctx: Context) -> GateResult:
     every = findings(ctx)
     bad = every[~every["allowed"]]
+    same_id = every[every["same_id"]]
     allowed = int(every["allowed"].sum()) if len(every) else 0
     losses = len(recoveries(ctx))
     evidence = [Evidence("streams of a call lost", 1, losses, losses >= 1, "disconnects on the wire")]
     moved = int(bad["new_session"].sum()) if len(bad) else 0
+    violations = len(bad) + len(same_id)
+    witnesses = [_witness(r, ctx) for _, r in bad.head(ctx.witness_limit).iterrows()]
+    witnesses += [_same_id_witness(r, ctx) for _, r in same_id.head(ctx.witness_limit).iterrows()]
+    reissued = int(every["version"].astype("object").isin(MODERN_REVISIONS).sum()) if len(every) else 0
     return GateResult(
-        verdict=decide(len(bad) > 0, evidence),
+        verdict=decide(violations > 0, evidence),
         summary=(
             f"{len(bad)} request(s) re-sent by the implementation ({moved} into a new session), "
-            f"{allowed} re-send(s) of a tool annotated safe to re-send; {losses} disconnects"
+            f"{allowed} re-send(s) of a tool annotated safe to re-send; {len(same_id)} of {reissued} "
+            f"modern-era re-issue(s) under the request ID they replace; {losses} disconnects"
         ),
         budget={"violations_max": 0},
         measured={
             "resent": len(bad),
             "into_a_new_session": moved,
             "resent_allowed": allowed,
+            "modern_reissues": reissued,
+            "reissued_same_id": len(same_id),
             "disconnects": losses,
         },
         evidence=tuple(evidence),
-        violations=len(bad),
-        witnesses=tuple(_witness(r, ctx) for _, r in bad.head(ctx.witness_limit).iterrows()),
-        attribution_counts={"client": len(bad)},
+        violations=violations,
+        witnesses=tuple(witnesses[: ctx.witness_limit]),
+        attribution_counts={"client": violations},
         truth_from=TRUTH_FROM,
     )
+
+
+def _same_id_witness(r: pd.Series, ctx: Context) -> Witness:
+    text = (
+        f"client {r['client_id']} re-issued call {r['call']} ({r['tool']}) {at(r['t_req'], ctx.origin)} in the "
+        f"modern era ({r['version']}) under request ID {r['rpc_id']}, the ID of the request whose stream it "
+        "replaces: a broken stream cancelled that request, and a re-issue is a new request with a new ID"
+    )
+    fields = row_of(r, ["client_id", "call", "tool", "flow", "previous", "rpc_id", "version", "t_req"])
+    refs = client_wire.ref(r, "previous_line") + client_wire.ref(r)
+    return Witness("reissued_same_id", text, Attribution.CLIENT, fields, tuple(refs))
 
 
 def _witness(r: pd.Series, ctx: Context) -> Witness:

@@ -10,8 +10,8 @@ when the answer's head passed back to the client, `end_t` when the flow ended.
 Frames (cached per run, all built from files only):
 
     flows     one row per flow of a client: flow, client_id, conn_id, t_req, t, end_t,
-              end_reason, method, stream, session, session_out, rpc_method, rpc_id, key
-              (idempotency key), cursor (Last-Event-ID as the client sent it), status,
+              end_reason, method, stream, session, session_out, rpc_method, rpc_id,
+              version (MCP-Protocol-Version as the client sent it), key (idempotency key), cursor (Last-Event-ID as the client sent it), status,
               answered_by, faults (fault kinds, comma-joined), advised_s (the Retry-After
               of a 429/503 answer, seconds, where the run says what it was), retry_s (the
               last SSE `retry` the client was sent on the flow, seconds), ids (the event
@@ -128,6 +128,9 @@ def _flows(ctx: Context) -> pd.DataFrame:
             else None,
             "rpc_method": tap["jsonrpc_method"].astype("object").to_numpy(),
             "rpc_id": text_ids(tap["jsonrpc_id"]).to_numpy(),
+            "version": tap["protocol_version_in"].astype("object").to_numpy()
+            if "protocol_version_in" in tap.columns
+            else None,
             "key": tap["idempotency_key"].astype("object").to_numpy(),
             "tool": tap["tool"].astype("object").to_numpy() if "tool" in tap.columns else None,
             "cursor": tap["last_event_id_in"].astype("object").to_numpy(),
