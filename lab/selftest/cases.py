@@ -213,6 +213,14 @@ CASES: tuple[Case, ...] = (
         scenario="selftest-modern",
     ),
     _case(
+        Defect.MODERN_SENDS_AFTER_CLOSE,
+        1,
+        ("response_to_another_request", "rejected_unexplained", "event_after_response"),
+        "the proxy cuts modern-era ticker streams (each cut is that call's cancellation): the call "
+        "runs on and its later progress and answer reach another open response, where they do not belong",
+        scenario="selftest-modern",
+    ),
+    _case(
         Defect.MODERN_NO_IDEMPOTENCY,
         2,
         ("wire_different_results",),

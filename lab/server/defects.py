@@ -36,6 +36,7 @@ class Defect(enum.StrEnum):
     MODERN_HEADERS_UNCHECKED = "modern-headers-unchecked"
     MODERN_MINTS_SESSION = "modern-mints-session"
     MODERN_NO_IDEMPOTENCY = "modern-no-idempotency"
+    MODERN_SENDS_AFTER_CLOSE = "modern-sends-after-close"
 
 
 SLOW_RESUME_S = 6.0
@@ -104,6 +105,12 @@ DESCRIPTIONS: dict[Defect, str] = {
         "in the modern era (2026-07-28) only, ledger.append ignores the idempotency key: a write "
         "re-issued after a broken stream is performed again (the handshake era's path keeps its "
         "receipts: a server whose modern path breaks what its handshake path does right)"
+    ),
+    Defect.MODERN_SENDS_AFTER_CLOSE: (
+        "in the modern era (2026-07-28), a call whose response stream closed before its answer is "
+        "not cancelled: it runs on, and its later messages (progress, the answer) go out on another "
+        "open response of the same token subject (a dual-era server routing the modern era's "
+        "messages as its handshake path routes a session's)"
     ),
 }
 

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from lab.server.defects import Defect
@@ -81,13 +83,26 @@ def _refused(
 
 
 class ModernSite:
-    """A tool call of the modern era: its messages go on its own response, without IDs."""
+    """A tool call of the modern era: its messages go on its own response, without IDs.
 
-    __slots__ = ("_subject", "live")
+    `elsewhere` (only with the defect `modern-sends-after-close`): once that response has
+    ended, where its messages go instead (another open response of the subject)."""
 
-    def __init__(self, live: LiveConn, subject: str | None) -> None:
+    __slots__ = ("_subject", "elsewhere", "live")
+
+    def __init__(
+        self, live: LiveConn, subject: str | None, elsewhere: Callable[[], LiveConn | None] | None = None
+    ) -> None:
         self.live = live
         self._subject = subject
+        self.elsewhere = elsewhere
+
+    def _out(self) -> LiveConn:
+        if self.live.ended and self.elsewhere is not None:
+            other = self.elsewhere()  # defect: a cancelled call's messages sent on another response
+            if other is not None:
+                return other
+        return self.live
 
     @property
     def subject(self) -> str | None:
@@ -98,14 +113,14 @@ class ModernSite:
         return MODERN_PSEUDONYM
 
     def emit(self, data: str, kind: str) -> None:
-        self.live.push(encode_event(data))  # (pushing to an ended response sends nothing)
+        self._out().push(encode_event(data))  # (pushing to an ended response sends nothing)
 
     def progress_sent(self, data: str) -> None:
-        self.live.push(encode_event(data))
+        self._out().push(encode_event(data))
 
     def log(self, level: str, logger: str, data: Any) -> None:
         note = jsonrpc.notification("notifications/message", {"level": level, "logger": logger, "data": data})
-        self.live.push(encode_event(jsonrpc.dumps(note)))
+        self._out().push(encode_event(jsonrpc.dumps(note)))
 
     def poll(self, close_after: int, retry_ms: int) -> None:
         raise ToolError(
@@ -246,10 +261,14 @@ async def _call(
     if app.open_sse >= app.config.max_streams:
         raise Refused(503, "overloaded", "too many concurrent streams", app.retry_after())
     live = LiveConn(req.conn, app.config.max_session_event_bytes)
-    call = ToolCall(app.state, ModernSite(live, subject), msg.id, args, meta)
-    task = asyncio.ensure_future(_run(call, tool, live))
+    runs_on = Defect.MODERN_SENDS_AFTER_CLOSE in app.defects
+    elsewhere = partial(_other_open, app.modern_open, subject, live) if runs_on else None
+    site = ModernSite(live, subject, elsewhere)
+    call = ToolCall(app.state, site, msg.id, args, meta)
+    task = asyncio.ensure_future(_run(call, tool, live, site))
     app.log_request(req, 200, None)
     app.open_sse += 1
+    app.modern_open.setdefault(subject, []).append(live)
     try:
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + _minted(app)})
         await serve_live(receive, send, live, app.config.keepalive_s)
@@ -257,14 +276,31 @@ async def _call(
         live.end("client_gone")
     finally:
         app.open_sse -= 1
-        if not task.done():
+        mine = app.modern_open.get(subject, [])
+        if live in mine:
+            mine.remove(live)
+        if not mine:
+            app.modern_open.pop(subject, None)
+        if not task.done() and not runs_on:
             # The stream closed before the answer: that is the call's cancellation. The
             # tool stops, and nothing more is sent for it (`live` has ended).
             task.cancel()
 
 
-async def _run(call: ToolCall, tool: Any, live: LiveConn) -> None:
-    """Run the tool, send its answer (or its error) last, end the response."""
+def _other_open(
+    open_by: dict[str | None, list[LiveConn]], subject: str | None, mine: LiveConn
+) -> LiveConn | None:
+    """The subject's newest open response other than `mine` (the defect's misrouting)."""
+    for other in reversed(open_by.get(subject, [])):
+        if other is not mine and not other.ended:
+            return other
+    return None
+
+
+async def _run(call: ToolCall, tool: Any, live: LiveConn, site: ModernSite) -> None:
+    """Run the tool, send its answer (or its error) last, end the response. (`site` sends
+    the answer: on `live`, or, with the defect `modern-sends-after-close` once `live`
+    has ended, elsewhere.)"""
     try:
         result = await tool(call)
         data = jsonrpc.dumps(jsonrpc.result(call.request_id, {**result, **COMPLETE}))
@@ -272,5 +308,5 @@ async def _run(call: ToolCall, tool: Any, live: LiveConn) -> None:
         data = jsonrpc.dumps(jsonrpc.error(call.request_id, e.code, e.message))
     except asyncio.CancelledError:
         return
-    live.push(encode_event(data))
+    site.emit(data, "response")
     live.end("completed")

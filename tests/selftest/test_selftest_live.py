@@ -9,8 +9,9 @@ capability never declared (`undeclared-capability`, check 13), IDs counted per s
 (`per-stream-ids`, gate 1); and two legal shapes, which must pass like the pristine run
 (`shape-poll`, `shape-2025-03-26`); and the modern era's (2026-07-28) defects,
 headers the body contradicts served (`modern-headers-unchecked`) and a session ID minted
-(`modern-mints-session`), both check 15, and writes performed again on the modern path
-only (`modern-no-idempotency`, gate 2 failing in the modern era's part of a run of both),
+(`modern-mints-session`), both check 15, a cancelled call's messages sent on another
+response (`modern-sends-after-close`, gate 1), and writes performed again on the modern
+path only (`modern-no-idempotency`, gate 2 failing in the modern era's part of a run of both),
 with both eras at once on the pristine server (`shape-dual-era`). Each of the others is caught by its check in unit
 tests and shown on the wire in tests/server/test_defects.py; the whole matrix is run by
 hand (`lab selftest`, docs/selftest.md).
@@ -44,11 +45,13 @@ SUBSETS = (
         "per-stream-ids",
         "shape-2025-03-26",
     ),
-    ("modern-headers-unchecked", "modern-mints-session", "modern-no-idempotency", "shape-dual-era"),
+    ("modern-headers-unchecked", "modern-mints-session", "modern-sends-after-close"),
+    ("modern-no-idempotency", "shape-dual-era"),
 )
-"""Three parts, three tests: the suite's workers run them side by side, one run at a time
-each (one test of ten runs was the suite's longest by far). The third is the modern era's:
-its defects (check 15, and gate 2 era by era) and both eras at once on the pristine server."""
+"""Four parts, four tests: the suite's workers run them side by side, one run at a time
+each (one test of ten runs was the suite's longest by far). The third and fourth are the
+modern era's: its defects (check 15, gate 1 for a cancelled call's messages sent
+elsewhere, gate 2 era by era) and both eras at once on the pristine server."""
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -76,7 +79,7 @@ def the_matrix(out: Path) -> tuple[Path, dict[str, Any]]:
 
 @pytest.mark.long(3)
 @pytest.mark.live
-@pytest.mark.parametrize("subset", SUBSETS, ids=["half-1", "half-2", "modern"])
+@pytest.mark.parametrize("subset", SUBSETS, ids=["half-1", "half-2", "modern", "both-eras"])
 def test_the_ci_subset_catches_every_defect_and_the_pristine_server_passes(
     tmp_path: Path, subset: tuple[str, ...]
 ) -> None:
@@ -97,10 +100,10 @@ def test_the_ci_subset_catches_every_defect_and_the_pristine_server_passes(
     legal = [n for n in subset if n == "pristine" or n in shapes]
     defects = len(subset) - len(legal)
     pristine = ", pristine passed" if "pristine" in subset else ""
+    legal_shapes = f", {len(shapes)} of {len(shapes)} legal shape(s) passed" if shapes else ";"
     assert lines[-1].startswith(
-        f"lab selftest: exit 0 — {defects} of {defects} defect(s) caught{pristine}, "
-        f"{len(shapes)} of {len(shapes)} legal shape(s) passed"
-    )
+        f"lab selftest: exit 0 — {defects} of {defects} defect(s) caught{pristine}{legal_shapes}"
+    ), lines[-1]
     folder, doc = the_matrix(tmp_path)
     assert doc["schema"] == "mcpLabSelftest.v1" and doc["exit_code"] == 0 and doc["event_ids"] == "seq"
     cases = {c["case"]: c for c in doc["cases"]}

@@ -235,3 +235,50 @@ def test_the_modern_era_defects_show_on_the_wire(tmp_path: Path) -> None:
         ok = post(good, listing)
     assert refused.status_code == 400 and refused.json()["error"]["code"] == -32020
     assert ok.status_code == 200 and "mcp-session-id" not in ok.headers
+
+
+def _cancel_then_listen(server: LiveProcess) -> list[dict[str, Any]]:
+    """A long ticker call left after its first progress (the close is its cancellation),
+    then a second call of the same subject read for a second: the messages it carried."""
+    first = body(21, "tools/call", {"name": "ticker", "arguments": {"count": 200, "interval_ms": 10},
+                                     "_meta": {"progressToken": 21}})  # fmt: skip
+    with httpx.stream("POST", server.url, content=json.dumps(first), headers=headers(first), timeout=10) as r:
+        for chunk in r.iter_raw():
+            if b"progress" in chunk:
+                break
+    second = body(22, "tools/call", {"name": "ticker", "arguments": {"count": 100, "interval_ms": 10},
+                                      "_meta": {"progressToken": 22}})  # fmt: skip
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 1.0
+    with httpx.stream(
+        "POST", server.url, content=json.dumps(second), headers=headers(second), timeout=10
+    ) as r:
+        dec = SseDecoder()
+        for chunk in r.iter_raw():
+            got += [json.loads(e.data) for e in dec.feed(chunk) if e.data]
+            if time.monotonic() > deadline:
+                break
+    return got
+
+
+def test_a_cancelled_calls_messages_on_another_response_show_on_the_wire(tmp_path: Path) -> None:
+    """`modern-sends-after-close`: the call whose stream closed runs on, and its progress
+    reaches the subject's next open response (gate 1 sees it sent where it does not
+    belong). The pristine server sends nothing more for a cancelled call."""
+    with reference_server(
+        tmp_path, "--tokens", f"{TOKEN}=mona", "--defect", "modern-sends-after-close"
+    ) as bad:
+        leaked = _cancel_then_listen(bad)
+    tokens = {
+        m.get("params", {}).get("progressToken")
+        for m in leaked
+        if m.get("method") == "notifications/progress"
+    }
+    assert tokens == {21, 22}, tokens
+    (tmp_path / "pristine").mkdir()
+    with reference_server(tmp_path / "pristine", "--tokens", f"{TOKEN}=mona") as good:
+        clean = _cancel_then_listen(good)
+    tokens = {
+        m.get("params", {}).get("progressToken") for m in clean if m.get("method") == "notifications/progress"
+    }
+    assert tokens == {22}, tokens
