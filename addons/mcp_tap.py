@@ -39,7 +39,7 @@ from lab.faults.pipeline import MessageWatch, Record, SsePipe
 from lab.faults.records import METADATA_KEY, flow_record
 from lab.faults.results import ResultWatch, WriteCall, WriteCalls
 from lab.logscrub import scrub_stderr
-from lab.wire.jsonrpc import INITIALIZE
+from lab.wire.jsonrpc import DISCOVER, INITIALIZE
 from lab.wire.redact import Redactor
 from lab.wire.revisions import SESSION_HEADER
 
@@ -159,7 +159,7 @@ class McpTap:
 
     def request(self, flow: http.HTTPFlow) -> None:
         f = self.facts(flow)
-        if f.rpc.method == INITIALIZE:
+        if f.rpc.method in (INITIALIZE, DISCOVER):  # the modern era declares at server/discover
             self.flows[flow.id].declared = client_declaration(flow.request.raw_content)
         if f.rpc.is_write and flow.response is None:  # (a storm answered it: the server never saw it)
             auth = self.redactor.token(bearer_token(flow.request.headers.get("authorization")))

@@ -6,7 +6,10 @@ An `initialize` request carries the client's capabilities, its answer (`Initiali
 as a JSON body or an SSE event) the server's; the answer's `MCP-Session-Id` names the
 session they hold for. One record per initialize the server answered with a result:
 `{"type": "capabilities", "flow", "t", "session", "server": [paths], "client": [paths]}`
-(paths as lab.wire.capabilities.declared_paths gives them). The checker's
+(paths as lab.wire.capabilities.declared_paths gives them). The modern era's
+`server/discover` makes the same record, with no session: its request's `_meta` holds
+the client's capabilities, its result the server's (they hold for the client that asked,
+named by its flow's `x-lab-conn`). The checker's
 `declared_capabilities` judges the server's messages against them.
 """
 

@@ -18,6 +18,8 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+from lab.wire.revisions import META_CLIENT_CAPABILITIES
+
 GATED: Final[dict[str, tuple[str, str]]] = {
     "notifications/message": ("server", "logging"),
     "notifications/resources/updated": ("server", "resources.subscribe"),
@@ -75,11 +77,18 @@ def declared_paths(capabilities: object) -> list[str]:
 
 def initialize_capabilities(body: object) -> list[str] | None:
     """The capabilities a JSON-RPC `initialize` request (`params.capabilities`) or its
-    result (`result.capabilities`) declares; None if `body` is neither."""
+    result (`result.capabilities`) declares; None if `body` is neither. The modern era's
+    (2026-07-28) `server/discover` the same: its result's `capabilities` are the server's,
+    and its request declares the client's in `params._meta` (as every modern request does)."""
     if not isinstance(body, Mapping):
         return None
     holder: Any = body.get("params") if "method" in body else body.get("result")
-    if not isinstance(holder, Mapping) or "capabilities" not in holder:
+    if not isinstance(holder, Mapping):
+        return None
+    if "capabilities" not in holder:
+        meta = holder.get("_meta") if "method" in body else None
+        if isinstance(meta, Mapping) and META_CLIENT_CAPABILITIES in meta:
+            return declared_paths(meta[META_CLIENT_CAPABILITIES])
         return None
     return declared_paths(holder["capabilities"])
 

@@ -90,3 +90,40 @@ def test_a_session_whose_initialize_the_tap_missed_is_not_judged(tmp_path: Path)
     assert g is not None
     assert g.verdict is Verdict.PASS, g.summary
     assert g.measured["sessions_without_declaration"] == 1
+
+
+def _modern_run(server: list[str]) -> Sim:
+    """Client a's call stream of the modern era (no session): its client declared at
+    server/discover (a `capabilities` record with no session, on a flow of a's), then the
+    server sends a log message and a resources notification on the call's stream."""
+    sim = clean_run().sim
+    st = sim.call("a", 99)
+    sim.tap.append(
+        {
+            "type": "capabilities",
+            "flow": st.flow,
+            "t": sim.tick(),
+            "session": None,
+            "server": server,
+            "client": [],
+        }
+    )
+    gated(sim, st, "notifications/message")
+    gated(sim, st, "notifications/resources/updated")
+    for r in sim.tap:
+        if r["type"] == "sent" and r["flow"] == st.flow:
+            r["session"] = None
+    return sim
+
+
+def test_in_the_modern_era_messages_are_judged_against_their_clients_discover(tmp_path: Path) -> None:
+    report, g = judge(_modern_run(SERVER_DECLARES), tmp_path / "bad")
+    assert g is not None and g.verdict is Verdict.FAIL and report.verdict is Verdict.FAIL, g
+    assert g.measured["undeclared_capability"] == 1 and g.attribution_counts == {"server": 1}
+    (w,) = g.witnesses
+    assert w.row["session"] is None and w.row["needs"] == "resources.subscribe"
+    assert "modern-era" in w.explanation and "at server/discover" in w.explanation
+    # The same server declaring resources.subscribe at discover: nothing to find.
+    _, ok = judge(_modern_run([*SERVER_DECLARES, "resources", "resources.subscribe"]), tmp_path / "ok")
+    assert ok is not None, "check 13 not judged"
+    assert ok.measured["undeclared_capability"] == 0, ok.summary

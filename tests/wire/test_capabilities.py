@@ -54,3 +54,23 @@ def test_what_each_gated_method_needs() -> None:
     assert needs("notifications/tools/list_changed") == ("server", "tools.listChanged")
     assert needs("roots/list") == ("client", "roots")
     assert needs("notifications/progress") is None
+
+
+def test_server_discover_request_and_result() -> None:
+    """The modern era declares at server/discover: the client's capabilities in the
+    request's `_meta`, the server's in the result (2026-07-28)."""
+    asked = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "method": "server/discover",
+        "params": {"_meta": {"io.modelcontextprotocol/clientCapabilities": {"sampling": {}, "roots": {}}}},
+    }
+    answered = {
+        "jsonrpc": "2.0",
+        "id": 0,
+        "result": {"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}},
+    }
+    assert initialize_capabilities(asked) == ["roots", "sampling"]
+    assert initialize_capabilities(answered) == ["tools"]
+    # A request that declares nothing is not a declaration.
+    assert initialize_capabilities({"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}) is None

@@ -19,15 +19,25 @@ Severity: a violation fails the run like a gate's (the rule is a MUST, and the w
 shows it without any help from the target). Sessions whose initialize the tap did not
 see are not judged (`sessions_without_declaration`).
 
+In the modern era (2026-07-28) there is no session: a client declares its capabilities
+with every request (`_meta`), and the server its own in `server/discover`'s result. The
+tap records the `server/discover` exchange like an initialize's (no session), and a
+message the server sent on a modern request's stream is judged against the declaration
+of the client that asked it (named by the flow's `x-lab-conn`: its latest
+`server/discover` before the message). Its messages without such a declaration are not
+judged (`sessions_without_declaration` counts them too).
+
 Applies to runs whose tap records declarations (taps written before it had none); the
 evidence is the declarations seen, and the server messages judged against them.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
-from lab.checker.context import Context
+from lab.checker.context import Context, split_conn
 from lab.checker.explain import at, row_of, short, tap_ref
 from lab.checker.model import Attribution, Evidence, GateResult, JsonValue, Witness, decide
 from lab.checker.rules.base import Rule
@@ -50,24 +60,36 @@ def findings(ctx: Context) -> tuple[pd.DataFrame, int, int, int]:
 def _findings(ctx: Context) -> tuple[pd.DataFrame, int, int, int]:
     tap = ctx.data.tap
     assert tap is not None
-    declared = tap["capabilities"].dropna(subset=["session"]).drop_duplicates("session", keep="last")
+    records = tap["capabilities"]
+    declared = records.dropna(subset=["session"]).drop_duplicates("session", keep="last")
     by_session = {
         str(r["session"]): r
         for r in declared[["session", "flow", "t", "server", "client"]].to_dict("records")
     }
+    by_client, client_of_flow = _modern_declarations(tap, records)
     sent = tap["sent"]
-    messages = sent[sent["has_data"].eq(True) & ~sent["priming"].eq(True) & sent["session"].isin(by_session)]
-    judged = len(messages)
+    useful = sent["has_data"].eq(True) & ~sent["priming"].eq(True)
+    modern = sent["session"].isna() & sent["flow"].map(client_of_flow).isin(by_client)
+    judged = int((useful & (sent["session"].isin(by_session) | modern)).sum())
     if "method" not in sent.columns:
-        return pd.DataFrame(), judged, len(by_session), 0
-    gated = sent[sent["method"].notna()].drop_duplicates(["session", "event_id", "digest"])
+        return pd.DataFrame(), judged, len(by_session) + len(by_client), 0
+    gated = sent[sent["method"].notna()]
+    gated = pd.concat(
+        [
+            gated[gated["session"].notna()].drop_duplicates(["session", "event_id", "digest"]),
+            gated[gated["session"].isna()],  # (the modern era: no IDs, each send is one message)
+        ]
+    )
     rows = []
     unknown = 0
     for r in gated.to_dict("records"):
         need = needs(str(r["method"]))
         if need is None:
             continue
-        decl = by_session.get(str(r["session"]))
+        if isinstance(r["session"], str):
+            decl = by_session.get(r["session"])
+        else:
+            decl = _latest(by_client.get(client_of_flow.get(r["flow"], "")), float(r["t"]))
         if decl is None:
             unknown += 1
             continue
@@ -87,7 +109,36 @@ def _findings(ctx: Context) -> tuple[pd.DataFrame, int, int, int]:
     bad = pd.DataFrame(rows)
     if len(bad):
         bad = bad.sort_values("t", kind="stable").reset_index(drop=True)
-    return bad, judged, len(by_session), unknown
+    return bad, judged, len(by_session) + len(by_client), unknown
+
+
+def _modern_declarations(
+    tap: dict[str, pd.DataFrame], records: pd.DataFrame
+) -> tuple[dict[str, list[dict[Any, Any]]], dict[object, str]]:
+    """(client -> its `server/discover` declarations in time order, flow -> client): the
+    modern era's, which hold for the client that asked (no session)."""
+    flows = tap["flow"].drop_duplicates("flow", keep="last")
+    client, _ = (
+        split_conn(flows["conn"]) if "conn" in flows.columns else (flows["flow"].map(lambda _: None), None)
+    )
+    client_of_flow = {
+        f: c for f, c in zip(flows["flow"].tolist(), client.tolist(), strict=True) if isinstance(c, str)
+    }
+    by_client: dict[str, list[dict[Any, Any]]] = {}
+    sessionless = records[records["session"].isna()] if len(records) else records
+    for r in sessionless.sort_values("t", kind="stable").to_dict("records"):
+        c = client_of_flow.get(r["flow"])
+        if c is not None:
+            by_client.setdefault(c, []).append(r)
+    return by_client, client_of_flow
+
+
+def _latest(declarations: list[dict[Any, Any]] | None, t: float) -> dict[Any, Any] | None:
+    """The declaration in force at `t`: the latest made by then (None before any: not judged)."""
+    if not declarations:
+        return None
+    made = [d for d in declarations if float(d["t"]) <= t]
+    return made[-1] if made else None
 
 
 def check(ctx: Context) -> GateResult:
@@ -101,7 +152,10 @@ def check(ctx: Context) -> GateResult:
     )
     return GateResult(
         verdict=decide(len(bad) > 0, evidence),
-        summary=f"{len(bad)} of {judged} server messages need a capability their session did not declare (budget 0)",
+        summary=(
+            f"{len(bad)} of {judged} server messages need a capability their session did not declare "
+            "(in the modern era: their client's server/discover) (budget 0)"
+        ),
         budget={"undeclared_capability_max": 0},
         measured={
             "messages_judged": judged,
@@ -120,10 +174,13 @@ def check(ctx: Context) -> GateResult:
 
 def _witness(row: pd.Series, ctx: Context) -> Witness:
     whose = "the server" if row["side"] == "server" else "the client"
+    modern = not isinstance(row["session"], str)
+    where = "on a modern-era (2026-07-28) request's stream" if modern else f"in session {row['session']}"
+    when = "at server/discover" if modern else "at initialize"
     text = (
         f"the server sent {row['method']} (event {short(row['event_id'], 40)}, flow {row['flow']}) "
-        f"{at(row['t'], ctx.origin)} in session {row['session']}; it needs `{row['needs']}`, which {whose} "
-        f"did not declare at initialize (flow {row['declared_in']}: {row['declared']})"
+        f"{at(row['t'], ctx.origin)} {where}; it needs `{row['needs']}`, which {whose} "
+        f"did not declare {when} (flow {row['declared_in']}: {row['declared']})"
     )
     fields = row_of(row, ["session", "flow", "event_id", "method", "needs", "side", "declared", "t"])
     return Witness(CHECK, text, Attribution.SERVER, fields, tuple(tap_ref(row)))
