@@ -268,7 +268,8 @@ async def _call(
     task = asyncio.ensure_future(_run(call, tool, live, site))
     app.log_request(req, 200, None)
     app.open_sse += 1
-    app.modern_open.setdefault(subject, []).append(live)
+    if runs_on:  # (kept for the defect only: the pristine path pays nothing for it)
+        app.modern_open.setdefault(subject, []).append(live)
     try:
         await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS + _minted(app)})
         await serve_live(receive, send, live, app.config.keepalive_s)
@@ -276,15 +277,20 @@ async def _call(
         live.end("client_gone")
     finally:
         app.open_sse -= 1
-        mine = app.modern_open.get(subject, [])
-        if live in mine:
-            mine.remove(live)
-        if not mine:
-            app.modern_open.pop(subject, None)
+        if runs_on:
+            _forget(app.modern_open, subject, live)
         if not task.done() and not runs_on:
             # The stream closed before the answer: that is the call's cancellation. The
             # tool stops, and nothing more is sent for it (`live` has ended).
             task.cancel()
+
+
+def _forget(open_by: dict[str | None, list[LiveConn]], subject: str | None, live: LiveConn) -> None:
+    mine = open_by.get(subject, [])
+    if live in mine:
+        mine.remove(live)
+    if not mine:
+        open_by.pop(subject, None)
 
 
 def _other_open(

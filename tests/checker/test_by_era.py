@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from lab.checker.inputs.load import RunData
-from lab.checker.judge.by_era import client_of_conn, era_data
+from lab.checker.judge.by_era import era_data
 from lab.checker.judge.verdict import judge_dir
 from lab.checker.rules import REGISTRY
 from tests.checker.builders import clean_run
@@ -76,12 +76,6 @@ def test_an_eras_part_holds_its_clients_their_flows_and_their_server_rows() -> N
     assert handshake.server["dispatches"]["request_id"].tolist() == ["1", "3"]
     # By connection first; a row with no connection by its session (s_a: the handshake era's).
     assert handshake.server["requests"]["session"].fillna("-").tolist() == ["-", "s_a", "-"]
-
-
-def test_a_conn_names_its_client() -> None:
-    assert client_of_conn("w0-u12:3") == "w0-u12"
-    assert client_of_conn("probe-0:2") == "probe-0"
-    assert client_of_conn(None) is None and client_of_conn("no-colon") is None
 
 
 def _report(tmp_path: Path, era: str) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import pandas as pd
 
-from lab.checker.context import Context
+from lab.checker.context import Context, split_conn
 from lab.checker.inputs.load import RunData
 from lab.checker.model import GateResult, JsonValue
 from lab.checker.rules.base import Rule
@@ -36,13 +36,6 @@ from lab.checker.truth.eras import ERAS, client_eras
 from lab.wire.revisions import MODERN_REVISIONS
 
 Judge = Callable[[Rule, Context], GateResult]
-
-
-def client_of_conn(conn: object) -> str | None:
-    """The client an `x-lab-conn` value names (`<client>:<n>`), None for none."""
-    if not isinstance(conn, str) or ":" not in conn:
-        return None
-    return conn.rpartition(":")[0]
 
 
 def era_data(data: RunData, era: str, era_of: dict[str, str]) -> RunData:
@@ -58,10 +51,11 @@ def era_data(data: RunData, era: str, era_of: dict[str, str]) -> RunData:
             if versions is not None
             else pd.Series(False, index=flows.index)
         )
-        conns = flows["conn"].tolist() if "conn" in flows.columns else [None] * len(flows)
+        clients = split_conn(flows["conn"])[0].tolist() if "conn" in flows.columns else [None] * len(flows)
+        by_wire = ["modern" if modern else "handshake" for modern in by_version.tolist()]
         eras = [
-            era_of.get(client_of_conn(conn) or "", "modern" if modern else "handshake")
-            for conn, modern in zip(conns, by_version.tolist(), strict=True)
+            era_of.get(c, wire) if isinstance(c, str) else wire
+            for c, wire in zip(clients, by_wire, strict=True)
         ]
         flow_era = dict(zip(flows["flow"].astype(str).tolist(), eras, strict=True))
         for column in ("session", "session_out"):
@@ -119,7 +113,7 @@ def _of_server(
             )
         )
     if "conn" in frame.columns:
-        by_conn = frame["conn"].map(lambda c: era_of.get(client_of_conn(c) or ""))
+        by_conn = split_conn(frame["conn"])[0].map(lambda c: era_of.get(c) if isinstance(c, str) else None)
         owner = by_conn.where(by_conn.notna(), owner)
     return frame[owner.isna() | owner.eq(era)]
 
