@@ -25,6 +25,10 @@ same scenario file: the code's cost on one traffic, side by side in one sitting.
 `--rev-scenario` as well, REV's runs use REV's own copy of the scenario file (`git show`):
 the release gate as it was (its code and its traffic) against the gate as it is.
 
+With `--before`, it also prints each round's ratio (now / REV) of the lab's and the
+chain's figure, and their median: the box's speed drifts between rounds for both trees,
+and one round has given 0.56 where three gave 0.67-0.72.
+
 Given run folders instead, it prints the same table for each, side by side. Prints
 figures only.
 """
@@ -34,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -144,6 +149,30 @@ def print_table(named: list[tuple[str, dict[str, float]]]) -> None:
         print(f"  {label}".ljust(28) + "".join(cells))
 
 
+def ratios(named: list[tuple[str, dict[str, float]]], before: str, kind: str, row: str) -> list[float]:
+    """`row`'s now/before ratio in each round of `kind` (runs named `<before>:<kind>-<n>`
+    and `now:<kind>-<n>`, as main names them), in round order."""
+    by_name = dict(named)
+    out = []
+    for name, f in named:
+        if name.startswith(f"now:{kind}-"):
+            then = by_name.get(f"{before}:{kind}-{name.rsplit('-', 1)[1]}")
+            if then is not None and then[row] > 0:
+                out.append(f[row] / then[row])
+    return out
+
+
+def print_ratios(named: list[tuple[str, dict[str, float]]], before: str) -> None:
+    """Each round's ratio and their median: one round is not enough to tell a ratio (the
+    box's speed drifts between rounds, for both trees)."""
+    for kind in ("clean", "faults"):
+        for row in ("lab", "chain"):
+            got = ratios(named, before, kind, row)
+            if got:
+                cells = " ".join(f"{r:.2f}" for r in got)
+                print(f"{row} now/{before}, {kind}: {cells} (median {statistics.median(got):.2f})")
+
+
 def write_variants(text: str, tmp: Path, prefix: str) -> dict[str, Path]:
     """The scenario as it is ("faults") and without its faults and toxics ("clean")."""
     variants = {"faults": tmp / f"{prefix}faults.toml", "clean": tmp / f"{prefix}clean.toml"}
@@ -204,6 +233,8 @@ def main() -> None:
                 print(f"{label}{kind} round {rnd + 1}: {folder} (wall {wall:.1f} s)", flush=True)
                 named.append((f"{label}{kind}-{rnd + 1}", f))
     print_table(named)
+    if args.before:
+        print_ratios(named, args.before[:7])
     if not args.keep:
         import shutil
 
