@@ -299,20 +299,23 @@ class PhaseDriver:
         possibly served before it). Waits for the knob, planned at the epoch time
         `rollback_at` (now if None), at most ADMIN_TIMEOUT + 1 s past it, and keeps the
         probe's sessions alive meanwhile (a ping in each every TTL/3 at most)."""
-        every = max(0.5, self.sc.target.session_ttl / 3)  # each session pinged well within its TTL
         knob_by = max(time.time(), rollback_at or 0.0) + ADMIN_TIMEOUT + 1.0
-        while not self._rolled_back.is_set() and time.time() < knob_by:
-            self.probe.keep_alive()
-            if self._rolled_back.wait(min(every, max(0.0, knob_by - time.time()))):
-                break
-        if self._rolled_back.is_set() and self._rolled_back_at is not None:
-            back_at = self._rolled_back_at + after_s
-            while back_at - time.time() > 0:
-                self.probe.keep_alive()
-                if self._stop.wait(min(every, max(0.0, back_at - time.time()))):
-                    return
+        rolled_back = self._keep_alive_until(knob_by, self._rolled_back)
+        back_at = self._rolled_back_at + after_s if rolled_back and self._rolled_back_at is not None else None
+        if back_at is not None and self._keep_alive_until(back_at, self._stop):
+            return  # the run is stopping
         self.probe.come_back()
         self._came_back_at = time.time()
+
+    def _keep_alive_until(self, until: float, event: threading.Event) -> bool:
+        """The probe's sessions pinged (every TTL/3 at most: well within it) until the epoch
+        time `until` or until `event` is set; whether it was set."""
+        every = max(0.5, self.sc.target.session_ttl / 3)
+        while not event.is_set() and time.time() < until:
+            self.probe.keep_alive()
+            if event.wait(min(every, max(0.0, until - time.time()))):
+                return True
+        return event.is_set()
 
     def come_back_late_after(self, ttl: float) -> None:
         """The probe's late return, once the old sessions have been idle past their TTL

@@ -115,8 +115,8 @@ class McpApp:
         self.max_rps = config.max_rps
         """The request-rate limit in force (the admin control's `max_rps` knob changes it)."""
         self.open_sse = 0
-        self.modern_open: dict[str | None, list[Any]] = {}
-        """Token subject -> its open modern-era call responses (LiveConn), oldest first:
+        self.modern_open: dict[str | None, list[LiveConn]] = {}
+        """Token subject -> its open modern-era call responses, oldest first:
         only the defect `modern-sends-after-close` reads it."""
         self._tasks: set[asyncio.Task[Any]] = set()
         self.started = False

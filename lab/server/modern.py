@@ -265,7 +265,7 @@ async def _call(
     elsewhere = partial(_other_open, app.modern_open, subject, live) if runs_on else None
     site = ModernSite(live, subject, elsewhere)
     call = ToolCall(app.state, site, msg.id, args, meta)
-    task = asyncio.ensure_future(_run(call, tool, live, site))
+    task = asyncio.ensure_future(_run(call, tool, site))
     app.log_request(req, 200, None)
     app.open_sse += 1
     if runs_on:  # (kept for the defect only: the pristine path pays nothing for it)
@@ -303,10 +303,10 @@ def _other_open(
     return None
 
 
-async def _run(call: ToolCall, tool: Any, live: LiveConn, site: ModernSite) -> None:
+async def _run(call: ToolCall, tool: Any, site: ModernSite) -> None:
     """Run the tool, send its answer (or its error) last, end the response. (`site` sends
-    the answer: on `live`, or, with the defect `modern-sends-after-close` once `live`
-    has ended, elsewhere.)"""
+    the answer: on its own response, or, with the defect `modern-sends-after-close` once
+    that has ended, elsewhere.)"""
     try:
         result = await tool(call)
         data = jsonrpc.dumps(jsonrpc.result(call.request_id, {**result, **COMPLETE}))
@@ -315,4 +315,4 @@ async def _run(call: ToolCall, tool: Any, live: LiveConn, site: ModernSite) -> N
     except asyncio.CancelledError:
         return
     site.emit(data, "response")
-    live.end("completed")
+    site.live.end("completed")

@@ -53,10 +53,10 @@ from lab.sut.applog import ClientContext, current_client
 from lab.sut.protocol import Call, Start
 from lab.sut.runtime import CallFailed, serve
 from lab.wire.extensions import IDEMPOTENCY_META, LAB_CONN_HEADER
-from lab.wire.revisions import MODERN_REVISIONS
+from lab.wire.revisions import MODERN_REVISIONS, SUPPORTED_REVISIONS
 
 ADAPTER: Final = "python-sdk"
-SESSION_ERA: Final = ("2025-03-26", "2025-06-18", "2025-11-25")
+SESSION_ERA: Final = SUPPORTED_REVISIONS
 """The handshake era's revisions this adapter accepts in `start.protocolVersion`."""
 MODERN_ERA: Final = MODERN_REVISIONS
 """The modern era's: the SDK connects as `Client(mode="auto")` does (`negotiate_auto`:

@@ -51,7 +51,7 @@ def era_data(data: RunData, era: str, era_of: dict[str, str]) -> RunData:
             if versions is not None
             else pd.Series(False, index=flows.index)
         )
-        clients = split_conn(flows["conn"])[0].tolist() if "conn" in flows.columns else [None] * len(flows)
+        clients = split_conn(flows["conn"])[0].tolist()
         by_wire = ["modern" if modern else "handshake" for modern in by_version.tolist()]
         eras = [
             era_of.get(c, wire) if isinstance(c, str) else wire
@@ -123,10 +123,11 @@ def gates(ctx: Context, rules: Sequence[Rule], judge: Judge) -> list[JsonValue]:
     that era): `{gate, number, title, by_era: {era: {verdict, violations, server, client,
     summary}}}`."""
     era_of = client_eras(ctx)
+    spoken = set(era_of.values())
     parts = {
         era: Context(era_data(ctx.data, era, era_of), ctx.budgets, ctx.witness_limit)
         for era in ERAS
-        if any(e == era for e in era_of.values())
+        if era in spoken
     }
     out: list[JsonValue] = []
     for rule in rules:

@@ -69,7 +69,9 @@ def _findings(ctx: Context) -> tuple[pd.DataFrame, int, int, int]:
     by_client, client_of_flow = _modern_declarations(tap, records)
     sent = tap["sent"]
     useful = sent["has_data"].eq(True) & ~sent["priming"].eq(True)
-    modern = sent["session"].isna() & sent["flow"].map(client_of_flow).isin(by_client)
+    modern = (
+        (sent["session"].isna() & sent["flow"].map(client_of_flow).isin(by_client)) if by_client else False
+    )
     judged = int((useful & (sent["session"].isin(by_session) | modern)).sum())
     if "method" not in sent.columns:
         return pd.DataFrame(), judged, len(by_session) + len(by_client), 0
@@ -118,9 +120,7 @@ def _modern_declarations(
     """(client -> its `server/discover` declarations in time order, flow -> client): the
     modern era's, which hold for the client that asked (no session)."""
     flows = tap["flow"].drop_duplicates("flow", keep="last")
-    client, _ = (
-        split_conn(flows["conn"]) if "conn" in flows.columns else (flows["flow"].map(lambda _: None), None)
-    )
+    client, _ = split_conn(flows["conn"])
     client_of_flow = {
         f: c for f, c in zip(flows["flow"].tolist(), client.tolist(), strict=True) if isinstance(c, str)
     }

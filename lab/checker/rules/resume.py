@@ -46,7 +46,7 @@ from lab.checker.inputs.load import MissingInput
 from lab.checker.model import Attribution, Evidence, GateResult, JsonValue, Witness, decide
 from lab.checker.rules.base import Rule
 from lab.checker.rules.resume_sut import check as read_under_test
-from lab.checker.truth.eras import client_eras
+from lab.checker.truth.eras import ERAS, client_eras
 from lab.checker.truth.liveness import describe_stuck, never_finished_latencies
 from lab.checker.truth.owed import unreplayed_resumptions, unreplayed_witness
 from lab.checker.truth.recoveries import NEVER_FINISHED, PERCENTILE, nearest_rank, run_latencies
@@ -73,7 +73,7 @@ def _by_era(ctx: Context, counted: pd.DataFrame) -> dict[str, dict[str, Any]]:
     era_of = client_eras(ctx)
     eras = counted["client_id"].map(lambda c: era_of.get(str(c)))
     out: dict[str, dict[str, Any]] = {}
-    for era in ("handshake", "modern"):
+    for era in ERAS:
         values = counted.loc[eras == era, "latency"].to_numpy(dtype="float64")
         out[era] = {"n": len(values), "p99": nearest_rank(values, PERCENTILE)}
     return out
