@@ -101,6 +101,10 @@ class Evidence:
     observed: Scalar
     ok: bool
     detail: str = ""
+    from_faults: bool = False
+    """Evidence only the injected faults make (404s, illegal Origins, recoveries, retried
+    writes, reconnects, crossed streams): a capacity check, which injects none by design,
+    does not require it (lab.checker.judge.capacity_check)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,10 +18,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "report",
         help="check a run folder against the rules (gates and checks) and write report.json/md/html, junit.xml, figures",
         description=(
-            "Judges the run by the lab's 15 rules: gates 1-6 on every run (the release gates of "
+            "Judges the run by the lab's 16 rules: gates 1-6 on every run (the release gates of "
             "docs/spec.md), gates 7 and 8 where the scenario has phases (steady state, rollout), checks "
             "9-12 for a client under test, check 13 where the proxy saw the sessions' declared "
-            "capabilities, check 14 for a target with replicas or a URL target, check 15 in runs of the modern era "
+            "capabilities, check 14 for a target with replicas or a URL target, check 15 in runs of the modern era, "
+            "rule 16 in a capacity check (the fault gates then not applicable where faults alone feed them) "
             "(docs/report.md, 'The rules and their registry'). "
             "Offline and re-runnable: reads the ledgers of RUN_DIR only, writes its outputs into RUN_DIR. "
             "Exit code 0 every gate passed, 1 a gate failed, 2 inconclusive or incomplete (evidence too "

@@ -50,7 +50,14 @@ def gate_document(g: GateResult, expected: str | None = None) -> dict[str, JsonV
         "budget": clean(g.budget),
         "measured": clean(g.measured),
         "evidence": [
-            {"name": e.name, "required": e.required, "observed": e.observed, "ok": e.ok, "detail": e.detail}
+            {
+                "name": e.name,
+                "required": e.required,
+                "observed": e.observed,
+                "ok": e.ok,
+                "detail": e.detail,
+                "from_faults": e.from_faults,
+            }
             for e in g.evidence
         ],
         "violations": g.violations,

@@ -178,6 +178,12 @@ class Budgets:
     """A capacity step whose call error rate is above this is past the knee."""
     min_rollout_sessions: int = 10
     """Fewer sessions created in a rollout step: its resumable-share check is inconclusive."""
+    # Capacity rules (a scenario with `check = "capacity"`: rule 16):
+    unanswered_max_share: float = 0.01
+    """Of the requests sent in a phase, at most this share the target left unanswered."""
+    answer_p99_s: float = 2.0
+    """p99 of the target's time to answer a request (request at the proxy -> its answer's
+    head at the proxy), per phase."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +263,9 @@ class Scenario:
     overrides: Mapping[str, object] = field(default_factory=dict)
     """What the command line changed (`lab run --users 50`): dotted key -> the value given,
     applied before the file was checked (run.json `overrides`)."""
+    check: str = "gates"
+    """What the run is judged on: `gates` (the rules, with the faults that feed them) or
+    `capacity` (no faults by design: the capacity rule, the fault gates not applicable)."""
 
     @property
     def duration(self) -> float | None:
@@ -359,6 +368,7 @@ class Scenario:
             "name": self.name,
             "description": self.description,
             "seed": self.seed,
+            "check": self.check,
             "target": {
                 **asdict(self.target),
                 "allowed_origins": list(self.target.allowed_origins),

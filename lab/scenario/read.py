@@ -171,6 +171,7 @@ def _read(doc: Mapping[str, Any], path: Path, issues: list[Issue]) -> Scenario |
     if not top.has("seed"):
         top.problem("seed", "required: an integer >= 0 (every random decision of the run derives from it)")
     seed = top.integer("seed", 0, lo=0)
+    check = top.choice("check", "gates", CHECKS)
     target = _target(top.table("target"))
     reconnect = _reconnect(top.table("reconnect"))
     load_f = top.table("load")
@@ -185,6 +186,8 @@ def _read(doc: Mapping[str, Any], path: Path, issues: list[Issue]) -> Scenario |
     expected = read_expected_failures(top.table("expected_failures"))
     top.done()
     cross_checks(target, faults, fault_keys, toxics, toxic_keys, phases, issues)
+    if check == "capacity":
+        _capacity_check(faults, toxics, restarts, issues)
     if issues:
         return None
     return Scenario(
@@ -201,7 +204,35 @@ def _read(doc: Mapping[str, Any], path: Path, issues: list[Issue]) -> Scenario |
         tuple(phases),
         tuple(restarts),
         expected,
+        check=check,
     )
+
+
+CHECKS = ("gates", "capacity")
+"""`check`: what the run is judged on (docs/scenarios.md)."""
+
+
+def _capacity_check(faults: list[Any], toxics: list[Any], restarts: list[Any], issues: list[Issue]) -> None:
+    """A capacity check injects nothing: its verdict says whether the target held the
+    load, and a fault would make that answer about the fault instead."""
+    chaos = [
+        (n, what)
+        for n, what in (
+            (len(faults), "[[faults]]"),
+            (len(toxics), "[[toxics]]"),
+            (len(restarts), "[[restarts]]"),
+        )
+        if n
+    ]
+    if chaos:
+        found = ", ".join(f"{n} {what}" for n, what in chaos)
+        issues.append(
+            Issue(
+                "check",
+                f"'capacity' judges a run with no faults by design, and this scenario has {found}: "
+                "remove them, or leave `check` out to judge the run on the gates",
+            )
+        )
 
 
 def _target(f: Fields) -> TargetSpec:

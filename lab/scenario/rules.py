@@ -202,6 +202,8 @@ def read_budgets(
         min_baseline_events=f.integer("min_baseline_events", 100, lo=0),
         call_error_rate_max=f.rate("call_error_rate_max", 0.01),
         min_rollout_sessions=f.integer("min_rollout_sessions", 10, lo=0),
+        unanswered_max_share=f.rate("unanswered_max_share", 0.01),
+        answer_p99_s=f.duration("answer_p99_s", 2.0, positive=True),
     )
     f.done()
     return b

@@ -203,6 +203,7 @@ def scenario_dict(sc: Scenario) -> dict[str, object]:
     doc: dict[str, object] = {
         "description": sc.description,
         "seed": sc.seed,
+        **({"check": sc.check} if sc.check != "gates" else {}),
         "target": target,
         "load": load,
         "reconnect": asdict(sc.reconnect),

@@ -23,9 +23,9 @@ from lab.server.defects import DEFECT_NAMES, DESCRIPTIONS, Defect
 PRISTINE = "pristine"
 """The case without a defect: every gate must pass."""
 
-SELFTEST_RULES: tuple[str, ...] = ("declared_capabilities", "modern_requests")
+SELFTEST_RULES: tuple[str, ...] = ("declared_capabilities", "modern_requests", "capacity")
 """Rules beyond the core that selftest runs have: its tap records what each session
-declared at initialize (13); the runs of the modern era have 15."""
+declared at initialize (13); the runs of the modern era have 15; the capacity checks 16."""
 
 
 @cache
@@ -229,6 +229,14 @@ CASES: tuple[Case, ...] = (
         "failing for the modern clients and holding for the handshake ones",
         scenario="selftest-dual",
     ),
+    _case(
+        Defect.STALLS_AT_CAPACITY,
+        16,
+        ("unanswered",),
+        "in a capacity check, requests the proxy forwarded and that the target never answered are the "
+        "target's, phase by phase, over the share the budget allows",
+        scenario="capacity-short",
+    ),
 )
 SHAPES: tuple[Case, ...] = (
     Case(
@@ -262,6 +270,14 @@ SHAPES: tuple[Case, ...] = (
         "half the clients with sessions and resumption, half in 2026-07-28 (no session, re-issues)",
         None,
         scenario="selftest-dual",
+        shape=True,
+    ),
+    Case(
+        "shape-capacity",
+        "legal shape: the pristine server under a capacity check (no faults by design): the capacity "
+        "rule passes, and the rules whose evidence only faults make are not applicable",
+        None,
+        scenario="capacity-short",
         shape=True,
     ),
 )

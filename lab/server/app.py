@@ -50,7 +50,7 @@ from lab.server import ledger as L
 from lab.server import modern
 from lab.server.admin import admin_control
 from lab.server.config import ServerConfig, matches
-from lab.server.defects import SLOW_RESUME_S, Defect
+from lab.server.defects import SLOW_RESUME_S, STALL_SESSIONS, Defect
 from lab.server.durable import DurableState
 from lab.server.http import (
     Receive,
@@ -64,6 +64,7 @@ from lab.server.http import (
     send_json_text,
     send_plain,
     send_refusal,
+    until_disconnect,
 )
 from lab.server.model import LiveConn, Session, Stream
 from lab.server.ratelimit import RequestRateLimiter
@@ -351,6 +352,9 @@ class McpApp:
                 self._cancel(s, msg, now)
             self._log(req, 202, None)
             await send_empty(send, 202)
+            return
+        if Defect.STALLS_AT_CAPACITY in self.defects and len(self.state.sessions) > STALL_SESSIONS:
+            await until_disconnect(receive)  # defect: past its capacity, a request is never answered
             return
         mid = msg.id
         assert mid is not None

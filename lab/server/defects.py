@@ -37,10 +37,13 @@ class Defect(enum.StrEnum):
     MODERN_MINTS_SESSION = "modern-mints-session"
     MODERN_NO_IDEMPOTENCY = "modern-no-idempotency"
     MODERN_SENDS_AFTER_CLOSE = "modern-sends-after-close"
+    STALLS_AT_CAPACITY = "stalls-at-capacity"
 
 
 SLOW_RESUME_S = 6.0
 """How long the defect `slow-resume` holds a resumption's replay back (s)."""
+STALL_SESSIONS = 20
+"""The defect `stalls-at-capacity`: past this many live sessions, requests go unanswered."""
 
 DESCRIPTIONS: dict[Defect, str] = {
     Defect.SHARED_EVENT_STORE: (
@@ -63,6 +66,11 @@ DESCRIPTIONS: dict[Defect, str] = {
     Defect.NO_PRIMING: "streams start without the priming event (an event ID and empty data)",
     Defect.NO_RETRY_FIELD: "a server-initiated close (ticker close_after) sends no `retry` field first",
     Defect.DELETED_SESSION_ALIVE: "DELETE answers 200 but the session keeps working",
+    Defect.STALLS_AT_CAPACITY: (
+        f"past {STALL_SESSIONS} live sessions (its capacity) the server takes every request of a "
+        "session and never answers it, as a server whose workers are all busy: what a capacity check "
+        "must catch"
+    ),
     Defect.SLOW_RESUME: (
         f"a resumption is answered at once but replays nothing for {SLOW_RESUME_S:g} s "
         "(longer than the default resume budget of 5 s): the target's own share of every recovery"

@@ -86,6 +86,12 @@ async def read_body(receive: Receive, max_body: int) -> bytes:
             return b"".join(chunks)
 
 
+async def until_disconnect(receive: Receive) -> None:
+    """Wait for the client to go away (after the request's whole body was read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 async def _send_whole(send: Send, status: int, ctype: bytes, body: bytes, headers: Headers | None) -> None:
     """A complete response with its length (no chunked encoding for a body known whole)."""
     await send(

@@ -10,6 +10,7 @@ import pytest
 from lab.faults.kinds import NAMES, Need, kind_of
 from lab.faults.plan import parse_plan
 from lab.scenario import SCENARIO_DIR, ScenarioError, load_scenario, scenario_names
+from lab.scenario.write import scenario_toml
 
 REQUIRED = {"smoke", "gate-100k", "storm", "chaos-day", "capacity", "clients-2000", "tcp-toxics"}
 BUDGET_KEYS = {
@@ -31,6 +32,9 @@ BUDGET_KEYS = {
     "min_baseline_events",
     "call_error_rate_max",
     "min_rollout_sessions",
+    # Rule 16's, in a capacity check.
+    "unanswered_max_share",
+    "answer_p99_s",
 }
 
 MINIMAL = """
@@ -580,3 +584,32 @@ def test_overrides_are_checked_like_the_file_and_phases_refuse_them() -> None:
         load_scenario("chaos-day", overrides={"load.users": 5, "seed": 3})
     (problem,) = e.value.problems
     assert problem.key == "load.users" and "set by the scenario's [[phases]]" in problem.message
+
+
+def test_a_capacity_check_refuses_faults_and_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "cap.toml"
+    path.write_text('check = "capacity"\n' + MINIMAL)
+    sc = load_scenario(path)
+    assert sc.check == "capacity" and sc.to_dict()["check"] == "capacity"
+    again = tmp_path / "again.toml"
+    again.write_text(scenario_toml(sc))
+    assert load_scenario(again).check == "capacity"
+    assert load_scenario("smoke").check == "gates" and "\ncheck = " not in scenario_toml(
+        load_scenario("smoke")
+    )
+    chaos = (
+        'check = "capacity"\n' + MINIMAL + '[[faults]]\nkind = "cut_stream"\nrate = 0.1\n'
+        '[[toxics]]\nkind = "latency"\nattributes = { latency = 10 }\n'
+    )
+    got = load_text(tmp_path, chaos)
+    assert any(
+        p.startswith(
+            "check: 'capacity' judges a run with no faults by design, and this scenario has "
+            "1 [[faults]], 1 [[toxics]]"
+        )
+        for p in got
+    ), got
+    assert any(
+        p.startswith("check: expected one of 'gates', 'capacity', got 'load'")
+        for p in load_text(tmp_path, 'check = "load"\n' + MINIMAL)
+    )

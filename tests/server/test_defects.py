@@ -15,10 +15,11 @@ from typing import Any
 import httpx
 import pytest
 
-from lab.server.defects import DEFECT_NAMES
+from lab.server.defects import DEFECT_NAMES, STALL_SESSIONS
+from lab.wire import jsonrpc
 from lab.wire.sse import SseEvent
 from tests.livesrv import LAB, ROOT, LiveProcess, reference_server
-from tests.server.mcp_http import Mcp, messages
+from tests.server.mcp_http import POST_HEADERS, Mcp, messages
 
 pytestmark = pytest.mark.live
 OPAQUE = ("--event-ids", "seq", "--keepalive", "0.2")
@@ -353,3 +354,26 @@ def test_every_defect_is_listed_in_help_and_in_docs_targets() -> None:
         assert f"  {name}: " in shown, name
         assert f"`{name}`" in doc, name
     assert len(DEFECT_NAMES) >= 12
+
+
+def _answered_past_capacity(srv: LiveProcess, sessions: int) -> tuple[int, bool]:
+    """Open `sessions` sessions; (how many of the first's and the last's calls were answered
+    within 1 s, and whether one more session could still be made)."""
+    made = [_session(srv) for _ in range(sessions)]
+    answered = 0
+    for m in (made[0], made[-1]):
+        body = jsonrpc.request(m.take_id(), "tools/call", {"name": "echo", "arguments": {"text": "x"}})
+        try:
+            r = m.client.post(m.url, content=json.dumps(body), headers=m.headers(POST_HEADERS), timeout=1.0)
+            answered += r.status_code == 200
+        except httpx.ReadTimeout:
+            pass
+    return answered, Mcp(srv.url).initialize().status_code == 200
+
+
+def test_stalls_at_capacity_never_answers_past_its_sessions(tmp_path: Path, pristine: LiveProcess) -> None:
+    with defective(tmp_path, "stalls-at-capacity") as srv:
+        answered, still_opens = _answered_past_capacity(srv, STALL_SESSIONS + 1)
+        assert answered == 0 and still_opens  # past its capacity: sessions made, calls never answered
+    answered, _ = _answered_past_capacity(pristine, STALL_SESSIONS + 1)
+    assert answered == 2

@@ -93,3 +93,10 @@ def phase_specs(run: Mapping[str, Any] | None) -> list[PhaseSpec]:
             )
         )
     return out
+
+
+def capacity_check(run: Mapping[str, Any] | None) -> bool:
+    """run.json says the scenario is a capacity check (`scenario.check`, docs/scenarios.md):
+    judged on rule 16, the rules fed only by faults not applicable."""
+    scenario = (run or {}).get("scenario")
+    return isinstance(scenario, Mapping) and scenario.get("check") == "capacity"

@@ -20,10 +20,12 @@ budget key, which clients it judges), and one line below. The judge, the report,
     13 declared_capabilities        runs whose tap saw the initialize declarations
     14 session_routing              a target with replicas behind the proxy, or a URL target
     15 modern_requests              runs of the modern era (2026-07-28) only
+    16 capacity                     capacity checks only (`check = "capacity"`)
 """
 
 from lab.checker.rules import (
     capabilities,
+    capacity,
     client_after_gone,
     client_cancel,
     client_cursor,
@@ -58,6 +60,7 @@ for _module in (
     capabilities,
     routing,
     modern_requests,
+    capacity,
 ):
     REGISTRY.register(_module.RULE)
 

@@ -72,6 +72,11 @@ class Rule:
     not applicable, never a pass or a fail."""
     era_note: str = ""
     """Why it does not exist in the era(s) it lacks, in words, for the report."""
+    judged_without_faults: bool = False
+    """In a capacity check (no faults by design), the evidence only faults make is not
+    required, and the rule still judges what it has (gate 1: every event the server sent
+    and the clients accepted). Otherwise a rule left without that evidence is not
+    applicable there (lab.checker.judge.capacity_check)."""
 
     def check_for(self, audience: Audience) -> Check | None:
         return self.check if audience is Audience.LAB else self.check_under_test

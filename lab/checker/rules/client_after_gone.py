@@ -67,7 +67,14 @@ def check(ctx: Context) -> GateResult:
     told = len(session_404s(client_wire.flows(ctx)))
     need = max(1, ctx.budgets.min_404)
     evidence = [
-        Evidence("404s to requests with a session", need, told, told >= need, "from the proxy's record")
+        Evidence(
+            "404s to requests with a session",
+            need,
+            told,
+            told >= need,
+            "from the proxy's record",
+            from_faults=True,
+        )
     ]
     return GateResult(
         verdict=decide(len(bad) > 0, evidence),

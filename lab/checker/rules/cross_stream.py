@@ -128,6 +128,7 @@ def _evidence(ctx: Context, crossings: int | None, receipts: int, unverifiable: 
                 None,
                 False,
                 "no proxy record (tap): no stream crossing can be shown to have been injected",
+                from_faults=True,
             )
         )
     else:
@@ -139,6 +140,7 @@ def _evidence(ctx: Context, crossings: int | None, receipts: int, unverifiable: 
                 crossings >= 1,
                 "events a fault moved to another request's stream or gave another ID, and cursors "
                 "(Last-Event-ID) the proxy rewrote",
+                from_faults=True,
             )
         )
     evidence.append(
@@ -491,4 +493,5 @@ RULE = Rule(
     check_under_test=read_under_test,
     placed_in_time=True,
     server_times=lambda ctx: server_sends(ctx)["t"].tolist(),
+    judged_without_faults=True,
 )

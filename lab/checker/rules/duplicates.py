@@ -204,6 +204,7 @@ def _evidence(
             retried >= 1,
             "writes the server answered again from its record (replayed), an idempotency key on several "
             "requests or answered more than once, client writes tried twice or more",
+            from_faults=True,
         ),
         *ctx.client_evidence(),
     ]

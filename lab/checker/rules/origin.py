@@ -74,6 +74,7 @@ def check(ctx: Context) -> GateResult:
             total,
             total >= need,
             "as the proxy recorded them" if source == "tap" else "as the server ledger records them",
+            from_faults=True,
         ),
     ]
     shown = "n/a" if rate is None else f"{rate:.2%}"

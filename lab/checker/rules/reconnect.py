@@ -95,7 +95,7 @@ def judge(ctx: Context, attempts: Attempts, more_evidence: list[Evidence]) -> Ga
     witnesses += [_early_witness(r, attempts, ctx) for _, r in early.head(ctx.witness_limit).iterrows()]
     evidence = [
         ctx.events_evidence(),
-        Evidence("reconnects", 1, len(att), len(att) >= 1, attempts.source),
+        Evidence("reconnects", 1, len(att), len(att) >= 1, attempts.source, from_faults=True),
         Evidence(
             "reconnect budget", True, budget is not None, budget is not None, "run.json budgets.reconnect_qps"
         ),

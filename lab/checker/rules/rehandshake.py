@@ -86,7 +86,7 @@ def check(ctx: Context) -> GateResult:
     need = max(1, ctx.budgets.min_404)  # zero 404s is no evidence, whatever the scenario
     evidence = [
         ctx.events_evidence(),
-        Evidence("404s to requests with a session", need, len(lost), len(lost) >= need),
+        Evidence("404s to requests with a session", need, len(lost), len(lost) >= need, from_faults=True),
         *ctx.client_evidence(),
     ]
     refused, accepted = kill_session_refused(ctx.data)

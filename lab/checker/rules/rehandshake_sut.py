@@ -77,7 +77,14 @@ def check(ctx: Context) -> GateResult:
     need = max(1, ctx.budgets.min_404)
     evidence = [
         ctx.events_evidence(),
-        Evidence("404s to requests with a session", need, len(j), len(j) >= need, "from the proxy's record"),
+        Evidence(
+            "404s to requests with a session",
+            need,
+            len(j),
+            len(j) >= need,
+            "from the proxy's record",
+            from_faults=True,
+        ),
     ]
     outcomes = j["outcome"].value_counts().to_dict() if len(j) else {}
     kept = int(bad["client_id"].nunique()) if count else 0

@@ -108,7 +108,7 @@ def check(ctx: Context) -> GateResult:
     need = max(1, ctx.budgets.min_recoveries)  # no recovery at all is no evidence, whatever the budget
     evidence = [
         ctx.events_evidence(),
-        Evidence("recoveries", need, n, n >= need),
+        Evidence("recoveries", need, n, n >= need, from_faults=True),
         *ctx.client_evidence(),
     ]
     if limited and judged is not None:

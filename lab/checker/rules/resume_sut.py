@@ -76,6 +76,7 @@ def check(ctx: Context) -> GateResult:
             n,
             n >= need,
             "losses of a call's stream on the wire (those too recent to judge when the run stopped left out)",
+            from_faults=True,
         ),
     ]
     p99_text = "n/a" if n == 0 else ("never" if math.isinf(p99) else f"{p99:.3f} s")

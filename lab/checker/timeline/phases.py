@@ -417,8 +417,10 @@ TOLERANCE_DEFAULTS: dict[str, float] = {
     "min_baseline_events": 100,
     "call_error_rate_max": 0.01,
     "min_rollout_sessions": 10,
+    "unanswered_max_share": 0.01,
+    "answer_p99_s": 2.0,
 }
-"""Tolerances of gate 7, the capacity knee and the rollout (run.json `budgets`;
+"""Tolerances of gate 7, the capacity knee, the capacity rule and the rollout (run.json `budgets`;
 docs/scenarios.md): a name run.json does not give takes its default."""
 
 
