@@ -128,7 +128,10 @@ def test_a_target_that_answers_everything_promptly_passes(tmp_path: Path) -> Non
     assert g.verdict is Verdict.PASS, g.summary
     assert g.summary.startswith("0 of 200 requests unanswered by the target")
     phases = g.measured["phases"]
-    assert isinstance(phases, list) and [p["phase"] for p in phases if isinstance(p, dict)] == ["arrive", "hold"]
+    assert isinstance(phases, list) and [p["phase"] for p in phases if isinstance(p, dict)] == [
+        "arrive",
+        "hold",
+    ]
 
 
 def test_the_rule_exists_only_in_a_capacity_check(tmp_path: Path) -> None:
