@@ -107,7 +107,7 @@ def _registrars() -> list[Callable[[argparse._SubParsersAction[argparse.Argument
     return out
 
 
-PRINT_ONLY = frozenset({"scenarios", "compose", "diagram"})
+PRINT_ONLY = frozenset({"scenarios", "compose", "kubernetes", "diagram"})
 """Commands whose whole job is printing: a reader that stops reading is not a failure."""
 
 

@@ -129,6 +129,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     c.set_defaults(func=compose)
 
+    k = sub.add_parser(
+        "kubernetes",
+        help="print Kubernetes manifests of a run, from the same topology as compose.yaml",
+        description=(
+            "Print the Kubernetes objects of a run (multi-document YAML): the chain's serving parts as "
+            "Deployments and Services, prepare, the load and the watch as Jobs, the run folder as a "
+            "ReadWriteMany claim. Secrets come from a Secret `lab-secrets` you make (the header says how). "
+            "No cluster ran them here: they are validated against the Kubernetes API's schemas in the tests "
+            "(docs/scaling.md)."
+        ),
+    )
+    k.add_argument("--scenario", default="smoke", help="the scenario the run prepares (default: smoke)")
+    k.add_argument("--workers", type=_workers, default=1, help="Locust worker pods (default: 1)")
+    k.add_argument(
+        "--report", action="store_true", help="print only the report's Job (apply it once the load ended)"
+    )
+    k.set_defaults(func=kubernetes)
+
     q = sub.add_parser(
         "prepare",
         help="compose mode: a fresh run folder with the inputs of SCENARIO (one-shot)",
@@ -242,6 +260,19 @@ def compose(args: argparse.Namespace) -> int:
     from lab.run.compose import render_compose
 
     sys.stdout.write(render_compose())
+    return ExitCode.PASS
+
+
+def kubernetes(args: argparse.Namespace) -> int:
+    from lab.run.kubernetes import manifests, yaml_text
+    from lab.scenario import ScenarioError, load_scenario
+
+    try:
+        load_scenario(args.scenario)  # refused here, not in a cluster's prepare Job
+    except ScenarioError as e:
+        print(f"lab kubernetes: {e}", file=sys.stderr)
+        return ExitCode.CANNOT_RUN
+    sys.stdout.write(yaml_text(manifests(args.scenario, args.workers, report=args.report)))
     return ExitCode.PASS
 
 
