@@ -150,3 +150,17 @@ def test_without_the_knob_log_or_the_server_ledger_it_cannot_pass(tmp_path: Path
     (run_dir / "server" / "ledger.sqlite").unlink()
     result = gate_check(load_run(run_dir), rollout)
     assert result.verdict is Verdict.INCONCLUSIVE and "server's ledger" in result.summary
+
+
+def test_the_first_phases_knobs_hold_from_its_start_however_late_their_record(tmp_path: Path) -> None:
+    # The server starts with the first phase's knobs (`via` settings); a busy box wrote
+    # their record 5 s in, after every session of the phase was made (CI, 2026-12-07).
+    run_dir = build(tmp_path)
+    lines = [json.loads(x) for x in (run_dir / "phases.jsonl").read_text().splitlines()]
+    for x in lines:
+        if x.get("via") == "settings":
+            x["t"] = T0 + 5.0
+    (run_dir / "phases.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    result, checks = judge(run_dir)
+    assert result.verdict is Verdict.PASS, [(e.name, e.observed) for e in result.evidence if not e.ok]
+    assert ("sessions created in shadow", 20) in [(e.name, e.observed) for e in result.evidence]

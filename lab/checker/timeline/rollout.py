@@ -40,6 +40,9 @@ class Knob:
     knobs: Mapping[str, Any]
     ok: bool
     error: str | None
+    at_start: bool = False
+    """The first phase's knobs, given to the server as its settings (`via` settings): in
+    force from the server's start, whenever `lab run` wrote the record."""
 
 
 def knob_log(ctx: Context) -> tuple[list[Knob], str | None]:
@@ -59,7 +62,9 @@ def knob_log(ctx: Context) -> tuple[list[Knob], str | None]:
             ok = r.get("via") == "settings" or status == 200
             raw = r.get("knobs")
             knobs: dict[str, Any] = raw if isinstance(raw, dict) else {}
-            out.append(Knob(str(r["phase"]), float(r["t"]), knobs, ok, r.get("error")))
+            out.append(
+                Knob(str(r["phase"]), float(r["t"]), knobs, ok, r.get("error"), r.get("via") == "settings")
+            )
         return out, None
 
     return ctx.cached("rollout_knobs", read)
@@ -99,9 +104,11 @@ def rollout_steps(ctx: Context) -> list[Step]:
             fraction = float(p.knobs["resumable_fraction"])
         is_rb = "rollback" in p.knobs and not rolled
         knob = applied.get(p.name)
-        out.append(
-            Step(p, fraction, sets, rolled or is_rb, is_rb, knob.t if knob is not None and p.knobs else None)
-        )
+        # The server started with the first phase's knobs: they hold from the phase's start
+        # (a busy box wrote their record seconds late, and a share judged from then on had
+        # no sessions left to count).
+        t = None if knob is None or not p.knobs else (min(knob.t, p.start) if knob.at_start else knob.t)
+        out.append(Step(p, fraction, sets, rolled or is_rb, is_rb, t))
         rolled = rolled or is_rb
     return out
 
