@@ -161,6 +161,6 @@ def test_the_first_phases_knobs_hold_from_its_start_however_late_their_record(tm
         if x.get("via") == "settings":
             x["t"] = T0 + 5.0
     (run_dir / "phases.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    result, checks = judge(run_dir)
+    result, _ = judge(run_dir)
     assert result.verdict is Verdict.PASS, [(e.name, e.observed) for e in result.evidence if not e.ok]
     assert ("sessions created in shadow", 20) in [(e.name, e.observed) for e in result.evidence]
