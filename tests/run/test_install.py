@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.once import once
 from tests.livesrv import ROOT
 
 pytestmark = pytest.mark.live
@@ -45,7 +46,12 @@ def _script(venv: Path, name: str) -> None:
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    base = tmp_path_factory.mktemp("install")
+    # One install for the module's tests, whichever workers run them (tests.helpers.once).
+    _, venv = once(tmp_path_factory, "install", _install)
+    return Path(venv)
+
+
+def _install(base: Path) -> str:
     src = base / "src"
     src.mkdir()
     for name in SOURCES:
@@ -72,7 +78,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name in ("locust", "mitmdump"):
         _script(venv, name)
     shutil.rmtree(src)  # nothing of the sources may be needed any more
-    return venv
+    return str(venv)
 
 
 def test_the_build_says_nothing_about_the_project_and_ships_the_node_adapter(installed: Path) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.fast_path import fast_path_outcomes
+from tests.helpers.once import once
 from tests.livesrv import LAB, ROOT
 
 pytestmark = pytest.mark.live
@@ -87,27 +88,26 @@ SIZE_FLAGS = ["--users", "3", "--duration", "10s", "--seed", "77"]
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
-    out = tmp_path_factory.mktemp("run") / "results"
-    proc = subprocess.run(
-        # The size flags on top of mini.toml (4 users, 14 s, seed 7), as a k6 user would.
-        [
+    def make(base: Path) -> dict[str, object]:
+        argv = [
             LAB,
             "run",
             str(HERE / "mini.toml"),
             "--workers",
             "2",
             "--out",
-            str(out),
+            str(base / "results"),
             "--no-report",
             *SIZE_FLAGS,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    (folder,) = run_folders(out)
-    return folder, proc
+        ]
+        # The size flags on top of mini.toml (4 users, 14 s, seed 7), as a k6 user would.
+        done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        return {"args": argv, "returncode": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+
+    # One run for the module's tests, whichever workers run them (tests.helpers.once).
+    base, got = once(tmp_path_factory, "lab-run-short", make)
+    (folder,) = run_folders(base / "results")
+    return folder, subprocess.CompletedProcess(got["args"], got["returncode"], got["stdout"], got["stderr"])
 
 
 def test_short_run_completes_and_stops_everything(
