@@ -15,7 +15,7 @@ from lab.checker import judge
 from lab.checker.inputs.records import run_data_from_records
 from lab.checker.model import GateResult, Verdict
 from lab.wire.client_ledger import HttpExchange
-from tests.phases.world import T0, write_samples
+from tests.phases.world import T0, Stretch, records, write_samples
 
 PHASES = [
     {"name": "arrive", "kind": "ramp", "start": 0, "duration": 20, "users": 40, "spawn_rate": 2.0},
@@ -55,14 +55,19 @@ def run(
     answer_s: float = 0.05,
     samples: dict[str, list[tuple[float, float, float]]] | None = None,
     capacity: bool = True,
+    phases: list[dict[str, Any]] = PHASES,
+    answer_s_after: tuple[float, float] | None = None,
+    extra: list[Any] | None = None,
 ) -> GateResult | None:
     """40 s, two phases, 5 calls a second; `lost_in_hold` of the hold's calls never answered
     (by the target, or before the proxy), each held 10 s until the client gave up."""
-    client: list[Any] = []
+    client: list[Any] = list(extra or [])
     tap: list[dict[str, Any]] = []
     for conn in range(200):
         t = T0 + conn * 0.2
         lost = 100 <= conn < 100 + lost_in_hold
+        if answer_s_after is not None and t - T0 >= answer_s_after[0]:
+            answer_s = answer_s_after[1]
         end = t + (10.0 if lost else answer_s + 0.02)
         status = None if lost else 200
         client.append(
@@ -98,7 +103,7 @@ def run(
                 "session": "s_1",
             }
         )
-    scenario: dict[str, Any] = {"name": "cap", "phases": PHASES, "load": {"users": 40}}
+    scenario: dict[str, Any] = {"name": "cap", "phases": phases, "load": {"users": 40}}
     if capacity:
         scenario["check"] = "capacity"
     doc = {
@@ -177,3 +182,24 @@ def test_a_busy_box_excuses_unanswered_requests_only_when_every_answer_was_slow(
     # With nothing missed, a busy box is a note, not a limit.
     calm = rule(tmp_path / "calm", samples=box)
     assert calm.verdict is Verdict.PASS and any("a busy box" in n for n in calm.notes)
+
+
+def test_a_ramp_is_judged_up_to_its_knee(tmp_path: Path) -> None:
+    # A stepped ramp whose last step's recoveries take 9 s (past the knee, as the capacity
+    # section finds it) and whose answers there are slow: that step found the knee, and
+    # is not held against the target; the steps before it are judged and hold.
+    steps = [
+        {"name": "ramp-10", "kind": "ramp", "start": 0, "duration": 5, "users": 10, "spawn_rate": 5.0},
+        {"name": "hold-10", "kind": "steady", "start": 5, "duration": 15, "users": 10, "spawn_rate": 5.0},
+        {"name": "ramp-20", "kind": "ramp", "start": 20, "duration": 5, "users": 20, "spawn_rate": 5.0},
+        {"name": "hold-20", "kind": "steady", "start": 25, "duration": 15, "users": 20, "spawn_rate": 5.0},
+    ]
+    _, recoveries = records([Stretch(0, 20, latency_s=0.2), Stretch(20, 40, latency_s=9.0)])
+    g = rule(tmp_path, phases=steps, answer_s_after=(20.0, 3.0), extra=recoveries)
+    assert g.verdict is Verdict.PASS, g.summary
+    phases = g.measured["phases"]
+    assert isinstance(phases, list) and [p["phase"] for p in phases if isinstance(p, dict)] == [
+        "ramp-10",
+        "hold-10",
+    ]
+    assert any("the knee is at 10 clients" in n for n in g.notes), g.notes

@@ -147,14 +147,6 @@ def measure(
     if parts:
         assert lim is not None
         f.limited.append(lab_limits.LabLimit(tuple(parts), lim.cpus, lim.workers_needed, lim.basis).text())
-    elif box:
-        # The box is shared with the target: a target that met its budgets on a busier box
-        # than it needed met them; a miss there may be the box's (below).
-        assert lim is not None
-        busy = "; ".join(processes.describe(x, lim.cpus) for x in lim.saturated)
-        f.notes.append(
-            f"a busy box, shared with the target, limited nothing the target was judged on: {busy}"
-        )
     if request_hops.many(lab_lost, len(rows)):
         hops = ", ".join(
             f"{str(h).replace('_to_', ' → ')} {n:,}" for h, n in lab_lost["hop"].value_counts().items()
@@ -195,6 +187,14 @@ def measure(
             f.misses.append(("resume_p99_s", f"resume latency: {verdict.text}"))
         elif verdict.limited_by_lab:
             f.limited.append(f"resume latency: {verdict.text}")
+    if box and not parts and not f.limited:
+        # The box is shared with the target: a target that met its budgets on a busier box
+        # than it needed met them (a miss the box could have caused is limited above).
+        assert lim is not None
+        busy = "; ".join(processes.describe(x, lim.cpus) for x in lim.saturated)
+        f.notes.append(
+            f"a busy box, shared with the target, limited nothing the target was judged on: {busy}"
+        )
     return f
 
 
