@@ -1,7 +1,8 @@
 """`lab shrink` with every real part, for one deliberate server defect per gate family
 (gates 1, 2 and 3): a short run against `lab serve --defect` fails the gate; the shrink
 hands back a scenario of at most 3 clients and 2 fault triggers, and that scenario, run
-on its own three times, fails the same rule with the same culprit at least twice.
+on its own, fails the same rule with the same culprit in at least 2 of 3 runs (the third
+run only when the first two do not both fail).
 
 The shrink here accepts a candidate on one failing run (`--k 1 --n 1`) and stops after
 35 s with the best so far (the suite's time: a start, then the firings nearest the
@@ -76,14 +77,22 @@ def test_a_failing_run_shrinks_to_a_small_scenario_that_fails_the_same_way(
         kept = [c for c in doc["candidates"] if c["accepted"]][-1]
         assert kept["pinned"] == 0 or max(kept["fired_again"]) >= 1, kept
         assert "shrink: scenario " in said and "shrink: report " in said
+
         # The scenario it wrote fails the rule, with the same culprit, in 2 of 3 runs of its own.
-        runs = [tmp_path / f"again-{i}" for i in range(3)]
-        procs = [
-            subprocess.Popen([LAB, "run", doc["scenario_file"], "--target", server.url, "--out", str(r), "--quiet",
-                              "--no-figures"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for r in runs
-        ]  # fmt: skip
-        for p in procs:
-            p.wait(timeout=240)
-    outcomes = [verdict(r, rule) for r in runs]
+        # Two at once, and the third only when those two do not both fail: "2 of 3" is
+        # decided by then in most suites, and a lab run is the suite's dearest thing.
+        def again(runs: list[Path]) -> list[tuple[str, str | None]]:
+            procs = [
+                subprocess.Popen([LAB, "run", doc["scenario_file"], "--target", server.url, "--out", str(r),
+                                  "--quiet", "--no-figures"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+                for r in runs
+            ]  # fmt: skip
+            for p in procs:
+                p.wait(timeout=240)
+            return [verdict(r, rule) for r in runs]
+
+        outcomes = again([tmp_path / "again-0", tmp_path / "again-1"])
+        if sum(o == ("fail", "server") for o in outcomes) < 2:
+            outcomes += again([tmp_path / "again-2"])
     assert sum(o == ("fail", "server") for o in outcomes) >= 2, outcomes
