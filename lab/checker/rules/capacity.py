@@ -10,7 +10,8 @@ the wire, on the target's own share of each figure:
                   one, has none) over the requests sent <= `unanswered_max_share` (1 %)
     answer p99    the target's time to answer: the proxy has the request -> the answer's
                   head passes the proxy (the tap's `t_request` and `t`), p99 over the
-                  phase's answered requests < `answer_p99_s` (2 s)
+                  phase's answered requests < `answer_p99_s` (2 s); each request is placed
+                  in its phase by when its client sent it, as the unanswered ones are
     resume p99    the target's share of each recovery (lab.checker.truth.shares), where
                   the phase had any, < `resume_p99_s`, by the one rule `judge_share`
 
@@ -123,7 +124,7 @@ def measure(
     lost = rows[rows["unanswered"]]
     target_lost = lost[lost["hop"] == request_hops.PROXY_TO_SERVER]
     lab_lost = lost[lost["hop"].isin(LAB_HOPS)]
-    mine = answers[_in(answers["t_request"], spec.start, spec.end)]
+    mine = answers[_in(answers["sent_at"], spec.start, spec.end)]
     latencies = mine["latency"].to_numpy(dtype="float64")
     answer_p99 = _p99(latencies)
     answer_p50 = nearest_rank(latencies, 0.5) if len(latencies) else math.nan
@@ -198,12 +199,19 @@ def measure(
     return f
 
 
-def answer_times(ctx: Context) -> pd.DataFrame:
-    """t_request, latency (s): each request the target answered, timed at the proxy."""
+def answer_times(ctx: Context, requests: pd.DataFrame) -> pd.DataFrame:
+    """sent_at, latency (s): each request the target answered, timed at the proxy, placed
+    in its phase by when the client sent it (as the requests are counted)."""
     flows = conn_flows(ctx)
     ok = (flows["answered_by"] == "server") & flows["status"].notna()
     got = flows[ok & flows["t_request"].notna() & flows["t_head"].notna()]
-    return pd.DataFrame({"t_request": got["t_request"], "latency": got["t_head"] - got["t_request"]})
+    sent = requests[["client_id", "conn_id", "started_at"]].drop_duplicates(["client_id", "conn_id"])
+    joined = got.merge(
+        sent.astype({"conn_id": got["conn_id"].dtype}), on=["client_id", "conn_id"], how="left"
+    )
+    # A flow no client ledger row names (another caller) keeps the proxy's time.
+    at = joined["started_at"].fillna(joined["t_request"])
+    return pd.DataFrame({"sent_at": at, "latency": joined["t_head"] - joined["t_request"]})
 
 
 def _judged(ctx: Context) -> tuple[list[PhaseSpec], str | None]:
@@ -236,7 +244,7 @@ def check(ctx: Context) -> GateResult:
     }
     found = request_hops.findings(ctx)
     specs, knee = _judged(ctx)
-    answers = answer_times(ctx)
+    answers = answer_times(ctx, found.rows)
     figures = [measure(ctx, s, found.rows, answers, budget) for s in specs]
     sent = sum(f.sent for f in figures)
     answered = sum(f.answered for f in figures)
