@@ -20,7 +20,7 @@ and commands are the topology's, the ones compose and `lab run` use. The mapping
     secrets               LAB_LEDGER_KEY and LAB_ADMIN_TOKEN from a Secret `lab-secrets`
                           the user makes (never in a manifest)
 
-The Locust workers are plain Deployments: the Locust operator's custom resource is not
+The Locust workers are a plain Job: the Locust operator's custom resource is not
 used (its schema is not part of the Kubernetes API this is validated against). Open-file
 limits (compose's `ulimits`) have no per-container field in Kubernetes: the nodes' own
 limits apply (docs/scaling.md).
@@ -47,6 +47,15 @@ RUN_TO_THEIR_END = frozenset({"prepare", "toxics", "master", "worker", "report"}
 """Parts that end by themselves (the load's end ends the master, the workers and the
 watch): Jobs, since a Deployment would start them again. The others serve until the run
 is torn down (`kubectl delete -l app.kubernetes.io/part-of=mcp-lab ...`)."""
+
+
+def _results_volume() -> dict[str, Any]:
+    """The run folder, shared by every lab part and the init containers that wait for it."""
+    return {"name": "results", "persistentVolumeClaim": {"claimName": RESULTS_CLAIM}}
+
+
+def _results_mount() -> dict[str, Any]:
+    return {"name": "results", "mountPath": "/results"}
 
 
 def _labels(name: str) -> dict[str, str]:
@@ -97,7 +106,7 @@ def _waits(part: topology.Part, ports: Mapping[str, tuple[int, ...]], run_dir: s
                 "name": f"wait-for-{name}",
                 "image": IMAGE,
                 "command": ["python", "-c", code],
-                "volumeMounts": [{"name": "results", "mountPath": "/results"}],
+                "volumeMounts": [_results_mount()],
             }
         )
     return out
@@ -111,11 +120,9 @@ def _pod(part: topology.Part, ports: Mapping[str, tuple[int, ...]], run_dir: str
             "image": IMAGE,
             "command": list(part.argv),
             "env": _env(part),
-            "volumeMounts": [{"name": "results", "mountPath": "/results"}],
+            "volumeMounts": [_results_mount()],
         }
-        volumes: list[dict[str, Any]] = [
-            {"name": "results", "persistentVolumeClaim": {"claimName": RESULTS_CLAIM}}
-        ]
+        volumes: list[dict[str, Any]] = [_results_volume()]
     else:  # toxiproxy: its own image, its config from the ConfigMap
         container = {
             "name": part.name,
@@ -133,8 +140,8 @@ def _pod(part: topology.Part, ports: Mapping[str, tuple[int, ...]], run_dir: str
     waits = _waits(part, ports, run_dir)
     if waits:
         spec["initContainers"] = waits
-        if not any(v["name"] == "results" for v in volumes):
-            volumes.append({"name": "results", "persistentVolumeClaim": {"claimName": RESULTS_CLAIM}})
+        if _results_volume() not in volumes:
+            volumes.append(_results_volume())
     if part.name in RUN_TO_THEIR_END:
         spec["restartPolicy"] = "Never"
     return {"metadata": {"labels": _labels(part.name)}, "spec": spec}

@@ -215,17 +215,9 @@ CHECKS = ("gates", "capacity")
 def _capacity_check(faults: list[Any], toxics: list[Any], restarts: list[Any], issues: list[Issue]) -> None:
     """A capacity check injects nothing: its verdict says whether the target held the
     load, and a fault would make that answer about the fault instead."""
-    chaos = [
-        (n, what)
-        for n, what in (
-            (len(faults), "[[faults]]"),
-            (len(toxics), "[[toxics]]"),
-            (len(restarts), "[[restarts]]"),
-        )
-        if n
-    ]
-    if chaos:
-        found = ", ".join(f"{n} {what}" for n, what in chaos)
+    given = [(len(faults), "[[faults]]"), (len(toxics), "[[toxics]]"), (len(restarts), "[[restarts]]")]
+    found = ", ".join(f"{n} {what}" for n, what in given if n)
+    if found:
         issues.append(
             Issue(
                 "check",

@@ -41,7 +41,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 import pandas as pd
 
 from lab.checker.context import Context
@@ -56,7 +55,6 @@ from lab.checker.truth.conn_flows import conn_flows
 from lab.checker.truth.recoveries import nearest_rank
 from lab.checker.truth.shares import judge_share
 
-LAB_HOPS = lab_limits.LAB_HOPS
 CHAIN_SLOW_S = 1.0
 """With the box saturated, answers this slow at the median say the whole chain was slow:
 the requests left unanswered may then be the lab's."""
@@ -107,27 +105,18 @@ def applies(ctx: Context) -> bool:
     return capacity_check(ctx.data.run)
 
 
-def _p99(values: np.ndarray) -> float:
-    return nearest_rank(values, 0.99) if len(values) else math.nan
-
-
-def _in(times: pd.Series, start: float, end: float) -> pd.Series:
-    t = pd.to_numeric(times, errors="coerce")
-    return (t >= start) & (t < end)
-
-
 def measure(
     ctx: Context, spec: PhaseSpec, requests: pd.DataFrame, answers: pd.DataFrame, budget: dict[str, float]
 ) -> PhaseFigures:
     """The figures of one phase, and what the target missed or the lab limited there."""
-    rows = requests[_in(requests["started_at"], spec.start, spec.end)]
+    rows = requests[phases.within(requests["started_at"], spec.start, spec.end)]
     lost = rows[rows["unanswered"]]
     target_lost = lost[lost["hop"] == request_hops.PROXY_TO_SERVER]
-    lab_lost = lost[lost["hop"].isin(LAB_HOPS)]
-    mine = answers[_in(answers["sent_at"], spec.start, spec.end)]
+    lab_lost = lost[lost["hop"].isin(lab_limits.LAB_HOPS)]
+    mine = answers[phases.within(answers["sent_at"], spec.start, spec.end)]
     latencies = mine["latency"].to_numpy(dtype="float64")
-    answer_p99 = _p99(latencies)
-    answer_p50 = nearest_rank(latencies, 0.5) if len(latencies) else math.nan
+    answer_p99 = nearest_rank(latencies, 0.99)  # NaN without answers
+    answer_p50 = nearest_rank(latencies, 0.5)
     m = phases.phase_metrics(ctx, spec)
     total = math.nan if m is None or m.resume_p99_or_inf is None else float(m.resume_p99_or_inf)
     target = math.nan if m is None or m.resume_target_p99 is None else float(m.resume_target_p99)
@@ -216,8 +205,9 @@ def answer_times(ctx: Context, requests: pd.DataFrame) -> pd.DataFrame:
 
 def _judged(ctx: Context) -> tuple[list[PhaseSpec], str | None]:
     """The phases the rule judges, and the words on a ramp's knee (None without one)."""
-    specs = [p for p in phases.specs(ctx) if p.reached and p.seconds > 0]
-    if len(capacity.steps(phases.specs(ctx))) < 2:
+    planned = phases.specs(ctx)
+    specs = [p for p in planned if p.reached and p.seconds > 0]
+    if len(capacity.steps(planned)) < 2:
         return specs, None  # one ramp, or none: no knee to find
     sec = capacity.section(ctx)
     if not isinstance(sec, dict) or sec.get("knee_users") is None:

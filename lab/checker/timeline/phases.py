@@ -103,7 +103,7 @@ class Metrics:
         return math.inf if self.resume_p99_unbounded else self.resume_p99_s
 
 
-def _in(times: pd.Series | np.ndarray, start: float, end: float) -> np.ndarray:
+def within(times: pd.Series | np.ndarray, start: float, end: float) -> np.ndarray:
     t = np.asarray(pd.to_numeric(pd.Series(times), errors="coerce"), dtype="float64")
     return (t >= start) & (t < end)
 
@@ -211,12 +211,14 @@ def _target_p99(ctx: Context, start: float, end: float, stuck: pd.DataFrame | No
         shares = recovery_shares(ctx)
     except MissingInput:
         return None
-    inside = shares[_in(shares["lost_at"], start, end)]
+    inside = shares[within(shares["lost_at"], start, end)]
     if not len(inside) or not inside["target_s"].notna().any():
         return None
     judged = inside["target_s"].astype("float64").fillna(inside["latency"].astype("float64")).to_numpy()
     if stuck is not None and len(stuck):
-        judged = np.concatenate([judged, np.full(int(_in(stuck["started_at"], start, end).sum()), math.inf)])
+        judged = np.concatenate(
+            [judged, np.full(int(within(stuck["started_at"], start, end).sum()), math.inf)]
+        )
     return nearest_rank(judged, PERCENTILE)
 
 
@@ -248,7 +250,7 @@ def measure_frames(
     its metrics None). Pure: `lab run` calls it live with the client tables alone."""
     seconds = max(0.0, end - start)
     times = event_times(data)
-    events = int(_in(times, start, end).sum()) if times is not None else None
+    events = int(within(times, start, end).sum()) if times is not None else None
     calls, errors = _calls(data, start, end)
     recoveries, never, p50, p99 = _resume_latency(data, start, end, budget_s, stopped_at, stuck)
     reconnects, peak = _reconnects(data, start, end)
@@ -262,7 +264,7 @@ def measure_frames(
         clients_max = int(inside_a.max()) if len(inside_a) else 0
     fired: Counter[str] = Counter()
     if faults is not None and len(faults):
-        fired = Counter(faults.loc[_in(faults["t"], start, end), "fault"].astype(str))
+        fired = Counter(faults.loc[within(faults["t"], start, end), "fault"].astype(str))
     peaks: dict[str, float] = {}
     sat: tuple[processes.Saturation, ...] = ()
     if samples is not None and samples.present:
@@ -300,7 +302,7 @@ def _calls(data: RunData, start: float, end: float) -> tuple[int | None, int | N
     ops = _client(data, "operations")
     if ops is None:
         return None, None
-    done = ops[_in(ops["finished_at"], start, end) & ops["outcome"].isin(FINISHED_OUTCOMES).to_numpy()]
+    done = ops[within(ops["finished_at"], start, end) & ops["outcome"].isin(FINISHED_OUTCOMES).to_numpy()]
     return len(done), int(done["outcome"].isin(ERROR_OUTCOMES).sum())
 
 
@@ -317,10 +319,12 @@ def _resume_latency(
     rec = _client(data, "recoveries")
     if rec is None:
         return None, None, math.nan, math.nan
-    lat = latencies(rec[_in(rec["lost_at"], start, end)], budget_s, stopped_at, client_ends(data))
+    lat = latencies(rec[within(rec["lost_at"], start, end)], budget_s, stopped_at, client_ends(data))
     values = lat.loc[~lat["censored"], "latency"].to_numpy(dtype="float64")
     if stuck is not None and len(stuck):
-        values = np.concatenate([values, np.full(int(_in(stuck["started_at"], start, end).sum()), math.inf)])
+        values = np.concatenate(
+            [values, np.full(int(within(stuck["started_at"], start, end).sum()), math.inf)]
+        )
     p50, p99 = nearest_rank(values, 0.5), nearest_rank(values, PERCENTILE)
     return len(values), int(np.isinf(values).sum()), p50, p99
 
@@ -330,7 +334,7 @@ def _reconnects(data: RunData, start: float, end: float) -> tuple[int | None, in
     rc = _client(data, "reconnects")
     if rc is None:
         return None, None
-    inside = rc[_in(rc["sent_at"], start, end)]
+    inside = rc[within(rc["sent_at"], start, end)]
     bins = per_second(inside)
     return len(inside), int(bins.max()) if len(bins) else 0
 
